@@ -1,0 +1,39 @@
+/* maps.h — every map of a node's datapath. Names are Cilium's where the map
+ * is Cilium's (cilium_ct4_global, ...), labkit_* where it is the lab's own.
+ * labkit pins each one at /sys/fs/bpf/labkit/<lab>/<node>/<name>.
+ *
+ * Sizes come from the node's build macros (labkit/datapath/source.py).
+ */
+#ifndef LABKIT_MAPS_H
+#define LABKIT_MAPS_H
+
+#include "ct_types.h"
+#include "eps_types.h"
+#include "config_types.h"
+#include "trace_types.h"
+
+#ifndef CT_MAP_SIZE_TCP
+#define CT_MAP_SIZE_TCP 524288
+#endif
+#ifndef CT_MAP_SIZE_ANY
+#define CT_MAP_SIZE_ANY 262144
+#endif
+#define ENDPOINTS_MAP_SIZE 256
+#define IPCACHE_MAP_SIZE 4096
+#define EVENTS_RING_PAGES 256 /* 1 MiB of trace records per node */
+
+/* TCP connections. */
+BPF_F_TABLE("lru_hash", struct ipv4_ct_tuple, struct ct_entry, cilium_ct4_global, CT_MAP_SIZE_TCP, 0);
+/* Everything else: UDP, ICMP, and the RELATED twins of every entry. */
+BPF_F_TABLE("lru_hash", struct ipv4_ct_tuple, struct ct_entry, cilium_ct_any4_global, CT_MAP_SIZE_ANY, 0);
+/* Local pods of this node. */
+BPF_F_TABLE("hash", struct endpoint_key, struct endpoint_info, cilium_lxc, ENDPOINTS_MAP_SIZE, 0);
+/* Every address the cluster knows: identity and the node hosting it. */
+BPF_F_TABLE("lpm_trie", struct ipcache_key, struct remote_endpoint_info, cilium_ipcache, IPCACHE_MAP_SIZE,
+	    BPF_F_NO_PREALLOC);
+/* Lab clock offset, faults, trace mode. */
+BPF_ARRAY(labkit_config, struct lab_config, 1);
+/* One struct trace_event per packet per hook. */
+BPF_RINGBUF_OUTPUT(labkit_events, EVENTS_RING_PAGES);
+
+#endif /* LABKIT_MAPS_H */

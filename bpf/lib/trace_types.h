@@ -1,0 +1,79 @@
+/* trace_types.h — the record every hook writes to labkit_events for every
+ * IPv4 packet, and the numbers in it: hooks, verdicts, drop reasons.
+ *
+ * Python mirrors these in labkit/trace.py and labkit/constants.py; a unit
+ * test parses this file and compares. Keep in sync with those files.
+ */
+#ifndef LABKIT_TRACE_TYPES_H
+#define LABKIT_TRACE_TYPES_H
+
+/* Hooks: where a program is attached. */
+#define HOOK_FROM_CONTAINER 1 /* tc ingress of lxc-<pod>: packets leaving the pod */
+#define HOOK_TO_CONTAINER   2 /* tc egress of lxc-<pod>: packets entering the pod */
+#define HOOK_FROM_NETDEV    3 /* tc ingress of the node's eth0 */
+#define HOOK_TO_NETDEV      4 /* tc egress of the node's eth0 */
+#define HOOK_FROM_OVERLAY   5 /* tc ingress of cilium_vxlan: decapsulated packets */
+#define HOOK_TO_OVERLAY     6 /* tc egress of cilium_vxlan: packets to encapsulate */
+
+/* Verdicts. */
+#define VERDICT_FORWARDED  1 /* handed back to the kernel stack */
+#define VERDICT_REDIRECTED 2 /* sent straight to another device (tunnel) */
+#define VERDICT_DROPPED    3
+
+/* Drop reasons: Cilium's numbers (bpf/lib/common.h there), negative. */
+#define DROP_INVALID_SIP       -132
+#define DROP_INVALID           -134
+#define DROP_CT_INVALID_HDR    -135
+#define DROP_CT_UNKNOWN_PROTO  -137
+#define DROP_UNKNOWN_L3        -139
+#define DROP_WRITE_ERROR       -141
+#define DROP_UNKNOWN_L4        -142
+#define DROP_NO_TUNNEL_KEY     -147
+#define DROP_CT_CREATE_FAILED  -155
+#define DROP_FRAG_NOSUPPORT    -157
+#define DROP_NO_SERVICE        -158
+#define DROP_NO_TUNNEL_ENDPOINT -160
+
+/* Trace modes (lab_config.trace_mode). */
+#define TRACE_ALL   0
+#define TRACE_DROPS 1
+#define TRACE_NONE  2
+
+/* A packet's addresses and ports in packet order (not CT key order). */
+struct trace_tuple {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;     /* ICMP echo: the identifier */
+	__be16 dport;
+	__u8 proto;
+	__u8 tcp_flags;
+	__u8 icmp_type;
+	__u8 pad;
+};
+
+struct trace_event {
+	__u64 ts_ns;            /* bpf_ktime_get_ns() */
+	__u32 ifindex;          /* device the hook runs on */
+	__u32 len;              /* skb->len */
+	__u8 node_id;           /* NODE_ID of the program's node */
+	__u8 hook;              /* HOOK_* */
+	__u8 verdict;           /* VERDICT_* */
+	__u8 ct_result;         /* CT_NEW..CT_RELATED, or CT_NONE */
+	__s16 drop_reason;      /* DROP_* or 0 */
+	__u16 ct_flags;         /* CT_F_* of the entry after this packet */
+	__u32 ct_lifetime;      /* its lifetime after this packet */
+	__u8 ct_dir;            /* CT_EGRESS / CT_INGRESS / CT_SERVICE, or CT_NONE */
+	__u8 ct_tx_seen;        /* its tx_flags_seen after this packet */
+	__u8 ct_rx_seen;        /* its rx_flags_seen after this packet */
+	__u8 pad0;
+	__be32 tunnel_endpoint; /* remote node of an encapsulated packet, or 0 */
+	__u32 identity;         /* source security identity known to the hook */
+	struct trace_tuple before; /* as the packet reached the hook */
+	struct trace_tuple after;  /* as it left (differs only when translated) */
+	struct trace_tuple inner;  /* VXLAN packets at eth0: the encapsulated packet */
+	__u16 rev_nat_index;    /* host byte order, 0 if none */
+	__u16 pad1;
+	__u32 pad2;
+};
+
+#endif /* LABKIT_TRACE_TYPES_H */

@@ -1,0 +1,109 @@
+"""Datapath options of a lab: routing mode, CT lifetimes, map sizes.
+
+The options are fixed when the lab comes up; they become C macros of each
+node's BPF program (as Cilium compiles its per-node options in) and show in
+``labkit status``. Defaults are the values the cilium-agent uses:
+
+    >>> c = DatapathConfig()
+    >>> c.routing, c.timeouts.tcp, c.timeouts.syn, c.timeouts.close
+    ('tunnel', 8000, 60, 10)
+    >>> DatapathConfig.from_dict(c.to_dict()) == c
+    True
+
+Where labkit deliberately differs from Cilium the difference is named in
+:data:`LAB_DIFFERENCES`, which ``labkit status`` prints.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+
+from .errors import ConfigError
+
+__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "LAB_DIFFERENCES", "VXLAN_PORT"]
+
+ROUTING_MODES = ("tunnel", "native")
+VXLAN_PORT = 8472  # Cilium's default tunnel port
+LAB_DIFFERENCES = (
+    "CT lifetimes are absolute seconds of CLOCK_MONOTONIC plus a lab clock offset (labkit_config map), "
+    "so `labkit clock advance` can move time forward",
+    "every packet at every hook is reported to a ring buffer (labkit_events); Cilium aggregates trace events",
+    "IPv4 fragments are dropped (DROP_FRAG_NOSUPPORT), as Cilium does with fragment tracking disabled",
+    "traffic reaching a node is routed to the pod by the node's kernel; the CT ingress work Cilium does in the "
+    "endpoint's policy program runs at to-container on the pod's host veth",
+)
+
+
+@dataclass(frozen=True)
+class CtTimeouts:
+    """CT lifetimes in seconds, named after the cilium-agent flags that set them."""
+
+    tcp: int = 8000  #: --bpf-ct-timeout-regular-tcp → CT_CONNECTION_LIFETIME_TCP
+    any: int = 60  #: --bpf-ct-timeout-regular-any → CT_CONNECTION_LIFETIME_NONTCP
+    svc_tcp: int = 8000  #: --bpf-ct-timeout-service-tcp → CT_SERVICE_LIFETIME_TCP
+    svc_any: int = 60  #: --bpf-ct-timeout-service-any → CT_SERVICE_LIFETIME_NONTCP
+    svc_tcp_grace: int = 60  #: --bpf-ct-timeout-service-tcp-grace → CT_SERVICE_CLOSE_REBALANCE
+    syn: int = 60  #: --bpf-ct-timeout-regular-tcp-syn → CT_SYN_TIMEOUT
+    close: int = 10  #: --bpf-ct-timeout-regular-tcp-fin → CT_CLOSE_TIMEOUT
+
+    MACROS = {
+        "tcp": "CT_CONNECTION_LIFETIME_TCP",
+        "any": "CT_CONNECTION_LIFETIME_NONTCP",
+        "svc_tcp": "CT_SERVICE_LIFETIME_TCP",
+        "svc_any": "CT_SERVICE_LIFETIME_NONTCP",
+        "svc_tcp_grace": "CT_SERVICE_CLOSE_REBALANCE",
+        "syn": "CT_SYN_TIMEOUT",
+        "close": "CT_CLOSE_TIMEOUT",
+    }
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 2**31:
+                raise ConfigError(f"CT timeout '{f.name}': expected whole seconds from 1 to 2^31, got {value!r}")
+
+    def macros(self) -> dict[str, int]:
+        """``{C macro: seconds}`` for the BPF build."""
+        return {self.MACROS[f.name]: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class DatapathConfig:
+    """Options fixed at ``labkit up``; each becomes a macro of the node programs."""
+
+    routing: str = "tunnel"
+    timeouts: CtTimeouts = field(default_factory=CtTimeouts)
+    ct_tcp_size: int = 524288  #: cilium_ct4_global max entries (Cilium's default)
+    ct_any_size: int = 262144  #: cilium_ct_any4_global max entries (Cilium's default)
+
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTING_MODES:
+            raise ConfigError(f"routing mode: expected one of {', '.join(ROUTING_MODES)}, got {self.routing!r}")
+        for name in ("ct_tcp_size", "ct_any_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 16 <= value <= 16_777_216:
+                raise ConfigError(f"{name}: expected 16 to 16777216 entries, got {value!r}")
+
+    def with_options(self, **changes) -> "DatapathConfig":
+        """A copy with some options changed; ``timeouts`` may be a dict of changed lifetimes.
+
+        >>> DatapathConfig().with_options(routing="native", timeouts={"syn": 5}).timeouts.syn
+        5
+        """
+        if isinstance(changes.get("timeouts"), dict):
+            changes["timeouts"] = replace(self.timeouts, **changes["timeouts"])
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain data for the state file and ``status --json``."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DatapathConfig":
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        data = dict(data)
+        timeouts = CtTimeouts(**data.pop("timeouts", {}))
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"datapath options: unknown {sorted(unknown)}; expected some of {sorted(known)}")
+        return cls(timeouts=timeouts, **data)

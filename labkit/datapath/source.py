@@ -1,0 +1,135 @@
+"""Compose one node's BPF translation unit: its options as macros, then the
+attach-point files.
+
+Cilium compiles every node's datapath on that node, with the node's options
+written into ``node_config.h``; labkit does the same with ``-D`` macros, once
+per node, so a node's programs and maps come from one compilation:
+
+    >>> from labkit.topology import Topology
+    >>> from labkit.config import DatapathConfig
+    >>> topo = Topology.default("demo")
+    >>> b = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=7)
+    >>> b.macros["NODE_ID"], b.macros["ROUTING_TUNNEL"], b.macros["CT_SYN_TIMEOUT"]
+    (1, 1, 60)
+    >>> [p.function for p in b.programs][:2]
+    ['cil_from_container', 'cil_to_container']
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import VXLAN_PORT, DatapathConfig
+from ..topology import Topology
+
+__all__ = ["BPF_DIR", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES"]
+
+BPF_DIR = Path(os.environ.get("LABKIT_BPF_DIR") or Path(__file__).resolve().parents[2] / "bpf")
+
+#: Every map a node pins, by its Cilium (or labkit_) name.
+MAP_NAMES = (
+    "cilium_ct4_global",
+    "cilium_ct_any4_global",
+    "cilium_lxc",
+    "cilium_ipcache",
+    "labkit_config",
+    "labkit_events",
+)
+
+
+@dataclass(frozen=True)
+class Program:
+    """One BPF function and where it attaches: device role and tc direction."""
+
+    function: str
+    source: str  #: the attach-point file that defines it
+    device: str  #: 'lxc' (every pod veth), 'netdev' (eth0) or 'overlay' (cilium_vxlan)
+    direction: str  #: 'ingress' or 'egress' (tc clsact)
+    hook: str  #: the name traces use
+
+    @property
+    def filter_name(self) -> str:
+        """Name of the tc filter, as ``tc filter show`` prints it."""
+        return f"labkit-{self.hook}"
+
+
+PROGRAMS = (
+    Program("cil_from_container", "bpf_lxc.c", "lxc", "ingress", "from-container"),
+    Program("cil_to_container", "bpf_lxc.c", "lxc", "egress", "to-container"),
+    Program("cil_from_netdev", "bpf_host.c", "netdev", "ingress", "from-netdev"),
+    Program("cil_to_netdev", "bpf_host.c", "netdev", "egress", "to-netdev"),
+    Program("cil_from_overlay", "bpf_overlay.c", "overlay", "ingress", "from-overlay"),
+    Program("cil_to_overlay", "bpf_overlay.c", "overlay", "egress", "to-overlay"),
+)
+
+
+@dataclass(frozen=True)
+class NodeBuild:
+    """Everything needed to compile and attach one node's datapath."""
+
+    node: str
+    macros: dict[str, int]
+    programs: tuple[Program, ...]
+    files: tuple[str, ...]
+
+    def text(self) -> str:
+        """The translation unit BCC compiles: a header comment, then the attach-point files."""
+        lines = [f"/* labkit datapath for node {self.node}; options are -D macros: */"]
+        lines += [f"/*   {k}={v} */" for k, v in sorted(self.macros.items())]
+        seen: set[Path] = set()
+        for name in self.files:
+            lines += _expand(BPF_DIR / name, seen)
+        return "\n".join(lines) + "\n"
+
+    def cflags(self) -> list[str]:
+        """``-I`` for bpf/ and one ``-D`` per macro."""
+        return [f"-I{BPF_DIR}"] + [f"-D{k}={v}" for k, v in sorted(self.macros.items())]
+
+
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def _expand(path: Path, seen: set[Path]) -> list[str]:
+    """The file with its ``#include "..."`` lines replaced by the files, once each.
+
+    BCC turns functions into programs, and ``map.lookup()`` calls into map
+    accesses, only in its main file; so labkit pastes the attach-point files
+    and their local headers into one text. ``#line`` keeps compiler messages
+    pointing at the real file and line.
+    """
+    path = path.resolve()
+    if path in seen:
+        return []
+    seen.add(path)
+    out = [f'#line 1 "{path}"']
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        m = _LOCAL_INCLUDE.match(line)
+        if m:
+            out += _expand(path.parent / m.group(1), seen)
+            out.append(f'#line {number + 1} "{path}"')
+        else:
+            out.append(line)
+    return out
+
+
+def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex: int = 0) -> NodeBuild:
+    """The build of ``node``: which files, which programs, which macros."""
+    n = topo.node(node)
+    tunnel = config.routing == "tunnel"
+    macros: dict[str, int] = {
+        "NODE_ID": n.node_id,
+        "CT_MAP_SIZE_TCP": config.ct_tcp_size,
+        "CT_MAP_SIZE_ANY": config.ct_any_size,
+        "VXLAN_PORT": VXLAN_PORT,
+        **config.timeouts.macros(),
+    }
+    if tunnel:
+        if vxlan_ifindex <= 0:
+            raise ValueError(f"node '{node}': tunnel mode needs the ifindex of cilium_vxlan, got {vxlan_ifindex}")
+        macros["ROUTING_TUNNEL"] = 1
+        macros["VXLAN_IFINDEX"] = vxlan_ifindex
+    programs = tuple(p for p in PROGRAMS if tunnel or p.device != "overlay")
+    files = tuple(dict.fromkeys(p.source for p in programs))
+    return NodeBuild(node, macros, programs, files)

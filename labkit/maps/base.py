@@ -1,0 +1,163 @@
+"""Pinned BPF maps as Python mappings of typed keys and values.
+
+    >>> from labkit.maps.ct import CtKey4, CtEntry
+    >>> m = PinnedMap("/sys/fs/bpf/labkit/demo/node-a/cilium_ct4_global", CtKey4, CtEntry)  # doctest: +SKIP
+    >>> for key, entry in m.items(): ...                                                 # doctest: +SKIP
+
+The same map on the command line: ``bpftool map dump pinned <path>``.
+Reading uses ``BPF_MAP_LOOKUP_BATCH`` (one syscall per chunk, as Cilium 1.18
+does) and falls back to one lookup per key where batches are not supported.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from typing import Generic, Iterator, TypeVar
+
+from .. import _bpf
+from ..errors import DatapathError, NotFoundError
+
+__all__ = ["PinnedMap", "batch_chunk"]
+
+_NO_BATCH = (errno.EINVAL, 524)  # 524: the kernel's ENOTSUPP, batch ops not implemented
+K = TypeVar("K", bound=ctypes.Structure)
+V = TypeVar("V", bound=ctypes.Structure)
+
+
+def batch_chunk(max_entries: int) -> int:
+    """Cilium's batch size: 2^ceil(log2(sqrt(2·max))), e.g. 1024 for 524288.
+
+    >>> batch_chunk(524288), batch_chunk(262144), batch_chunk(16)
+    (1024, 1024, 8)
+    """
+    n = 1
+    while n * n < 2 * max_entries:
+        n *= 2
+    return n
+
+
+class PinnedMap(Generic[K, V]):
+    """A pinned map whose keys and values are the given ctypes structures."""
+
+    def __init__(self, path: str, key_type: type[K], value_type: type[V]):
+        self.path = path
+        self.key_type = key_type
+        self.value_type = value_type
+        try:
+            self.fd = _bpf.obj_get(path)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise NotFoundError(f"pinned map {path} does not exist (is the lab up?)") from None
+            raise DatapathError(f"pinned map {path}: cannot open ({exc.strerror})") from None
+        info = _bpf.map_info(self.fd)
+        self.name = info.name.decode()
+        self.max_entries = info.max_entries
+        self.map_type = info.type
+        if (info.key_size, info.value_size) != (ctypes.sizeof(key_type), ctypes.sizeof(value_type)):
+            os.close(self.fd)
+            raise DatapathError(
+                f"pinned map {path}: key/value sizes {info.key_size}/{info.value_size} bytes, expected "
+                f"{ctypes.sizeof(key_type)}/{ctypes.sizeof(value_type)} for {key_type.__name__}/{value_type.__name__}"
+            )
+
+    # -- the mapping verbs ---------------------------------------------------
+    def get(self, key: K) -> V | None:
+        """The value for ``key``, or None."""
+        value = self.value_type()
+        return value if _bpf.lookup(self.fd, key, value) else None
+
+    def __getitem__(self, key: K) -> V:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: K, value: V) -> None:
+        _bpf.update(self.fd, key, value)
+
+    def __delitem__(self, key: K) -> None:
+        if not _bpf.delete(self.fd, key):
+            raise KeyError(key)
+
+    def delete(self, key: K) -> bool:
+        """Delete ``key``; False if it was not there."""
+        return _bpf.delete(self.fd, key)
+
+    def keys(self) -> Iterator[K]:
+        """Keys one ``BPF_MAP_GET_NEXT_KEY`` at a time."""
+        prev, cur = None, self.key_type()
+        while _bpf.next_key(self.fd, prev, cur):
+            yield cur
+            prev, cur = cur, self.key_type()
+
+    def items(self) -> list[tuple[K, V]]:
+        """Every entry, read in batches (per key where batches are unsupported)."""
+        try:
+            return list(self._items_batch())
+        except OSError as exc:
+            if exc.errno not in _NO_BATCH:
+                raise
+        return self.items_per_key()
+
+    def items_per_key(self) -> list[tuple[K, V]]:
+        """Every entry with one lookup syscall per key (the pre-1.18 way)."""
+        return [(k, v) for k in list(self.keys()) if (v := self.get(k)) is not None]
+
+    def _items_batch(self) -> Iterator[tuple[K, V]]:
+        chunk = batch_chunk(self.max_entries)
+        token_size = max(ctypes.sizeof(self.key_type), 8)
+        in_batch, out_batch = None, ctypes.create_string_buffer(token_size)
+        while True:
+            keys = (self.key_type * chunk)()
+            values = (self.value_type * chunk)()
+            try:
+                n, done = _bpf.lookup_batch(self.fd, keys, values, chunk, in_batch, out_batch)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:  # one bucket holds more than a chunk
+                    chunk *= 2
+                    continue
+                raise
+            for i in range(n):
+                yield keys[i], values[i]
+            if done:
+                return
+            in_batch = ctypes.create_string_buffer(out_batch.raw, token_size)
+
+    def clear(self) -> int:
+        """Delete every entry; returns how many were deleted."""
+        keys = [k for k, _ in self.items()]
+        if not keys:
+            return 0
+        arr = (self.key_type * len(keys))(*keys)
+        try:
+            return _bpf.delete_batch(self.fd, arr, len(keys))
+        except OSError as exc:
+            if exc.errno not in _NO_BATCH:
+                raise
+        return sum(self.delete(k) for k in keys)
+
+    def __len__(self) -> int:
+        return len(self.items())
+
+    def close(self) -> None:
+        """Close the map's fd."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "PinnedMap[K, V]":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def command(self) -> str:
+        """The real tool that shows this map."""
+        return f"bpftool map dump pinned {self.path}"
