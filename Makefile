@@ -1,0 +1,34 @@
+# labkit -- everyday entry points.  All of them run as root (labkit drives
+# network namespaces and BPF); provisioning is idempotent and takes seconds
+# when nothing is missing.
+VENV ?= /opt/labkit/venv
+PY = $(VENV)/bin/python
+
+.PHONY: provision provision-dev test unit lab bench clean
+
+# Install system packages, kernel headers, bpffs, the venv and labkit itself.
+provision:
+	LABKIT_VENV=$(VENV) bash vagrant/provision.sh
+
+# The same plus the test tools (pytest, clang, ...).
+provision-dev:
+	LABKIT_VENV=$(VENV) bash vagrant/provision.sh --dev
+
+# THE test command (CI runs it through .ci/run); pytest options live in pyproject.toml.
+test: provision-dev
+	$(PY) -m pytest tests -ra
+
+# Unit tests only, without provisioning.
+unit:
+	$(PY) -m pytest tests/unit -q
+
+# JupyterLab in the foreground; it prints its URL with a fresh token.
+lab: provision
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=8888 --no-browser --allow-root --ServerApp.root_dir=$(CURDIR)/labs
+
+bench: provision-dev
+	$(PY) -m labkit.bench
+
+# Build artefacts only.
+clean:
+	find . -path ./.git -prune -o \( -name __pycache__ -o -name .pytest_cache -o -name '*.egg-info' \) -type d -prune -exec rm -rf {} +

@@ -1,0 +1,89 @@
+"""Build one node's datapath: compile with BCC, pin the maps, attach the programs.
+
+Runs as a child process, one per node (``python -m labkit.datapath.loader``),
+so two nodes compile at once and the lab process never holds BCC's state. It
+talks JSON lines:
+
+- stdin, first line: ``{"topology": ..., "config": ..., "node": ..., "pin_dir": ...}``
+- stdout: ``{"created": {...}}`` for every pin and tc filter, *as it is made*,
+  so the parent's ledger never misses one; ``{"pinned": true}`` once the maps
+  exist (the parent then programs them); after the parent answers ``attach``
+  on stdin, ``{"done": {...}}``, or ``{"error": "..."}`` at any point.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+__all__ = ["main"]
+
+
+def _say(**msg) -> None:
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def run(spec: dict) -> None:
+    from .. import _bpf, _netns
+    from ..config import DatapathConfig
+    from ..topology import Topology
+    from . import tc
+    from .source import MAP_NAMES, node_build
+
+    topo = Topology.from_dict(spec["topology"])
+    config = DatapathConfig.from_dict(spec["config"])
+    node = spec["node"]
+    netns = topo.netns(node)
+    _netns.enter_process(netns)  # this process is single-threaded: all of it moves
+
+    from bcc import BPF
+    from pyroute2 import IPRoute
+
+    t0 = time.monotonic()
+    with IPRoute() as ipr:
+        vxlan = ipr.link_lookup(ifname="cilium_vxlan")
+        build = node_build(topo, config, node, vxlan_ifindex=vxlan[0] if vxlan else 0)
+        try:
+            bpf = BPF(text=build.text(), cflags=build.cflags())
+        except Exception as exc:  # BCC raises bare Exception with the compiler's message on stderr
+            _say(error=f"node '{node}': BCC could not compile the datapath: {exc}")
+            return
+        compiled = time.monotonic()
+        for name in MAP_NAMES:
+            path = os.path.join(spec["pin_dir"], name)
+            _bpf.obj_pin(bpf[name].map_fd, path)
+            _say(created={"kind": "pin", "path": path, "node": node})
+        _say(pinned=True, compile_seconds=round(compiled - t0, 3))
+        if sys.stdin.readline().strip() != "attach":
+            _say(error=f"node '{node}': parent did not ask to attach")
+            return
+
+        devices = {
+            "lxc": [topo.host_veth(p.name) for p in topo.pods_on(node)],
+            "netdev": ["eth0"],
+            "overlay": ["cilium_vxlan"] if vxlan else [],
+        }
+        for prog in build.programs:
+            fn = bpf.load_func(prog.function, BPF.SCHED_CLS)
+            for ifname in devices[prog.device]:
+                index = ipr.link_lookup(ifname=ifname)[0]
+                if tc.ensure_clsact(ipr, index):
+                    _say(created={"kind": "qdisc", "netns": netns, "ifname": ifname, "qdisc": "clsact"})
+                where = tc.add_bpf_filter(ipr, index, prog.direction, fn.fd, prog.filter_name)
+                _say(created={"kind": "tc-filter", "netns": netns, "ifname": ifname, "name": prog.filter_name, **where})
+    _say(done={"node": node, "compile_seconds": round(compiled - t0, 3), "seconds": round(time.monotonic() - t0, 3)})
+
+
+def main() -> None:
+    """Entry point of the child process."""
+    try:
+        run(json.loads(sys.stdin.readline()))
+    except Exception as exc:
+        _say(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,514 @@
+"""A running lab: bring the topology up, attach to it, reset it, take it down.
+
+    >>> from labkit import Lab
+    >>> lab = Lab.up("demo")                    # doctest: +SKIP
+    >>> lab.pod("a1").exec("ping", "-c1", lab.pod("b1").ip).returncode   # doctest: +SKIP
+    0
+    >>> for row in lab.ct("node-a"): print(row)  # doctest: +SKIP
+    >>> lab.down()                              # doctest: +SKIP
+
+``Lab.up`` is idempotent: a healthy lab of that name with the same topology
+and options is attached to; a broken or differently configured one is torn
+down (by its ledger) and rebuilt. Every object created goes into the ledger
+(:mod:`labkit.ledger`) first, so an error at any step leaves nothing behind.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from . import _netns
+from .clock import LabClock, mono_seconds
+from .config import LAB_DIFFERENCES, DatapathConfig
+from .errors import DatapathError, LabStateError, LabTimeoutError, NotFoundError
+from .ledger import RUN_DIR, LabLock, Ledger, lab_dir
+from .maps.base import PinnedMap
+from .maps.config import Fault, LabConfig, TraceMode
+from .maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
+from .topology import Topology
+from .trace import EventLog
+
+__all__ = ["Lab", "PodHandle", "NodeHandle", "BPFFS_ROOT"]
+
+BPFFS_ROOT = Path(os.environ.get("LABKIT_BPFFS_ROOT", "/sys/fs/bpf/labkit"))
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class _Member:
+    lab: "Lab"
+    name: str
+
+    @property
+    def netns(self) -> str:
+        """Its network namespace (``ip netns exec <netns> …``)."""
+        return self.lab.topology.netns(self.name)
+
+    def exec(self, *argv: str, timeout: float = 30, check: bool = False, **kw) -> subprocess.CompletedProcess:
+        """Run a command inside it; output captured as text."""
+        return self.lab.exec(self.name, list(argv), timeout=timeout, check=check, **kw)
+
+
+@dataclass(frozen=True)
+class PodHandle(_Member):
+    """A pod of a running lab."""
+
+    @property
+    def ip(self) -> str:
+        return self.lab.topology.pod(self.name).ip
+
+    @property
+    def node(self) -> str:
+        return self.lab.topology.pod(self.name).node
+
+    def server_log(self) -> list[str]:
+        """Lines the pod's server logged (what it saw of its clients)."""
+        path = lab_dir(self.lab.name) / "pods" / f"{self.name}.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+@dataclass(frozen=True)
+class NodeHandle(_Member):
+    """A node of a running lab."""
+
+    @property
+    def ip(self) -> str:
+        return self.lab.topology.node(self.name).ip
+
+    def ct(self) -> list[CtRow]:
+        """Rows of both CT maps of this node."""
+        return self.lab.ct(self.name)
+
+    def pin(self, map_name: str) -> str:
+        """Path of one of its pinned maps."""
+        return f"{self.lab.pin_dir(self.name)}/{map_name}"
+
+
+class Lab:
+    """A lab that is up. Build with :meth:`up`, find with :meth:`attach`."""
+
+    def __init__(self, name: str, topology: Topology, config: DatapathConfig, state: dict):
+        self.name = name
+        self.topology = topology
+        self.config = config
+        self._state = state
+        self.clock = LabClock(self._read_clock_offset, self._write_clock_offset)
+
+    def __repr__(self) -> str:
+        return f"Lab({self.name!r}, routing={self.config.routing}, nodes={[n.name for n in self.topology.nodes]})"
+
+    # -- life cycle -------------------------------------------------------------
+    @classmethod
+    def up(
+        cls,
+        name: str = "demo",
+        *,
+        routing: str | None = None,
+        config: DatapathConfig | None = None,
+        topology: Topology | None = None,
+    ) -> "Lab":
+        """Bring up lab ``name`` (the default lab unless ``topology`` is given).
+
+        Options: ``routing`` ('tunnel' or 'native'), or a whole :class:`DatapathConfig`.
+        """
+        from .doctor import require_datapath
+
+        config = config or DatapathConfig()
+        if routing is not None:
+            config = config.with_options(routing=routing)
+        topology = topology or Topology.default(name)
+        topology.validate()
+        if topology.lab != name:
+            raise LabStateError(f"lab '{name}': topology describes lab '{topology.lab}'; expected the same name")
+        require_datapath()
+        lock = LabLock(name, "labkit up").acquire()
+        try:
+            ledger = Ledger(name)
+            if ledger.exists():
+                existing = cls._existing(name, ledger, topology, config)
+                if existing is not None:
+                    return existing
+                from ._teardown import teardown
+
+                teardown(ledger)
+            lab = cls._build(name, topology, config, ledger)
+        finally:
+            lock.release(remove=not Ledger(name).exists())
+        return lab
+
+    @classmethod
+    def _existing(cls, name: str, ledger: Ledger, topology: Topology, config: DatapathConfig) -> "Lab | None":
+        try:
+            state = ledger.read_state()
+        except (LabStateError, ValueError):
+            return None
+        if state.get("version") != STATE_VERSION or state.get("status") != "up":
+            return None
+        if state["topology"] != topology.to_dict() or state["config"] != config.to_dict():
+            return None
+        lab = cls(name, topology, config, state)
+        return lab if not lab.health() else None
+
+    @classmethod
+    def _build(cls, name: str, topology: Topology, config: DatapathConfig, ledger: Ledger) -> "Lab":
+        from ._teardown import teardown
+
+        t0 = time.monotonic()
+        ledger.start()
+        state = {
+            "version": STATE_VERSION,
+            "lab": name,
+            "status": "building",
+            "owner_pid": os.getpid(),
+            "created": time.time(),
+            "topology": topology.to_dict(),
+            "config": config.to_dict(),
+            "pin_dirs": {n.name: str(BPFFS_ROOT / name / n.name) for n in topology.nodes},
+            "devices": {},
+            "cgroups": {},
+            "faults": 0,
+            "timings": {},
+        }
+        ledger.write_state(state)
+        try:
+            cls._realise(name, topology, config, ledger, state)
+        except BaseException:
+            try:
+                teardown(ledger)
+            finally:
+                pass
+            raise
+        state["status"] = "up"
+        state["timings"]["up_seconds"] = round(time.monotonic() - t0, 3)
+        ledger.write_state(state)
+        return cls(name, topology, config, state)
+
+    @classmethod
+    def _realise(cls, name, topology, config, ledger, state) -> None:
+        from . import _build, agent
+
+        timings = state["timings"]
+        t = time.monotonic()
+        cgroups = cls._make_cgroups(name, topology, ledger)
+        state["cgroups"] = cgroups
+        net = _build.build_network(topology, config, ledger)
+        state["devices"] = {node: {str(k): v for k, v in devs.items()} for node, devs in net["devices"].items()}
+        timings["network_seconds"] = round(time.monotonic() - t, 3)
+        ledger.write_state(state)
+
+        servers = _build.start_pod_servers(topology, ledger, cgroups)
+        t = time.monotonic()
+        loaders = cls._start_loaders(name, topology, config, ledger, state)
+        try:
+            for node, proc in loaders.items():
+                cls._loader_until(proc, ledger, node, "pinned")
+            for node, proc in loaders.items():
+                pin_dir = state["pin_dirs"][node]
+                agent.program_node(topology, node, config.routing, pin_dir, net["endpoints"][node])
+                with PinnedMap(f"{pin_dir}/labkit_config", _U32, LabConfig) as m:
+                    m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+                proc.stdin.write("attach\n")
+                proc.stdin.flush()
+            for node, proc in loaders.items():
+                done = cls._loader_until(proc, ledger, node, "done")
+                timings[f"datapath_{node}_seconds"] = done.get("seconds")
+        finally:
+            for proc in loaders.values():
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        timings["datapath_seconds"] = round(time.monotonic() - t, 3)
+        ledger.write_state(state)
+        cls._start_monitor(name, ledger)
+        cls._wait_servers(name, topology, servers)
+
+    @staticmethod
+    def _make_cgroups(name: str, topology: Topology, ledger: Ledger) -> dict[str, str]:
+        from ._build import cgroup_root
+
+        root = cgroup_root()
+        if root is None:
+            return {}
+        base = root / "labkit"
+        base.mkdir(exist_ok=True)
+        lab_cg = base / name
+        lab_cg.mkdir()
+        ledger.record("cgroup", path=str(lab_cg))
+        out = {}
+        for pod in topology.pods:
+            cg = lab_cg / pod.name
+            cg.mkdir()
+            ledger.record("cgroup", path=str(cg))
+            out[pod.name] = str(cg)
+        return out
+
+    @staticmethod
+    def _start_loaders(name, topology, config, ledger, state) -> dict[str, subprocess.Popen]:
+        root = BPFFS_ROOT
+        if not root.exists():
+            root.mkdir(parents=True)
+        lab_pins = root / name
+        lab_pins.mkdir()
+        ledger.record("pindir", path=str(lab_pins))
+        procs = {}
+        for n in topology.nodes:
+            pin_dir = Path(state["pin_dirs"][n.name])
+            pin_dir.mkdir()
+            ledger.record("pindir", path=str(pin_dir))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "labkit.datapath.loader"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            spec = {"topology": topology.to_dict(), "config": config.to_dict(), "node": n.name, "pin_dir": str(pin_dir)}
+            proc.stdin.write(json.dumps(spec) + "\n")
+            proc.stdin.flush()
+            procs[n.name] = proc
+        return procs
+
+    @staticmethod
+    def _loader_until(proc: subprocess.Popen, ledger: Ledger, node: str, until: str) -> dict:
+        while True:
+            line = proc.stdout.readline()
+            if not line:
+                err = proc.stderr.read()
+                raise DatapathError(f"node '{node}': datapath loader exited before '{until}'\n{err[-4000:]}")
+            msg = json.loads(line)
+            if "created" in msg:
+                ledger.record(**msg["created"])
+            elif "error" in msg:
+                proc.kill()
+                err = proc.stderr.read()
+                raise DatapathError(f"{msg['error']}\n{err[-4000:]}")
+            elif until in msg:
+                return msg[until] if isinstance(msg[until], dict) else msg
+
+    @staticmethod
+    def _start_monitor(name: str, ledger: Ledger) -> None:
+        events = lab_dir(name) / "events.bin"
+        ledger.record("file", path=str(events))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "labkit.monitor", "--lab", name],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=open(lab_dir(name) / "monitor.err", "ab"),
+            start_new_session=True,
+            text=True,
+        )
+        ledger.record("file", path=str(lab_dir(name) / "monitor.err"))
+        ledger.record_process("monitor", proc.pid)
+        if proc.stdout.readline().strip() != "monitor ready":
+            raise DatapathError(f"lab '{name}': the trace monitor did not start (see {lab_dir(name)}/monitor.err)")
+        proc.stdout.close()
+
+    @staticmethod
+    def _wait_servers(name: str, topology: Topology, servers: dict[str, subprocess.Popen], timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        for pod in topology.pods:
+            log = lab_dir(name) / "pods" / f"{pod.name}.log"
+            while "listening" not in log.read_text():
+                if servers[pod.name].poll() is not None:
+                    err = (lab_dir(name) / "pods" / f"{pod.name}.err").read_text()
+                    raise LabStateError(f"pod '{pod.name}': server exited ({servers[pod.name].returncode}): {err[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise LabTimeoutError(f"pod '{pod.name}': server not listening after {timeout} s")
+                time.sleep(0.01)
+
+    @classmethod
+    def attach(cls, name: str = "demo") -> "Lab":
+        """The running lab ``name``; LabStateError if it is not up."""
+        ledger = Ledger(name)
+        if not ledger.exists():
+            raise NotFoundError(f"lab '{name}' is not up (no ledger in {lab_dir(name)}); start it with `labkit --lab {name} up`")
+        state = ledger.read_state()
+        if state.get("status") != "up":
+            raise LabStateError(
+                f"lab '{name}' is {state.get('status')!r}, expected 'up'; `labkit --lab {name} up` rebuilds it"
+            )
+        return cls(name, Topology.from_dict(state["topology"]), DatapathConfig.from_dict(state["config"]), state)
+
+    def down(self) -> None:
+        """Remove everything the ledger recorded, then check nothing of the lab is left."""
+        type(self).cleanup(self.name)
+
+    @classmethod
+    def cleanup(cls, name: str) -> list[str]:
+        """Tear down lab ``name`` from its ledger (also when the process that built it died).
+
+        Returns what was removed, by kind; CleanupError if anything remains.
+        """
+        from ._teardown import leftovers, teardown
+
+        lock = LabLock(name, "labkit down").acquire()
+        removed = []
+        try:
+            ledger = Ledger(name)
+            entries = ledger.entries()
+            try:
+                topo = Topology.from_dict(ledger.read_state()["topology"])
+                expected = topo.all_netns()
+            except (LabStateError, ValueError, KeyError):
+                expected = []
+            if entries:
+                teardown(ledger)
+                removed = [e["kind"] for e in entries]
+            left = leftovers([], expected)
+            if left:
+                from .errors import CleanupError
+
+                raise CleanupError(f"lab '{name}': still present after teardown: {'; '.join(left)}")
+            for parent in (BPFFS_ROOT, RUN_DIR):
+                try:
+                    if parent.exists() and not any(parent.iterdir()) and parent != RUN_DIR:
+                        parent.rmdir()
+                except OSError:
+                    pass
+        finally:
+            lock.release(remove=True)
+        try:
+            if RUN_DIR.exists() and not any(RUN_DIR.iterdir()):
+                RUN_DIR.rmdir()
+        except OSError:
+            pass
+        return removed
+
+    def reset(self) -> None:
+        """Flush CT state, switch faults off and set the lab clock back; topology kept."""
+        for node in self.topology.nodes:
+            pin = self.pin_dir(node.name)
+            for map_name in CT_MAPS:
+                with PinnedMap(f"{pin}/{map_name}", CtKey4, CtEntry) as m:
+                    m.clear()
+            with PinnedMap(f"{pin}/labkit_config", _U32, LabConfig) as m:
+                m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+
+    def health(self) -> list[str]:
+        """What is wrong with this lab (empty when healthy)."""
+        from ._teardown import leftovers
+
+        problems = []
+        entries = Ledger(self.name).entries()
+        for e in entries:
+            if e["kind"] == "netns" and not _netns.exists(e["name"]):
+                problems.append(f"network namespace {e['name']} is gone")
+            elif e["kind"] == "pin" and not os.path.exists(e["path"]):
+                problems.append(f"pinned map {e['path']} is gone")
+        alive = set(leftovers([e for e in entries if e["kind"] == "process"]))
+        for e in entries:
+            if e["kind"] == "process" and f"process {e['name']} (pid {e['pid']})" not in alive:
+                problems.append(f"process {e['name']} (pid {e['pid']}) has exited")
+        return problems
+
+    # -- members ---------------------------------------------------------------
+    def pod(self, name: str) -> PodHandle:
+        """A pod by name (NotFoundError lists the pods)."""
+        self.topology.pod(name)
+        return PodHandle(self, name)
+
+    def node(self, name: str) -> NodeHandle:
+        """A node by name (NotFoundError lists the nodes)."""
+        self.topology.node(name)
+        return NodeHandle(self, name)
+
+    def exec(self, name: str, argv: Sequence[str], timeout: float = 30, check: bool = False, **kw):
+        """Run ``argv`` in the namespace (and for pods the cgroup) of ``name``."""
+        netns = self.topology.netns(name)
+        cgroup = self._state.get("cgroups", {}).get(name)
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(
+            list(argv), preexec_fn=_netns.preexec(netns, cgroup, new_session=False), timeout=timeout, check=check, **kw
+        )
+
+    def popen(self, name: str, argv: Sequence[str], **kw) -> subprocess.Popen:
+        """Start ``argv`` in ``name`` without waiting."""
+        netns = self.topology.netns(name)
+        cgroup = self._state.get("cgroups", {}).get(name)
+        return subprocess.Popen(list(argv), preexec_fn=_netns.preexec(netns, cgroup, new_session=False), **kw)
+
+    def cgroup(self, pod: str) -> str | None:
+        """The pod's cgroup v2 directory."""
+        self.topology.pod(pod)
+        return self._state.get("cgroups", {}).get(pod)
+
+    # -- maps -------------------------------------------------------------------
+    def pin_dir(self, node: str) -> str:
+        """``/sys/fs/bpf/labkit/<lab>/<node>``"""
+        self.topology.node(node)
+        return self._state["pin_dirs"][node]
+
+    def ct(self, node: str) -> list[CtRow]:
+        """Every row of ``node``'s two CT maps, TCP map first."""
+        pin = self.pin_dir(node)
+        rows = []
+        for map_name in CT_MAPS:
+            with PinnedMap(f"{pin}/{map_name}", CtKey4, CtEntry) as m:
+                rows += [CtRow.of(k, v, map_name) for k, v in m.items()]
+        return rows
+
+    def ct_command(self, node: str) -> list[str]:
+        """The real commands that show the same rows."""
+        return [f"bpftool map dump pinned {self.pin_dir(node)}/{m}" for m in CT_MAPS]
+
+    def _config_map(self, node: str) -> PinnedMap:
+        return PinnedMap(f"{self.pin_dir(node)}/labkit_config", _U32, LabConfig)
+
+    def _read_clock_offset(self) -> int:
+        with self._config_map(self.topology.nodes[0].name) as m:
+            return m[_U32(0)].clock_offset
+
+    def _write_clock_offset(self, offset: int) -> None:
+        for node in self.topology.nodes:
+            with self._config_map(node.name) as m:
+                cfg = m[_U32(0)]
+                cfg.clock_offset = offset
+                m[_U32(0)] = cfg
+
+    def faults(self) -> list[str]:
+        """Names of the break-it faults switched on."""
+        with self._config_map(self.topology.nodes[0].name) as m:
+            return Fault.names(m[_U32(0)].faults)
+
+    def events(self) -> EventLog:
+        """Reader of this lab's trace records (starts at the beginning)."""
+        nodes = {n.node_id: n.name for n in self.topology.nodes}
+        devices = {node: {int(k): v for k, v in devs.items()} for node, devs in self._state["devices"].items()}
+        return EventLog(lab_dir(self.name) / "events.bin", nodes, devices)
+
+    def status(self) -> dict:
+        """Nodes, pods and externals with addresses, datapath options, clock, faults."""
+        return {
+            "lab": self.name,
+            "status": self._state.get("status"),
+            "routing": self.config.routing,
+            "datapath": self.config.to_dict(),
+            "clock": {"now": self.clock.now(), "offset": self.clock.offset, "mono": mono_seconds()},
+            "faults": self.faults(),
+            "nodes": [
+                {"name": n.name, "ip": n.ip, "pod_cidr": n.pod_cidr, "router_ip": n.router_ip,
+                 "netns": self.topology.netns(n.name), "pins": self.pin_dir(n.name)}
+                for n in self.topology.nodes
+            ],
+            "pods": [
+                {"name": p.name, "node": p.node, "ip": p.ip, "identity": p.identity,
+                 "netns": self.topology.netns(p.name), "host_veth": self.topology.host_veth(p.name)}
+                for p in self.topology.pods
+            ],
+            "externals": [{"name": e.name, "ip": e.ip, "netns": self.topology.netns(e.name)}
+                          for e in self.topology.externals],
+            "lab_differences": list(LAB_DIFFERENCES),
+            "health": self.health(),
+        }
+
+
+class _U32(ctypes.c_uint32):
+    """Key of one-entry arrays."""

@@ -1,0 +1,516 @@
+#!/usr/bin/env bash
+# labkit provisioning: makes a Debian 12 (or Ubuntu 22.04+) machine ready for
+# the labkit lab -- inside the Vagrant VM (vagrant/Vagrantfile runs it) or on
+# a bare host.  Run as root.  Idempotent: a second run with nothing to do
+# calls neither apt nor pip and finishes in a few seconds.
+#
+#   sudo bash vagrant/provision.sh                    # lab + notebooks
+#   sudo bash vagrant/provision.sh --dev              # + test tools (make test)
+#   sudo bash vagrant/provision.sh --jupyter-service  # + JupyterLab as a service
+#   sudo bash vagrant/provision.sh --print-url        # print the JupyterLab URL
+#
+# Every step prints one line:  labkit-provision: <step>: ok|done|skipped (reason)
+#
+# Environment:
+#   LABKIT_VENV        venv location (default /opt/labkit/venv)
+#   LABKIT_JUPYTER_IP  address the JupyterLab service binds (default 127.0.0.1;
+#                      the Vagrantfile sets 0.0.0.0, see there why)
+set -euo pipefail
+
+PROG=labkit-provision
+DEV=0
+QUIET=0
+JUPYTER_SERVICE=0
+PRINT_URL=0
+ORIG_ARGS="$*"
+
+usage() {
+    cat <<EOF
+usage: $0 [--dev] [--quiet] [--jupyter-service] [--print-url]
+
+  --dev              also install test tools (pytest extras, clang, llvm,
+                     vagrant and chromium when apt has them)
+  --quiet            send apt/pip output to $PROG's log (/var/log/labkit-provision.log);
+                     the one-line step reports are still printed
+  --jupyter-service  run JupyterLab as the systemd service labkit-jupyter
+  --print-url        only print the JupyterLab URL (with its token) and exit
+EOF
+}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dev) DEV=1 ;;
+        --quiet) QUIET=1 ;;
+        --jupyter-service) JUPYTER_SERVICE=1 ;;
+        --print-url) PRINT_URL=1 ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "$PROG: unknown option: $1" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+VENV="${LABKIT_VENV:-/opt/labkit/venv}"
+SYS_PY=/usr/bin/python3
+KREL="$(uname -r)"
+LOG=/var/log/labkit-provision.log
+TOKEN_DIR=/etc/labkit
+TOKEN_FILE=$TOKEN_DIR/jupyter-token
+JUPYTER_ENV_FILE=$TOKEN_DIR/jupyter.env
+UNIT_NAME=labkit-jupyter
+UNIT_FILE=/etc/systemd/system/$UNIT_NAME.service
+JUPYTER_PORT=8888
+
+export DEBIAN_FRONTEND=noninteractive
+export NEEDRESTART_SUSPEND=1 # Ubuntu: no needrestart dialog during apt-get
+
+step() { printf '%s: %s: %s\n' "$PROG" "$1" "$2"; }
+warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
+die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
+
+# Run a command; with --quiet its output goes to $LOG and only a failure
+# shows the log's last lines.
+run() {
+    if [ "$QUIET" = 1 ]; then
+        printf '\n# %s: %s\n' "$(date -Is)" "$*" >>"$LOG"
+        if ! "$@" >>"$LOG" 2>&1; then
+            echo "$PROG: command failed: $*  (last lines of $LOG:)" >&2
+            tail -n 25 "$LOG" >&2
+            return 1
+        fi
+    else
+        "$@"
+    fi
+}
+
+# ---------------------------------------------------------------- root
+if [ "$(id -u)" != 0 ]; then
+    die "must run as root (it installs packages and mounts bpffs): sudo bash $0${ORIG_ARGS:+ $ORIG_ARGS}"
+fi
+
+# ---------------------------------------------------------------- --print-url
+read_token() {
+    local t
+    [ -r "$TOKEN_FILE" ] || return 1
+    t="$(tr -d ' \t\r\n' <"$TOKEN_FILE")"
+    [[ "$t" =~ ^[0-9a-f]{32}$ ]] || return 1
+    printf '%s' "$t"
+}
+url_line() { printf 'JupyterLab: http://127.0.0.1:%s/lab?token=%s\n' "$JUPYTER_PORT" "$1"; }
+
+if [ "$PRINT_URL" = 1 ]; then
+    token="$(read_token)" || die "no JupyterLab token yet ($TOKEN_FILE); run: sudo bash $0 --jupyter-service"
+    url_line "$token"
+    exit 0
+fi
+
+step root ok
+
+# ---------------------------------------------------------------- apt
+BASE_PKGS=(python3 python3-venv python3-pip python3-bpfcc bpfcc-tools iproute2
+    iperf3 iptables conntrack tcpdump ethtool curl procps util-linux kmod iputils-ping
+    netcat-openbsd)
+DEV_PKGS=(clang llvm)
+DEV_OPTIONAL_PKGS=(vagrant chromium chromium-driver) # only when apt has them
+BPFTOOL_PKGS=(bpftool "linux-tools-$KREL" linux-tools-generic) # first installable wins
+
+# shellcheck disable=SC1091
+OS_ID="$(. /etc/os-release 2>/dev/null && echo "${ID:-}")"
+# shellcheck disable=SC1091
+OS_LIKE="$(. /etc/os-release 2>/dev/null && echo "${ID_LIKE:-}")"
+APT_UPDATED=0
+APT_OPTS=(-q -o DPkg::Lock::Timeout=300)
+
+# Print those of the given packages that dpkg does not have fully installed.
+missing_pkgs() {
+    local p st
+    declare -A have=()
+    while read -r p st; do
+        [[ "$st" == *" ok installed" ]] && have[$p]=1
+    done < <(dpkg-query -W -f='${Package} ${Status}\n' "$@" 2>/dev/null || true)
+    for p in "$@"; do
+        [ -n "${have[$p]:-}" ] || echo "$p"
+    done
+}
+pkg_installed() { [ -z "$(missing_pkgs "$1")" ]; }
+
+# True when apt has an installation candidate for the package.
+apt_candidate() {
+    local c
+    c="$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ {print $2; exit}')"
+    [ -n "$c" ] && [ "$c" != "(none)" ]
+}
+
+apt_lists_present() { compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; }
+
+apt_update() {
+    [ "$APT_UPDATED" = 1 ] && return 0
+    APT_UPDATED=1
+    run apt-get "${APT_OPTS[@]}" update || warn "apt-get update failed; continuing with the package lists on disk"
+}
+
+# One apt-get install; if it fails with lists not refreshed in this run,
+# refresh them and try once more (stale lists give 404s).
+apt_install() {
+    if run apt-get "${APT_OPTS[@]}" install -y --no-install-recommends "$@"; then
+        return 0
+    fi
+    [ "$APT_UPDATED" = 1 ] && return 1
+    apt_update
+    run apt-get "${APT_OPTS[@]}" install -y --no-install-recommends "$@"
+}
+
+step_apt() {
+    local want=("${BASE_PKGS[@]}")
+    [ "$DEV" = 1 ] && want+=("${DEV_PKGS[@]}")
+    local -a missing=() opt_missing=() install=() unavailable=()
+    mapfile -t missing < <(missing_pkgs "${want[@]}")
+
+    # bpftool: Debian ships package bpftool; Ubuntu ships the binary in
+    # linux-tools-common + linux-tools-$(uname -r) (or -generic).
+    local have_bpftool=0 n
+    n="$(missing_pkgs "${BPFTOOL_PKGS[@]}" | wc -l)"
+    [ "$n" -lt "${#BPFTOOL_PKGS[@]}" ] && have_bpftool=1
+
+    if [ "$DEV" = 1 ]; then
+        mapfile -t opt_missing < <(missing_pkgs "${DEV_OPTIONAL_PKGS[@]}")
+    fi
+
+    if [ "${#missing[@]}" = 0 ] && [ "$have_bpftool" = 1 ] && [ "${#opt_missing[@]}" = 0 ]; then
+        step apt "ok (all packages present)"
+        return
+    fi
+
+    # A needed package is missing: refresh the lists first.
+    if [ "${#missing[@]}" != 0 ] || [ "$have_bpftool" = 0 ]; then
+        apt_update
+    fi
+    install=("${missing[@]}")
+
+    if [ "$have_bpftool" = 0 ]; then
+        local c found=""
+        for c in "${BPFTOOL_PKGS[@]}"; do
+            if apt_candidate "$c"; then found="$c"; break; fi
+        done
+        [ -n "$found" ] || die "no installable bpftool package (tried: ${BPFTOOL_PKGS[*]})"
+        install+=("$found")
+    fi
+
+    # Optional dev packages: installed when apt has them, skipped otherwise.
+    # (Ubuntu's chromium is a snap wrapper that cannot install from apt alone.)
+    local p
+    for p in "${opt_missing[@]}"; do
+        if [[ "$p" == chromium* ]] && { [ "$OS_ID" = ubuntu ] || [[ " $OS_LIKE " == *" ubuntu "* ]]; }; then
+            unavailable+=("$p")
+        elif apt_candidate "$p"; then
+            install+=("$p")
+        else
+            unavailable+=("$p")
+        fi
+    done
+
+    local note=""
+    [ "${#unavailable[@]}" != 0 ] && note="; not available from apt, skipped: ${unavailable[*]}"
+    if [ "${#install[@]}" = 0 ]; then
+        step apt "ok (all packages present${note})"
+        return
+    fi
+    apt_install "${install[@]}" || die "apt-get install failed for: ${install[*]}"
+    step apt "done (installed: ${install[*]}${note})"
+}
+step_apt
+
+# ---------------------------------------------------------------- kernel headers
+# BCC compiles the C in bpf/ at run time against /lib/modules/$(uname -r)/build.
+step_headers() {
+    local mod="/lib/modules/$KREL"
+    if [ -d "$mod/build/include" ]; then
+        step kernel-headers "ok ($mod/build -> $(readlink -f "$mod/build"))"
+        return
+    fi
+
+    apt_lists_present || apt_update
+    if apt_candidate "linux-headers-$KREL"; then
+        apt_install "linux-headers-$KREL" || die "apt-get install linux-headers-$KREL failed"
+        if [ -d "$mod/build/include" ]; then
+            step kernel-headers "done (installed linux-headers-$KREL)"
+            return
+        fi
+        warn "linux-headers-$KREL installed but $mod/build/include is still missing; wiring generic headers"
+    fi
+
+    # No headers package for the running kernel (a custom or cloud kernel):
+    # use the distribution's generic headers.
+    local arch generic re ubuntu=0
+    arch="$(dpkg --print-architecture)"
+    if [ "$OS_ID" = ubuntu ] || [[ " $OS_LIKE " == *" ubuntu "* ]]; then
+        ubuntu=1
+        generic=linux-headers-generic
+        re="^linux-headers-[0-9][^/]*-generic$"
+    else
+        case "$arch" in
+            amd64 | arm64) ;;
+            *) warn "untested architecture $arch; trying linux-headers-$arch" ;;
+        esac
+        generic="linux-headers-$arch"
+        re="^linux-headers-[0-9][^/]*-$arch$"
+    fi
+    if ! pkg_installed "$generic"; then
+        apt_update
+        apt_install "$generic" || die "no headers for kernel $KREL: linux-headers-$KREL has no apt candidate and installing $generic failed"
+    fi
+
+    local d dir="" src
+    local -a cands=()
+    for d in /usr/src/linux-headers-*; do
+        [ -d "$d/include" ] || continue
+        [[ "${d##*/}" =~ $re ]] || continue
+        [[ "${d##*/}" == *-rt-* || "${d##*/}" == *-cloud-* ]] && continue
+        cands+=("${d##*/}")
+    done
+    [ "${#cands[@]}" != 0 ] || die "installed $generic but found no matching /usr/src/linux-headers-* directory"
+    dir="/usr/src/$(printf '%s\n' "${cands[@]}" | sort -V | tail -n 1)"
+    if [ "$ubuntu" = 1 ]; then
+        src="$dir"
+    else
+        src="${dir%-"$arch"}-common"
+        [ -d "$src" ] || src="$dir"
+    fi
+
+    mkdir -p "$mod"
+    local l
+    for l in build source; do
+        if [ -e "$mod/$l" ] && [ ! -L "$mod/$l" ]; then
+            die "$mod/$l exists and is not a symlink; not replacing it"
+        fi
+    done
+    ln -sfn "$dir" "$mod/build"
+    ln -sfn "$src" "$mod/source"
+    [ -d "$mod/build/include" ] || die "wired $mod/build -> $dir but $mod/build/include is missing"
+    step kernel-headers "done (wired generic headers ${dir##*/linux-headers-} for running kernel $KREL: no linux-headers-$KREL package exists; this is fine because labkit's tc/cgroup BPF programs use only the stable UAPI headers, not kernel-internal structures)"
+}
+step_headers
+
+# ---------------------------------------------------------------- bpffs
+if awk '$2 == "/sys/fs/bpf" && $3 == "bpf" {f = 1} END {exit !f}' /proc/mounts; then
+    step bpffs "ok (/sys/fs/bpf is mounted)"
+else
+    mkdir -p /sys/fs/bpf 2>/dev/null || true
+    mount -t bpf bpf /sys/fs/bpf || die "could not mount bpffs at /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf)"
+    step bpffs "done (mounted bpf at /sys/fs/bpf; labkit re-checks it at 'up')"
+fi
+
+# ---------------------------------------------------------------- venv
+# Built from Debian's /usr/bin/python3 with --system-site-packages: the bcc
+# module exists only as Debian's python3-bpfcc.  (PyPI's "bcc" is an
+# unrelated project -- never pip install it.)
+step_venv() {
+    [ -x "$SYS_PY" ] || die "$SYS_PY not found (apt package python3)"
+    local state=ok why=""
+    if [ -f "$VENV/pyvenv.cfg" ]; then
+        local want have
+        want="$("$SYS_PY" -I -c 'import sys; print(sys.prefix, sys.version)')"
+        have="$("$VENV/bin/python" -I -c 'import sys; print(sys.base_prefix, sys.version)' 2>/dev/null || true)"
+        if [ "$want" != "$have" ]; then
+            state=recreate why="its python is not $SYS_PY"
+        elif ! grep -Eqi '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg"; then
+            state=recreate why="it lacks --system-site-packages"
+        fi
+    elif [ -e "$VENV" ] && [ -n "$(ls -A "$VENV" 2>/dev/null)" ]; then
+        die "$VENV exists but is not a venv; move it away or set LABKIT_VENV"
+    else
+        state=create
+    fi
+
+    if [ "$state" != ok ]; then
+        mkdir -p "$(dirname "$VENV")"
+        run "$SYS_PY" -m venv --clear --system-site-packages "$VENV" ||
+            die "could not create the venv $VENV (apt package python3-venv)"
+    fi
+
+    if ! "$VENV/bin/python" -I -c 'import bcc' 2>/dev/null; then
+        die "'import bcc' fails in $VENV/bin/python: BCC's Python module comes only from the apt package python3-bpfcc (apt-get install python3-bpfcc); do not 'pip install bcc', that is an unrelated PyPI project"
+    fi
+
+    local pyver
+    pyver="$("$VENV/bin/python" -c 'import platform; print(platform.python_version())')"
+    case "$state" in
+        ok) step venv "ok ($VENV, python $pyver, bcc importable)" ;;
+        create) step venv "done (created $VENV from $SYS_PY $pyver with --system-site-packages; bcc importable)" ;;
+        recreate) step venv "done (recreated $VENV: $why; bcc importable)" ;;
+    esac
+}
+step_venv
+
+# ---------------------------------------------------------------- pip install -e
+# Is `import labkit` served from this checkout?  (True while labkit/ has no
+# package yet: there is nothing to check then.)
+labkit_resolves() {
+    [ -f "$REPO/labkit/__init__.py" ] || return 0
+    "$VENV/bin/python" -I -c '
+import importlib.util, sys
+s = importlib.util.find_spec("labkit")
+sys.exit(0 if s and s.origin and s.origin.startswith(sys.argv[1] + "/") else 1)
+' "$REPO" 2>/dev/null
+}
+
+step_pip() {
+    [ -f "$REPO/pyproject.toml" ] || die "$REPO/pyproject.toml not found"
+    local extras=notebook
+    [ "$DEV" = 1 ] && extras=notebook,test
+    local stamp="$VENV/.labkit-stamp" head
+    head="$(printf '%s\n%s' "$REPO" "$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1)")"
+
+    # Skip when the stamp names this checkout, this pyproject.toml and (at
+    # least) these extras -- so `make lab` after `make test` does not re-run
+    # pip just to drop the test extra.
+    if [ -f "$stamp" ]; then
+        local s_head s_extras e covered=1
+        s_head="$(head -n 2 "$stamp")"
+        s_extras="$(sed -n 3p "$stamp")"
+        for e in ${extras//,/ }; do
+            [[ ",$s_extras," == *",$e,"* ]] || covered=0
+        done
+        if [ "$s_head" = "$head" ] && [ "$covered" = 1 ] && labkit_resolves; then
+            step pip "ok (labkit[$s_extras] already installed from $REPO)"
+            return
+        fi
+    fi
+
+    rm -f "$stamp"
+    run "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e "${REPO}[${extras}]" ||
+        die "pip install -e '${REPO}[${extras}]' failed"
+    if [ ! -f "$REPO/labkit/__init__.py" ]; then
+        warn "$REPO/labkit/__init__.py does not exist yet: the labkit package has no modules to import"
+    elif ! labkit_resolves; then
+        die "pip install -e succeeded but 'import labkit' does not resolve to $REPO/labkit"
+    fi
+    printf '%s\n%s\n' "$head" "$extras" >"$stamp"
+    step pip "done (pip install -e '${REPO}[${extras}]' into $VENV)"
+}
+step_pip
+
+# ---------------------------------------------------------------- labkit on PATH
+LABKIT_BIN="$VENV/bin/labkit"
+LABKIT_LINK=/usr/local/bin/labkit
+if [ -L "$LABKIT_LINK" ] && [ "$(readlink "$LABKIT_LINK")" = "$LABKIT_BIN" ]; then
+    step path "ok ($LABKIT_LINK -> $LABKIT_BIN)"
+else
+    if [ -d "$LABKIT_LINK" ] && [ ! -L "$LABKIT_LINK" ]; then
+        die "$LABKIT_LINK is a directory; not replacing it"
+    fi
+    mkdir -p "$(dirname "$LABKIT_LINK")"
+    ln -sfn "$LABKIT_BIN" "$LABKIT_LINK"
+    step path "done ($LABKIT_LINK -> $LABKIT_BIN)"
+fi
+
+# ---------------------------------------------------------------- final check
+[ -x "$LABKIT_BIN" ] || die "$LABKIT_BIN is missing: pip did not install the labkit entry point"
+if out="$(timeout 120 "$LABKIT_LINK" --version 2>&1)"; then
+    step check "ok (labkit --version: $(printf '%s' "$out" | head -n 1))"
+elif [ ! -e "$REPO/labkit/cli.py" ] && [ ! -e "$REPO/labkit/cli/__init__.py" ]; then
+    step check "skipped (labkit.cli is not written yet; entry point $LABKIT_BIN is installed)"
+else
+    die "'labkit --version' failed: $(printf '%s' "$out" | tail -n 5)"
+fi
+
+# ---------------------------------------------------------------- JupyterLab service
+step_jupyter_service() {
+    local jupyter="$VENV/bin/jupyter"
+    [ -x "$jupyter" ] || die "$jupyter is missing (the [notebook] extra installs JupyterLab)"
+
+    local token token_note=""
+    if ! token="$(read_token)"; then
+        (
+            umask 077
+            mkdir -p "$TOKEN_DIR"
+            "$SYS_PY" -c 'import secrets; print(secrets.token_hex(16))' >"$TOKEN_FILE.tmp"
+            mv -f "$TOKEN_FILE.tmp" "$TOKEN_FILE"
+        )
+        token="$(read_token)" || die "could not create $TOKEN_FILE"
+        token_note="; new token in $TOKEN_FILE"
+    fi
+
+    # The token reaches Jupyter as JUPYTER_TOKEN from a root-only file, not
+    # on the command line: unit files and /proc/*/cmdline are world-readable,
+    # and the server runs as root.
+    local changed=0 new
+    new="JUPYTER_TOKEN=$token"
+    if [ ! -f "$JUPYTER_ENV_FILE" ] || [ "$(cat "$JUPYTER_ENV_FILE")" != "$new" ]; then
+        (umask 077 && printf '%s\n' "$new" >"$JUPYTER_ENV_FILE")
+        changed=1
+    fi
+    chmod 600 "$TOKEN_FILE" "$JUPYTER_ENV_FILE"
+
+    local ip="${LABKIT_JUPYTER_IP:-127.0.0.1}" root="$REPO/labs" root_note=""
+    if [ ! -d "$root" ]; then
+        root="$REPO"
+        root_note="; $REPO/labs does not exist yet, serving $REPO"
+    fi
+    new="$(cat <<EOF
+# Written by labkit's vagrant/provision.sh --jupyter-service; edits are overwritten.
+[Unit]
+Description=labkit JupyterLab (URL: sudo $REPO/vagrant/provision.sh --print-url)
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+User=root
+WorkingDirectory=$root
+Environment="PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+EnvironmentFile=$JUPYTER_ENV_FILE
+ExecStart="$VENV/bin/jupyter" lab --ip=$ip --port=$JUPYTER_PORT --no-browser --allow-root "--ServerApp.root_dir=$root"
+Restart=on-failure
+RestartSec=3
+
+[Install]
+WantedBy=multi-user.target
+EOF
+)"
+    if [ ! -f "$UNIT_FILE" ] || [ "$(cat "$UNIT_FILE")" != "$new" ]; then
+        mkdir -p "$(dirname "$UNIT_FILE")"
+        printf '%s\n' "$new" >"$UNIT_FILE"
+        changed=1
+    fi
+
+    if [ ! -d /run/systemd/system ] || ! command -v systemctl >/dev/null; then
+        step jupyter-service "skipped (systemd is not running here; unit written to $UNIT_FILE; run 'make lab' to start JupyterLab in the foreground${root_note})"
+    else
+        local state=ok
+        if [ "$changed" = 1 ]; then
+            systemctl daemon-reload
+            systemctl enable -q "$UNIT_NAME"
+            systemctl restart "$UNIT_NAME"
+            state="done"
+        elif ! systemctl is-enabled -q "$UNIT_NAME" || ! systemctl is-active -q "$UNIT_NAME"; then
+            systemctl enable -q --now "$UNIT_NAME"
+            state="done"
+        fi
+        # Wait until the server answers (a fresh start takes a few seconds).
+        local probe_ip="$ip" i
+        [ "$probe_ip" = 0.0.0.0 ] && probe_ip=127.0.0.1
+        for i in $(seq 1 60); do
+            if curl -fsS -o /dev/null -m 2 "http://$probe_ip:$JUPYTER_PORT/api/status?token=$token" 2>/dev/null; then
+                break
+            fi
+            [ "$i" = 60 ] && die "JupyterLab did not answer on $probe_ip:$JUPYTER_PORT within 60 s; see: journalctl -u $UNIT_NAME"
+            sleep 1
+        done
+        if [ "$state" = ok ]; then
+            step jupyter-service "ok ($UNIT_NAME running on $ip:$JUPYTER_PORT${root_note})"
+        else
+            step jupyter-service "done ($UNIT_NAME (re)started on $ip:$JUPYTER_PORT${token_note}${root_note})"
+        fi
+    fi
+
+    echo "=================================================================="
+    url_line "$token"
+    echo "  (print it again: sudo bash $REPO/vagrant/provision.sh --print-url)"
+    echo "=================================================================="
+}
+if [ "$JUPYTER_SERVICE" = 1 ]; then
+    step_jupyter_service
+fi
+
+step finished "ok (${SECONDS}s)"
