@@ -54,7 +54,18 @@ def process_start_time(pid: int) -> int | None:
             stat = f.read()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):  # exited, waiting to be reaped: as good as gone
+        _reap(pid)
+        return None
+    return int(fields[19])
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 @dataclass
@@ -210,7 +221,7 @@ def wait_gone(pid: int, start: int | None, timeout: float) -> bool:
     """Poll until process ``pid`` (with that start time) has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process_start_time(pid) != start or process_start_time(pid) is None:
+        if process_start_time(pid) != start:
             return True
         time.sleep(0.005)
     return False

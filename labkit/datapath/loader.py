@@ -79,6 +79,12 @@ def run(spec: dict) -> None:
 
 def main() -> None:
     """Entry point of the child process."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the lab process
+    if os.getppid() == 1:
+        return
     try:
         run(json.loads(sys.stdin.readline()))
     except Exception as exc:

@@ -1,0 +1,95 @@
+"""Datapath tests run on the real kernel, as root, with real packets.
+
+Labs are shared across tests and reset before each one (`lab.reset()` flushes
+CT state and the lab clock) so the suite stays within its time budget. In CI
+(CI=true) a test that would be skipped for lack of root or BPF fails instead:
+a green CI run means the kernel datapath ran.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from labkit.errors import LabkitError
+
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+_HOST_BEFORE: dict = {}
+
+
+def _datapath_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "datapath tests need root"
+    try:
+        from labkit.doctor import require_datapath
+
+        require_datapath()
+    except LabkitError as exc:
+        return str(exc)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the host-untouched check after every other test."""
+    last = [i for i in items if i.name == "test_host_namespace_unchanged"]
+    for item in last:
+        items.remove(item)
+        items.append(item)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _require_datapath():
+    problem = _datapath_problem()
+    if problem:
+        if CI:
+            pytest.fail(f"CI=true and the datapath cannot run: {problem}")
+        pytest.skip(problem)
+    from .hostsnap import snapshot
+
+    _HOST_BEFORE.update(snapshot())  # before any lab of this session exists
+
+
+def _shared_lab(name: str, **options):
+    from labkit import Lab
+
+    lab = Lab.up(name, **options)
+    yield lab
+    lab.down()
+
+
+@pytest.fixture(scope="session")
+def _lab_tunnel(_require_datapath):
+    yield from _shared_lab("dptest", routing="tunnel")
+
+
+@pytest.fixture(scope="session")
+def _lab_native(_require_datapath):
+    yield from _shared_lab("dpnative", routing="native")
+
+
+@pytest.fixture
+def lab(_lab_tunnel):
+    """The shared tunnel-mode lab `dptest`, reset for this test."""
+    _lab_tunnel.reset()
+    return _lab_tunnel
+
+
+@pytest.fixture
+def native_lab(_lab_native):
+    """The shared native-routing lab `dpnative`, reset for this test."""
+    _lab_native.reset()
+    return _lab_native
+
+
+@pytest.fixture(params=["tunnel", "native"])
+def any_lab(request, _require_datapath):
+    """Each routing mode's shared lab in turn, reset."""
+    lab = request.getfixturevalue("_lab_tunnel" if request.param == "tunnel" else "_lab_native")
+    lab.reset()
+    return lab
+
+
+@pytest.fixture
+def host_before():
+    """The host namespace as it was when the session started."""
+    return _HOST_BEFORE
