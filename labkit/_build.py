@@ -103,9 +103,9 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
     for name in topo.all_netns():
         if _netns.exists(name):
             raise NetnsError(17, f"network namespace '{name}' already exists; expected lab '{topo.lab}' to own it")
+        ledger.record("netns", name=name)  # first: a kill between the two steps leaves nothing unlisted
         with _nl(f"ip netns add {name}"):
             netns.create(name)
-        ledger.record("netns", name=name)
         _sysctls(name, _COMMON_SYSCTLS)
     for n in topo.nodes:
         _sysctls(topo.netns(n.name), _NODE_SYSCTLS)
@@ -207,13 +207,14 @@ def start_pod_servers(topo: Topology, ledger: Ledger, cgroups: dict[str, str]) -
     """Start one :mod:`labkit.podserver` per pod, in its namespace and cgroup."""
     logs = ledger.dir / "pods"
     if not logs.exists():
-        logs.mkdir()
         ledger.record("dir", path=str(logs))
+        logs.mkdir()
     procs = {}
     for pod in topo.pods:
         log = logs / f"{pod.name}.log"
-        log.touch()
         ledger.record("file", path=str(log))
+        ledger.record("file", path=str(logs / f"{pod.name}.err"))
+        log.touch()
         proc = subprocess.Popen(
             [sys.executable, "-m", "labkit.podserver", "--pod", pod.name, "--port", str(POD_PORT), "--log", str(log)],
             preexec_fn=_netns.preexec(topo.netns(pod.name), cgroups.get(pod.name)),
@@ -222,7 +223,6 @@ def start_pod_servers(topo: Topology, ledger: Ledger, cgroups: dict[str, str]) -
             stderr=open(logs / f"{pod.name}.err", "ab"),
             close_fds=True,
         )
-        ledger.record("file", path=str(logs / f"{pod.name}.err"))
         ledger.record_process(f"podserver-{pod.name}", proc.pid, netns=topo.netns(pod.name))
         procs[pod.name] = proc
     return procs

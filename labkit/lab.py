@@ -239,13 +239,13 @@ class Lab:
         base = root / "labkit"
         base.mkdir(exist_ok=True)
         lab_cg = base / name
-        lab_cg.mkdir()
         ledger.record("cgroup", path=str(lab_cg))
+        lab_cg.mkdir()
         out = {}
         for pod in topology.pods:
             cg = lab_cg / pod.name
-            cg.mkdir()
             ledger.record("cgroup", path=str(cg))
+            cg.mkdir()
             out[pod.name] = str(cg)
         return out
 
@@ -255,13 +255,13 @@ class Lab:
         if not root.exists():
             root.mkdir(parents=True)
         lab_pins = root / name
-        lab_pins.mkdir()
         ledger.record("pindir", path=str(lab_pins))
+        lab_pins.mkdir()
         procs = {}
         for n in topology.nodes:
             pin_dir = Path(state["pin_dirs"][n.name])
-            pin_dir.mkdir()
             ledger.record("pindir", path=str(pin_dir))
+            pin_dir.mkdir()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "labkit.datapath.loader"],
                 stdin=subprocess.PIPE,
@@ -296,6 +296,7 @@ class Lab:
     def _start_monitor(name: str, ledger: Ledger) -> None:
         events = lab_dir(name) / "events.bin"
         ledger.record("file", path=str(events))
+        ledger.record("file", path=str(lab_dir(name) / "monitor.err"))
         proc = subprocess.Popen(
             [sys.executable, "-m", "labkit.monitor", "--lab", name],
             stdin=subprocess.DEVNULL,
@@ -304,7 +305,6 @@ class Lab:
             start_new_session=True,
             text=True,
         )
-        ledger.record("file", path=str(lab_dir(name) / "monitor.err"))
         ledger.record_process("monitor", proc.pid)
         if proc.stdout.readline().strip() != "monitor ready":
             raise DatapathError(f"lab '{name}': the trace monitor did not start (see {lab_dir(name)}/monitor.err)")
@@ -365,7 +365,8 @@ class Lab:
             if left:
                 from .errors import CleanupError
 
-                raise CleanupError(f"lab '{name}': still present after teardown: {'; '.join(left)}")
+                hint = "; remove by hand with `ip netns del <name>` after checking nothing else uses it"
+                raise CleanupError(f"lab '{name}': still present after teardown (not in its ledger): {'; '.join(left)}{hint}")
             for parent in (BPFFS_ROOT, RUN_DIR):
                 try:
                     if parent.exists() and not any(parent.iterdir()) and parent != RUN_DIR:

@@ -93,6 +93,7 @@ class Ledger:
         self.path.touch()
         if created:
             self.record("dir", path=str(self.dir))
+        # The ledger file itself is removed last by teardown, not listed in itself.
 
     def record(self, kind: str, **fields) -> dict:
         """Append one created object; flushed to disk before returning."""

@@ -1,0 +1,482 @@
+"""The ``labkit`` command: bring a lab up, look inside it, take it down.
+
+Shape: ``labkit [--lab NAME] COMMAND …``; the lab is ``demo`` unless
+``--lab`` or the environment variable ``LABKIT_LAB`` names another one.
+
+Examples::
+
+    labkit doctor                                   # can this machine run a lab?
+    labkit up                                       # lab 'demo', tunnel routing
+    labkit --lab native up --routing native --ct-timeout syn=5 --ct-timeout any=30
+    labkit status                                   # nodes, pods, addresses, clock, faults
+    labkit exec a1 -- ping -c1 198.18.2.11          # run a command inside pod a1
+    labkit exec node-a -- ip route                  # ... or inside a node
+    labkit ct list node-a                           # like `cilium-dbg bpf ct list global`
+    labkit ct list node-a -d                        # ... with the remaining lifetime
+    labkit ct list node-a --json --show-command     # ... as JSON / with the bpftool commands
+    labkit trace --last 20                          # the last 20 flows, Hubble style
+    labkit trace --follow --node node-b             # new flows of node-b until Ctrl-C
+    labkit clock advance 120                        # move the lab clock 2 minutes ahead
+    labkit clock show --json
+    labkit down                                     # remove everything the lab created
+
+Exit status: 0 on success, 1 when labkit reports an error (``labkit: error: …``
+on stderr), 2 for a usage error; ``exec`` passes the command's own status
+through (127 when the command does not exist).
+
+``ct list`` imports :mod:`labkit.lab` only (no pyroute2, no BCC), so it stays
+quick enough to run in a loop.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import textwrap
+import time
+from collections import Counter
+from dataclasses import fields
+
+from . import __version__
+from .config import ROUTING_MODES, CtTimeouts
+from .errors import LabkitError
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_LAB = "demo"
+_LAB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")  # the rule of Topology.validate
+_TIMEOUT_NAMES = tuple(f.name for f in fields(CtTimeouts))
+_TRACE_LAST = 50
+_EPILOG = "examples:\n" + textwrap.indent(
+    textwrap.dedent(__doc__.split("Examples::", 1)[1].split("Exit status", 1)[0]).strip("\n"), "  ")
+_POLL = 0.05
+
+
+# -- argument types ------------------------------------------------------------
+def _lab_name(value: str) -> str:
+    if not _LAB_NAME.match(value):
+        raise argparse.ArgumentTypeError(
+            f"lab name {value!r}: expected 1-24 characters of a-z, 0-9 and '-', starting with a letter or digit"
+        )
+    return value
+
+
+def _ct_timeout(value: str) -> tuple[str, int]:
+    """``NAME=SECONDS`` → ``(NAME, SECONDS)``."""
+    name, sep, seconds = value.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or name not in _TIMEOUT_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected NAME=SECONDS with NAME one of {', '.join(_TIMEOUT_NAMES)}"
+        )
+    try:
+        secs = int(seconds.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: SECONDS must be a whole number, got {seconds!r}") from None
+    if not 1 <= secs <= 2**31:
+        raise argparse.ArgumentTypeError(f"{value!r}: SECONDS must be from 1 to 2^31, got {secs}")
+    return name, secs
+
+
+def _count(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {n}")
+    return n
+
+
+# -- parser --------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (the default lab is read from ``LABKIT_LAB`` now)."""
+    parser = argparse.ArgumentParser(
+        prog="labkit",
+        description="Kubernetes nodes and pods as network namespaces, with a Cilium-style eBPF conntrack datapath.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"labkit {__version__}")
+    parser.add_argument(
+        "--lab",
+        type=_lab_name,
+        default=os.environ.get("LABKIT_LAB") or DEFAULT_LAB,
+        metavar="NAME",
+        help=f"the lab to work on (default: $LABKIT_LAB, else '{DEFAULT_LAB}'; now: %(default)s)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, help: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=description or help, **kw)
+
+    p = add("up", "bring the lab up (attach to it if it is already up with the same options)")
+    p.add_argument("--routing", choices=ROUTING_MODES, default=None,
+                   help="how pod traffic crosses nodes: VXLAN tunnel (default) or native routing")
+    p.add_argument("--ct-timeout", type=_ct_timeout, action="append", default=[], metavar="NAME=SECONDS",
+                   help=f"set a CT lifetime, repeatable; NAME is one of {', '.join(_TIMEOUT_NAMES)}")
+    p.set_defaults(func=cmd_up)
+
+    p = add("down", "remove everything the lab created, then check that nothing is left")
+    p.set_defaults(func=cmd_down)
+
+    p = add("cleanup", "tear down a lab whose process died (same as down; works with a broken lab.json)")
+    p.set_defaults(func=cmd_down)
+
+    p = add("status", "nodes, pods and addresses, datapath options, clock, faults and health")
+    p.add_argument("--json", action="store_true", help="print Lab.status() as JSON")
+    p.set_defaults(func=cmd_status)
+
+    p = add("doctor", "check whether this machine can run a lab (exit 1 if a check fails)")
+    p.add_argument("--json", action="store_true", help="print the checks as a JSON list")
+    p.set_defaults(func=cmd_doctor)
+
+    p = add("exec", "run a command inside a pod, node or external client: exec NAME -- CMD [ARG…]",
+            usage="labkit exec [-h] NAME -- CMD [ARG ...]")
+    p.add_argument("name", metavar="NAME", help="a pod (a1), node (node-a) or external client (ext)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments, after --")
+    p.set_defaults(func=cmd_exec)
+
+    ct = add("ct", "connection tracking tables of a node").add_subparsers(
+        dest="ct_command", metavar="COMMAND", required=True)
+    p = ct.add_parser("list", help="the rows of a node's CT maps, as `cilium-dbg bpf ct list global` prints them",
+                      description="The rows of both CT maps of NODE (TCP first), in cilium-dbg's grammar.")
+    p.add_argument("node", metavar="NODE", help="the node whose maps to read (node-a, node-b, ...)")
+    p.add_argument("-d", dest="remaining", action="store_true",
+                   help="add the remaining lifetime on the lab clock, as cilium-dbg's -d does")
+    p.add_argument("--json", action="store_true", help="a JSON list of rows (always with remaining/expired)")
+    p.add_argument("--show-command", action="store_true",
+                   help="first print the bpftool commands that dump the same maps, as '# ' lines")
+    p.set_defaults(func=cmd_ct_list)
+
+    p = add("trace", "flows seen by the datapath hooks, Hubble style")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new flows until Ctrl-C")
+    p.add_argument("--json", action="store_true", help="one JSON object per flow per line")
+    p.add_argument("--node", metavar="NODE", help="only flows of this node")
+    p.add_argument("--last", type=_count, default=None, metavar="N",
+                   help=f"print the last N flows first (default: {_TRACE_LAST}; 0 with --follow)")
+    p.set_defaults(func=cmd_trace)
+
+    clock = add("clock", "the lab clock that CT lifetimes are measured on").add_subparsers(
+        dest="clock_command", metavar="COMMAND", required=True)
+    p = clock.add_parser("advance", help="move the lab clock forward by SECONDS (so CT entries expire)",
+                         description="Move the lab clock forward by SECONDS on every node.")
+    p.add_argument("seconds", type=int, metavar="SECONDS", help="whole seconds >= 0")
+    p.set_defaults(func=cmd_clock_advance)
+    p = clock.add_parser("show", help="the lab clock now and its offset from CLOCK_MONOTONIC",
+                         description="The lab clock now and its offset from CLOCK_MONOTONIC.")
+    p.add_argument("--json", action="store_true", help="print now, offset and mono as JSON")
+    p.set_defaults(func=cmd_clock_show)
+
+    parser._labkit_exec = sub.choices["exec"]  # for the missing-command error
+    return parser
+
+
+# -- helpers -------------------------------------------------------------------
+class _CliError(LabkitError):
+    """An error the command line itself found."""
+
+
+def _attach(args):
+    from .lab import Lab
+
+    try:
+        return Lab.attach(args.lab)
+    except LabkitError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:  # lab.json unreadable (e.g. half-written)
+        raise _CliError(
+            f"lab '{args.lab}': its state file is unreadable ({type(exc).__name__}: {exc}); "
+            f"`labkit --lab {args.lab} cleanup` removes what it created"
+        ) from None
+
+
+def _print_json(data) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+# -- commands ------------------------------------------------------------------
+def cmd_up(args) -> int:
+    from .config import DatapathConfig
+    from .lab import Lab
+
+    changes = {}
+    if args.routing is not None:
+        changes["routing"] = args.routing
+    if args.ct_timeout:
+        changes["timeouts"] = dict(args.ct_timeout)
+    config = DatapathConfig().with_options(**changes)
+    print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
+    t0 = time.time()
+    lab = Lab.up(args.lab, config=config)
+    took = time.time() - t0
+    created = getattr(lab, "_state", {}).get("created")
+    reused = isinstance(created, (int, float)) and created < t0
+    topo = lab.topology
+    print(f"lab {lab.name} is up: {lab.config.routing} routing, "
+          f"{'already running, attached' if reused else 'built'} in {took:.1f} s")
+    changed = {k: v for k, v in vars(lab.config.timeouts).items() if getattr(CtTimeouts(), k) != v}
+    if changed:
+        print("CT timeouts: " + ", ".join(f"{k}={v}s" for k, v in changed.items()) + " (others default)")
+    print("nodes:")
+    for row in _table([[n.name, n.ip, f"pod CIDR {n.pod_cidr}"] for n in topo.nodes]):
+        print(f"  {row}")
+    print("pods:")
+    for row in _table([[p.name, p.ip, f"on {p.node}"] for p in topo.pods]):
+        print(f"  {row}")
+    if topo.externals:
+        print("external clients:")
+        for row in _table([[e.name, e.ip] for e in topo.externals]):
+            print(f"  {row}")
+    print("try next:")
+    if topo.pods:
+        src = topo.pods[0]
+        dst = next((p for p in topo.pods if p.node != src.node), topo.pods[-1])
+        print(f"  labkit --lab {lab.name} exec {src.name} -- ping -c1 {dst.ip}")
+        print(f"  labkit --lab {lab.name} ct list {src.node}")
+    print(f"  labkit --lab {lab.name} status")
+    print(f"  labkit --lab {lab.name} down")
+    return 0
+
+
+def cmd_down(args) -> int:
+    from .lab import Lab
+
+    removed = Lab.cleanup(args.lab)
+    if removed:
+        counts = Counter(removed)
+        print(f"lab {args.lab}: removed " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())))
+    else:
+        print(f"lab {args.lab}: nothing was recorded to remove")
+    print(f"nothing of lab {args.lab} is left")
+    return 0
+
+
+def cmd_status(args) -> int:
+    lab = _attach(args)
+    st = lab.status()
+    if args.json:
+        _print_json(st)
+        return 0
+    timeouts = st["datapath"].get("timeouts", {})
+    clock = st["clock"]
+    head = [
+        ["lab", f"{st['lab']} ({st['status']})"],
+        ["routing", st["routing"]],
+        ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
+        ["faults", ", ".join(st["faults"]) or "none"],
+        ["CT timeouts", " ".join(f"{k}={v}" for k, v in timeouts.items()) + " (seconds)"],
+        ["CT map sizes", f"tcp {st['datapath'].get('ct_tcp_size')}, any {st['datapath'].get('ct_any_size')}"],
+    ]
+    for row in _table(head):
+        print(row)
+    print()
+    rows = [["NAME", "KIND", "ADDRESS", "WHERE", "NETNS"]]
+    for n in st["nodes"]:
+        rows.append([n["name"], "node", n["ip"], f"pods {n['pod_cidr']} via {n['router_ip']}", n["netns"]])
+    for p in st["pods"]:
+        rows.append([p["name"], "pod", p["ip"], f"on {p['node']} ({p['host_veth']}, identity {p['identity']})",
+                     p["netns"]])
+    for e in st["externals"]:
+        rows.append([e["name"], "external", e["ip"], "underlay", e["netns"]])
+    for row in _table(rows):
+        print(row)
+    print()
+    print("where the lab differs from Cilium:")
+    for diff in st["lab_differences"]:
+        print(textwrap.fill(diff, width=100, initial_indent="  - ", subsequent_indent="    "))
+    if st["health"]:
+        print()
+        print(f"health problems ({len(st['health'])}); `labkit --lab {st['lab']} up` rebuilds the lab:")
+        for problem in st["health"]:
+            print(f"  - {problem}")
+    else:
+        print("health: ok")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from .doctor import format_checks, run_checks
+
+    checks = run_checks()
+    if args.json:
+        _print_json([c.to_json() for c in checks])
+    else:
+        print(format_checks(checks))
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def cmd_exec(args) -> int:
+    from . import _netns
+
+    lab = _attach(args)
+    netns = lab.topology.netns(args.name)  # NotFoundError lists the names
+    cgroup = lab.cgroup(args.name) if lab.topology.kind_of(args.name) == "pod" else None
+    cmd = args.cmd
+    try:
+        _netns.enter_process(netns, cgroup)
+    except FileNotFoundError as exc:
+        raise _CliError(f"{args.name}: network namespace {netns} or its cgroup is gone ({exc.filename}); "
+                     f"`labkit --lab {lab.name} up` rebuilds the lab")
+    except PermissionError as exc:
+        raise _CliError(f"{args.name}: cannot enter {netns} ({exc.strerror}); run labkit as root")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Python ignores SIGPIPE and SIGXFSZ; the command should get the defaults back.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvp(cmd[0], cmd)
+    except FileNotFoundError:
+        print(f"labkit: error: {cmd[0]}: command not found in {args.name}", file=sys.stderr)
+        return 127
+    except PermissionError as exc:
+        print(f"labkit: error: {cmd[0]}: cannot run ({exc.strerror})", file=sys.stderr)
+        return 126
+    except OSError as exc:
+        print(f"labkit: error: {cmd[0]}: {exc.strerror}", file=sys.stderr)
+        return 126
+    return 0  # not reached
+
+
+def cmd_ct_list(args) -> int:
+    lab = _attach(args)
+    rows = lab.ct(args.node)
+    if args.json:
+        now = lab.clock.now()
+        if args.show_command:
+            for command in lab.ct_command(args.node):
+                print(f"# {command}", file=sys.stderr)
+        _print_json([row.to_json(now) for row in rows])
+        return 0
+    now = lab.clock.now() if args.remaining else None
+    out = [f"# {command}" for command in lab.ct_command(args.node)] if args.show_command else []
+    out += [row.line(now) for row in rows]
+    if out:
+        sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+
+def _last_flows(log, n: int, node: str | None) -> list:
+    """The last ``n`` flows (of ``node``) in time order, reading only the end of a long log."""
+    from .trace import EVENT_SIZE
+
+    if n == 0:
+        log.seek_end()
+        return []
+    try:
+        size = os.stat(log.path).st_size
+    except FileNotFoundError:
+        return []
+    size -= size % EVENT_SIZE
+    window = max(4 * n, 1024)
+    while True:
+        start = max(0, size - window * EVENT_SIZE)
+        log.offset = start
+        flows = [f for f in log.read() if node is None or f.node == node]
+        if start == 0 or len(flows) >= 2 * n:  # margin: two rings interleave slightly out of order
+            break
+        window *= 4
+    flows.sort(key=lambda f: f.event.ts_ns)
+    return flows[-n:]
+
+
+def cmd_trace(args) -> int:
+    lab = _attach(args)
+    if args.node is not None:
+        lab.topology.node(args.node)  # NotFoundError lists the nodes
+    log = lab.events()
+    last = args.last if args.last is not None else (0 if args.follow else _TRACE_LAST)
+
+    def emit(flows) -> None:
+        for flow in flows:
+            print(json.dumps(flow.to_json()) if args.json else flow.line())
+        sys.stdout.flush()
+
+    emit(_last_flows(log, last, args.node))
+    if not args.follow:
+        return 0
+    try:
+        while True:
+            flows = [f for f in log.read() if args.node is None or f.node == args.node]
+            if flows:
+                emit(sorted(flows, key=lambda f: f.event.ts_ns))
+            else:
+                time.sleep(_POLL)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_clock_advance(args) -> int:
+    lab = _attach(args)
+    now = lab.clock.advance(args.seconds)
+    print(f"lab clock now {now} (offset {lab.clock.offset} s)")
+    return 0
+
+
+def cmd_clock_show(args) -> int:
+    from .clock import mono_seconds
+
+    lab = _attach(args)
+    offset = lab.clock.offset
+    mono = mono_seconds()
+    if args.json:
+        _print_json({"now": mono + offset, "offset": offset, "mono": mono})
+    else:
+        print(f"lab clock now {mono + offset} (offset {offset} s)")
+    return 0
+
+
+# -- entry point ---------------------------------------------------------------
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``labkit`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "exec":
+            if args.cmd[:1] == ["--"]:  # some Python versions keep the separator
+                args.cmd = args.cmd[1:]
+            if not args.cmd:
+                parser._labkit_exec.error(
+                    f"a command is needed after '--', e.g. labkit exec {args.name} -- ip addr")
+    except SystemExit as exc:
+        return _exit_code(exc)
+    try:
+        return args.func(args)
+    except LabkitError as exc:
+        print(f"labkit: error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        if args.command != "clock":
+            raise
+        print(f"labkit: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("labkit: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (labkit trace | head): stop quietly.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except OSError:
+            pass
+        return 141
+
+
+if __name__ == "__main__":
+    sys.exit(main())
