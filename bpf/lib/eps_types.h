@@ -33,8 +33,8 @@ struct endpoint_info {
 	__u16 unused;
 	__u16 lxc_id;    /* endpoint id */
 	__u32 flags;
-	__u8 mac[8];     /* host-side veth MAC (mac_t is 8 bytes in Cilium) */
-	__u8 node_mac[8];
+	__u64 mac;       /* the pod's MAC: mac_t, 6 bytes in a __u64, so 8-aligned */
+	__u64 node_mac;  /* the host-side veth's MAC */
 	__u32 sec_id;    /* the pod's security identity */
 	__u32 pad[3];
 };

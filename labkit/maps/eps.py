@@ -39,8 +39,9 @@ def _ip(be32: int) -> str:
     return socket.inet_ntoa(struct.pack("=I", be32))
 
 
-def _mac_bytes(mac: str) -> bytes:
-    return bytes(int(x, 16) for x in mac.split(":")) + b"\0\0"
+def _mac_t(mac: str) -> int:
+    """A MAC as Cilium's mac_t: the six bytes, in order, in the low end of a __u64."""
+    return int.from_bytes(bytes(int(x, 16) for x in mac.split(":")) + b"\0\0", "little")
 
 
 class EndpointKey(ctypes.LittleEndianStructure):
@@ -76,8 +77,8 @@ class EndpointInfo(ctypes.LittleEndianStructure):
         ("unused", ctypes.c_uint16),
         ("lxc_id", ctypes.c_uint16),
         ("flags", ctypes.c_uint32),
-        ("mac", ctypes.c_uint8 * 8),
-        ("node_mac", ctypes.c_uint8 * 8),
+        ("mac", ctypes.c_uint64),
+        ("node_mac", ctypes.c_uint64),
         ("sec_id", ctypes.c_uint32),
         ("pad", ctypes.c_uint32 * 3),
     ]
@@ -85,13 +86,10 @@ class EndpointInfo(ctypes.LittleEndianStructure):
     @classmethod
     def make(cls, ifindex: int, lxc_id: int, mac: str, node_mac: str, sec_id: int) -> "EndpointInfo":
         """An entry for a pod whose host veth is ``ifindex``."""
-        info = cls(ifindex=ifindex, lxc_id=lxc_id, sec_id=sec_id)
-        info.mac[:] = list(_mac_bytes(mac))
-        info.node_mac[:] = list(_mac_bytes(node_mac))
-        return info
+        return cls(ifindex=ifindex, lxc_id=lxc_id, sec_id=sec_id, mac=_mac_t(mac), node_mac=_mac_t(node_mac))
 
     def __str__(self) -> str:
-        mac = ":".join(f"{b:02x}" for b in self.mac[:6])
+        mac = ":".join(f"{b:02x}" for b in self.mac.to_bytes(8, "little")[:6])
         return f"id={self.lxc_id} ifindex={self.ifindex} mac={mac} identity={self.sec_id}"
 
 
