@@ -404,13 +404,18 @@ def cmd_trace(args) -> int:
     emit(_last_flows(log, last, args.node))
     if not args.follow:
         return 0
+    idle = 0
     try:
         while True:
             flows = [f for f in log.read() if args.node is None or f.node == args.node]
             if flows:
+                idle = 0
                 emit(sorted(flows, key=lambda f: f.event.ts_ns))
-            else:
-                time.sleep(_POLL)
+                continue
+            idle += 1
+            if idle % 20 == 0 and not log.path.parent.exists():
+                raise _CliError(f"lab '{lab.name}' went down while following its trace")
+            time.sleep(_POLL)
     except KeyboardInterrupt:
         return 0
 

@@ -138,6 +138,11 @@ class Ledger:
             return json.loads(self.state_path.read_text())
         except FileNotFoundError:
             raise LabStateError(f"lab '{self.lab}' is not up (no {self.state_path})") from None
+        except ValueError as exc:
+            raise LabStateError(
+                f"lab '{self.lab}': state file {self.state_path} is unreadable ({exc}); "
+                f"`labkit --lab {self.lab} cleanup` removes what the lab created"
+            ) from None
 
     def write_state(self, state: dict) -> None:
         """Replace lab.json atomically (recorded in the ledger the first time)."""
