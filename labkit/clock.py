@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from .errors import ConfigError
+
 __all__ = ["LabClock", "mono_seconds"]
 
 
@@ -40,7 +42,7 @@ class LabClock:
     def advance(self, seconds: int) -> int:
         """Move the clock forward by ``seconds`` (a whole number ≥ 0); returns the new now."""
         if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0:
-            raise ValueError(f"clock advance: expected whole seconds >= 0, got {seconds!r}")
+            raise ConfigError(f"clock advance: expected whole seconds >= 0, got {seconds!r}")
         self._write(self._read() + seconds)
         return self.now()
 

@@ -90,7 +90,11 @@ class DatapathConfig:
         5
         """
         if isinstance(changes.get("timeouts"), dict):
+            _check_timeout_names(changes["timeouts"])
             changes["timeouts"] = replace(self.timeouts, **changes["timeouts"])
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise ConfigError(f"datapath options: unknown {sorted(unknown)}; expected some of {sorted(f.name for f in fields(self))}")
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -101,9 +105,18 @@ class DatapathConfig:
     def from_dict(cls, data: dict) -> "DatapathConfig":
         """Inverse of :meth:`to_dict`; unknown keys are an error."""
         data = dict(data)
-        timeouts = CtTimeouts(**data.pop("timeouts", {}))
+        timeouts = dict(data.pop("timeouts", {}))
+        _check_timeout_names(timeouts)
+        timeouts = CtTimeouts(**timeouts)
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"datapath options: unknown {sorted(unknown)}; expected some of {sorted(known)}")
         return cls(timeouts=timeouts, **data)
+
+
+def _check_timeout_names(timeouts: dict) -> None:
+    known = sorted(f.name for f in fields(CtTimeouts))
+    unknown = set(timeouts) - set(known)
+    if unknown:
+        raise ConfigError(f"CT timeouts: unknown {sorted(unknown)}; expected some of {known}")

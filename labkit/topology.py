@@ -234,7 +234,7 @@ class Topology:
     # -- validation -------------------------------------------------------
     def validate(self) -> None:
         """Raise :class:`TopologyError` for anything the kernel or the lab would reject later."""
-        if not _LAB_NAME.match(self.lab):
+        if not _LAB_NAME.fullmatch(self.lab):
             raise TopologyError(
                 f"lab name '{self.lab}': expected 1-24 characters of a-z, 0-9 and '-', starting with a letter or digit"
             )
@@ -243,7 +243,7 @@ class Topology:
             if name in seen:
                 raise TopologyError(f"name '{name}' is used twice in lab '{self.lab}'; names must be unique")
             seen.add(name)
-            if not _NAME.match(name) or name in _RESERVED_NAMES:
+            if not _NAME.fullmatch(name) or name in _RESERVED_NAMES:
                 raise TopologyError(
                     f"name '{name}': expected lower-case letters, digits and '-', starting with a letter, "
                     f"and not one of {sorted(_RESERVED_NAMES)}"
@@ -272,7 +272,10 @@ class Topology:
                 if a.overlaps(b):
                     raise TopologyError(f"{a_name} {a} overlaps {b_name} {b}; expected disjoint CIDRs")
         addrs: dict[str, str] = {}
+        node_names = {n.name for n in self.nodes}
         for p in self.pods:
+            if p.node not in node_names:
+                raise TopologyError(f"pod '{p.name}': node '{p.node}' is not in lab '{self.lab}' (nodes: {', '.join(sorted(node_names))})")
             node = self.node(p.node)
             if ipaddress.ip_address(p.ip) not in ipaddress.ip_network(node.pod_cidr):
                 raise TopologyError(f"pod '{p.name}': address {p.ip} is outside node '{node.name}' CIDR {node.pod_cidr}")

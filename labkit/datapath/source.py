@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import VXLAN_PORT, DatapathConfig
+from ..errors import ConfigError
 from ..topology import Topology
 
 __all__ = ["BPF_DIR", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES"]
@@ -127,7 +128,7 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
     }
     if tunnel:
         if vxlan_ifindex <= 0:
-            raise ValueError(f"node '{node}': tunnel mode needs the ifindex of cilium_vxlan, got {vxlan_ifindex}")
+            raise ConfigError(f"node '{node}': tunnel mode needs the ifindex of cilium_vxlan, got {vxlan_ifindex}")
         macros["ROUTING_TUNNEL"] = 1
         macros["VXLAN_IFINDEX"] = vxlan_ifindex
     programs = tuple(p for p in PROGRAMS if tunnel or p.device != "overlay")

@@ -1,0 +1,146 @@
+"""Datapath options: cilium-agent defaults, validation, copies and serialisation."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from labkit.config import ROUTING_MODES, CtTimeouts, DatapathConfig
+from labkit.errors import ConfigError, LabkitError
+
+BPF = Path(__file__).resolve().parents[2] / "bpf"
+
+# cilium-agent defaults (--bpf-ct-timeout-* flags, --bpf-ct-global-*-max).
+AGENT_TIMEOUTS = {"tcp": 8000, "any": 60, "svc_tcp": 8000, "svc_any": 60, "svc_tcp_grace": 60, "syn": 60, "close": 10}
+# Cilium's node_config.h macro for each lifetime.
+AGENT_MACROS = {
+    "CT_CONNECTION_LIFETIME_TCP": 8000,
+    "CT_CONNECTION_LIFETIME_NONTCP": 60,
+    "CT_SERVICE_LIFETIME_TCP": 8000,
+    "CT_SERVICE_LIFETIME_NONTCP": 60,
+    "CT_SERVICE_CLOSE_REBALANCE": 60,
+    "CT_SYN_TIMEOUT": 60,
+    "CT_CLOSE_TIMEOUT": 10,
+}
+
+
+def test_timeout_defaults_are_agent_defaults():
+    """CtTimeouts() carries the cilium-agent's default lifetimes."""
+    assert dataclasses.asdict(CtTimeouts()) == AGENT_TIMEOUTS
+
+
+def test_datapath_defaults():
+    """DatapathConfig() is tunnel routing with Cilium's default CT map sizes (524288 TCP, 262144 other)."""
+    c = DatapathConfig()
+    assert (c.routing, c.ct_tcp_size, c.ct_any_size) == ("tunnel", 524288, 262144)
+    assert c.timeouts == CtTimeouts()
+    assert set(ROUTING_MODES) == {"tunnel", "native"}
+
+
+def test_macro_names():
+    """macros() names each lifetime with Cilium's C macro."""
+    assert CtTimeouts().macros() == AGENT_MACROS
+
+
+def test_macros_used_by_the_datapath():
+    """Every lifetime macro the BPF code reads is one macros() provides."""
+    text = "\n".join(p.read_text() for p in list(BPF.glob("*.c")) + list(BPF.glob("lib/*.h")))
+    used = {m for m in AGENT_MACROS if re.search(rf"\b{m}\b", text)}
+    assert used  # the CT code does read lifetimes from macros
+    assert used <= set(CtTimeouts().macros())
+
+
+@pytest.mark.parametrize("routing", ["vxlan", "Tunnel", "", None, "geneve"])
+def test_invalid_routing(routing):
+    """An unknown routing mode is a ConfigError (and ValueError) naming the accepted modes."""
+    with pytest.raises(ConfigError) as info:
+        DatapathConfig(routing=routing)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, LabkitError)
+    assert "tunnel" in str(info.value) and "native" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2**31 + 1, 1.5, "60", True, None])
+@pytest.mark.parametrize("name", ["tcp", "syn", "close"])
+def test_invalid_timeouts(name, value):
+    """Lifetimes must be whole seconds from 1 to 2^31; anything else is a ConfigError naming the lifetime."""
+    with pytest.raises(ConfigError) as info:
+        CtTimeouts(**{name: value})
+    assert isinstance(info.value, ValueError)
+    assert f"'{name}'" in str(info.value)
+
+
+def test_timeout_bounds_accepted():
+    """1 and 2^31 seconds are both accepted."""
+    assert CtTimeouts(syn=1, tcp=2**31).macros()["CT_CONNECTION_LIFETIME_TCP"] == 2**31
+
+
+@pytest.mark.parametrize("field", ["ct_tcp_size", "ct_any_size"])
+@pytest.mark.parametrize("value", [0, 15, 16_777_217, -5, 1024.0, "1024"])
+def test_invalid_sizes(field, value):
+    """CT map sizes outside 16..16777216 entries are a ConfigError naming the option."""
+    with pytest.raises(ConfigError) as info:
+        DatapathConfig(**{field: value})
+    assert isinstance(info.value, ValueError) and field in str(info.value)
+
+
+def test_size_bounds_accepted():
+    """16 and 16777216 entries are both accepted."""
+    c = DatapathConfig(ct_tcp_size=16, ct_any_size=16_777_216)
+    assert (c.ct_tcp_size, c.ct_any_size) == (16, 16_777_216)
+
+
+def test_with_options():
+    """with_options copies with changes; a timeouts dict changes only the named lifetimes."""
+    base = DatapathConfig()
+    c = base.with_options(routing="native", timeouts={"syn": 5, "close": 3}, ct_any_size=4096)
+    assert (c.routing, c.ct_any_size, c.ct_tcp_size) == ("native", 4096, 524288)
+    assert dataclasses.asdict(c.timeouts) == {**AGENT_TIMEOUTS, "syn": 5, "close": 3}
+    assert base == DatapathConfig()  # unchanged
+    c2 = base.with_options(timeouts=CtTimeouts(any=7))
+    assert c2.timeouts.any == 7
+
+
+def test_with_options_validates():
+    """with_options re-validates: bad values raise ConfigError."""
+    with pytest.raises(ConfigError):
+        DatapathConfig().with_options(routing="bgp")
+    with pytest.raises(ConfigError):
+        DatapathConfig().with_options(timeouts={"syn": 0})
+
+
+def test_round_trip_through_json():
+    """to_dict is JSON-safe and from_dict(to_dict()) gives an equal config."""
+    c = DatapathConfig(routing="native", timeouts=CtTimeouts(syn=9), ct_tcp_size=1024)
+    data = json.loads(json.dumps(c.to_dict()))
+    assert data["timeouts"]["syn"] == 9 and data["routing"] == "native"
+    assert DatapathConfig.from_dict(data) == c
+
+
+def test_from_dict_defaults_missing_keys():
+    """from_dict of an empty dict is the default config."""
+    assert DatapathConfig.from_dict({}) == DatapathConfig()
+
+
+def test_from_dict_unknown_option():
+    """An unknown top-level option is a ConfigError naming it."""
+    with pytest.raises(ConfigError) as info:
+        DatapathConfig.from_dict({"routing": "tunnel", "mtu": 1400})
+    assert "mtu" in str(info.value)
+
+
+def test_from_dict_unknown_timeout():
+    """An unknown lifetime in a state file is a ConfigError naming it, like an unknown option."""
+    with pytest.raises(ConfigError) as info:
+        DatapathConfig.from_dict({"timeouts": {"syn": 60, "fin": 10}})
+    assert "fin" in str(info.value)
+
+
+def test_from_dict_invalid_values():
+    """Invalid values read back from a dict raise ConfigError too."""
+    with pytest.raises(ConfigError):
+        DatapathConfig.from_dict({"routing": "bgp"})
+    with pytest.raises(ConfigError):
+        DatapathConfig.from_dict({"timeouts": {"tcp": -1}})

@@ -1,0 +1,209 @@
+"""The ctypes mirrors in labkit have exactly the layout of the C structs the
+BPF programs use, as clang lays them out (read back from the object's BTF),
+and the CT structs have Cilium v1.16's layout."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from labkit import trace
+from labkit.maps import config as mconfig
+from labkit.maps import ct, eps
+
+ROOT = Path(__file__).resolve().parents[2]
+BPF_LIB = ROOT / "bpf" / "lib"
+HEADERS = ("ct_types.h", "eps_types.h", "config_types.h", "trace_types.h")
+
+#: Python class ↔ C struct name.
+PAIRS = [
+    (ct.CtKey4, "ipv4_ct_tuple"),
+    (ct.CtEntry, "ct_entry"),
+    (eps.EndpointKey, "endpoint_key"),
+    (eps.EndpointInfo, "endpoint_info"),
+    (eps.IpcacheKey, "ipcache_key"),
+    (eps.RemoteEndpointInfo, "remote_endpoint_info"),
+    (mconfig.LabConfig, "lab_config"),
+    (trace.TraceEvent, "trace_event"),
+    (trace.TraceTuple, "trace_tuple"),
+]
+#: Python field name → C member name where they differ (none today: the
+#: mirrors use the C names verbatim; an entry here documents a deliberate rename).
+RENAMES: dict[str, dict[str, str]] = {}
+
+_SIGNED_CTYPES = (ctypes.c_int8, ctypes.c_int16, ctypes.c_int32, ctypes.c_int64)
+_UNSIGNED_CTYPES = (ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64)
+
+# Cilium v1.16: struct ipv4_ct_tuple and struct ct_entry, member → (offset, size).
+CILIUM_CT_TUPLE = {"daddr": (0, 4), "saddr": (4, 4), "dport": (8, 2), "sport": (10, 2), "nexthdr": (12, 1), "flags": (13, 1)}
+CILIUM_CT_ENTRY = {
+    "reserved0": (0, 8),
+    "backend_id": (8, 8),
+    "packets": (16, 8),
+    "bytes": (24, 8),
+    "lifetime": (32, 4),
+    "flags": (36, 2),
+    "rev_nat_index": (38, 2),
+    "ifindex": (40, 2),
+    "tx_flags_seen": (42, 1),
+    "rx_flags_seen": (43, 1),
+    "src_sec_id": (44, 4),
+    "last_tx_report": (48, 4),
+    "last_rx_report": (52, 4),
+}
+
+
+def _tool(name: str, fallback: str) -> str:
+    path = shutil.which(name) or (fallback if os.access(fallback, os.X_OK) else None)
+    if path is None:
+        reason = f"{name} not found (install clang and bpftool: make provision-dev)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
+
+
+def _include_dirs() -> list[str]:
+    dirs = ["/usr/include", f"/usr/include/{platform.machine()}-linux-gnu"]
+    return [f"-I{d}" for d in dirs if os.path.isdir(d)]
+
+
+@pytest.fixture(scope="module")
+def btf(tmp_path_factory) -> dict:
+    """``{struct name: BTF struct}`` plus ``_types`` (id → type) from a compiled object."""
+    clang = _tool("clang", "/usr/bin/clang")
+    bpftool = _tool("bpftool", "/usr/sbin/bpftool")
+    d = tmp_path_factory.mktemp("btf")
+    src = d / "layout.c"
+    lines = ["#include <linux/types.h>"]
+    lines += [f'#include "{BPF_LIB / h}"' for h in HEADERS]
+    lines += [f"struct {c_name} lk_layout_{c_name};" for _, c_name in PAIRS]
+    src.write_text("\n".join(lines) + "\n")
+    obj = d / "layout.o"
+    cc = subprocess.run(
+        [clang, "-target", "bpf", "-O2", "-g", "-c", str(src), "-o", str(obj), *_include_dirs()],
+        capture_output=True,
+        text=True,
+    )
+    assert cc.returncode == 0, f"clang failed:\n{cc.stderr}"
+    dump = subprocess.run([bpftool, "btf", "dump", "file", str(obj), "-j"], capture_output=True, text=True)
+    assert dump.returncode == 0, f"bpftool failed:\n{dump.stderr}"
+    types = {t["id"]: t for t in json.loads(dump.stdout)["types"]}
+    out = {t["name"]: t for t in types.values() if t["kind"] == "STRUCT"}
+    out["_types"] = types
+    return out
+
+
+def _resolve(types: dict, type_id: int) -> dict:
+    t = types[type_id]
+    while t["kind"] in ("TYPEDEF", "CONST", "VOLATILE", "RESTRICT", "TYPE_TAG"):
+        t = types[t["type_id"]]
+    return t
+
+
+def _size(types: dict, type_id: int) -> int:
+    t = _resolve(types, type_id)
+    if t["kind"] == "ARRAY":
+        return t["nr_elems"] * _size(types, t["type_id"])
+    if t["kind"] == "PTR":
+        return 8
+    return t["size"]
+
+
+def _c_members(btf: dict, c_name: str) -> dict[str, tuple[int, int]]:
+    types = btf["_types"]
+    struct = btf[c_name]
+    out = {}
+    for m in struct["members"]:
+        assert "bitfield_size" not in m or not m["bitfield_size"], f"{c_name}.{m['name']} is a bitfield"
+        assert m["bits_offset"] % 8 == 0, f"{c_name}.{m['name']} is not byte aligned"
+        out[m["name"]] = (m["bits_offset"] // 8, _size(types, m["type_id"]))
+    return out
+
+
+def _py_members(cls) -> dict[str, tuple[int, int]]:
+    renames = RENAMES.get(cls.__name__, {})
+    out = {}
+    for name, _ctype in cls._fields_:
+        desc = getattr(cls, name)
+        out[renames.get(name, name)] = (desc.offset, desc.size)
+    return out
+
+
+@pytest.mark.parametrize("cls,c_name", PAIRS, ids=[c for _, c in PAIRS])
+def test_python_mirror_matches_btf_layout(btf, cls, c_name):
+    """Each ctypes mirror has the C struct's size and every member at the same offset with the same size."""
+    assert c_name in btf, f"struct {c_name} missing from BTF of the compiled headers"
+    assert ctypes.sizeof(cls) == btf[c_name]["size"], f"sizeof {cls.__name__} vs struct {c_name}"
+    assert _py_members(cls) == _c_members(btf, c_name)
+    # member order is part of the layout too
+    assert [m["name"] for m in btf[c_name]["members"]] == list(_py_members(cls))
+
+
+@pytest.mark.parametrize("cls,c_name", PAIRS, ids=[c for _, c in PAIRS])
+def test_python_mirror_matches_btf_types(btf, cls, c_name):
+    """Integer members agree in signedness, nested structs map to their mirror and arrays to ctypes arrays."""
+    types = btf["_types"]
+    by_c = {c: p for p, c in PAIRS}
+    py_types = {RENAMES.get(cls.__name__, {}).get(n, n): t for n, t in cls._fields_}
+    checked = 0
+    for m in btf[c_name]["members"]:
+        t = _resolve(types, m["type_id"])
+        py = py_types[m["name"]]
+        if t["kind"] == "INT":
+            signed = "SIGNED" in t.get("encoding", "")
+            assert py in (_SIGNED_CTYPES if signed else _UNSIGNED_CTYPES), f"{c_name}.{m['name']}: signedness"
+        elif t["kind"] == "STRUCT":
+            assert py is by_c[t["name"]], f"{c_name}.{m['name']}: expected the mirror of struct {t['name']}"
+        elif t["kind"] == "ARRAY":
+            assert issubclass(py, ctypes.Array) and py._length_ == t["nr_elems"], f"{c_name}.{m['name']}"
+        else:  # pragma: no cover - a new kind of member would need a rule here
+            pytest.fail(f"{c_name}.{m['name']}: unexpected BTF kind {t['kind']}")
+        checked += 1
+    assert checked == len(cls._fields_)
+
+
+def test_btf_ct_structs_have_cilium_layout(btf):
+    """The compiled ipv4_ct_tuple is 14 packed bytes and ct_entry 56 bytes, members where Cilium v1.16 has them."""
+    assert btf["ipv4_ct_tuple"]["size"] == 14
+    assert btf["ct_entry"]["size"] == 56
+    assert _c_members(btf, "ipv4_ct_tuple") == CILIUM_CT_TUPLE
+    assert _c_members(btf, "ct_entry") == CILIUM_CT_ENTRY
+
+
+def test_python_ct_mirrors_have_cilium_layout():
+    """CtKey4/CtEntry have Cilium's sizes and offsets (flag word at 36, rev_nat at 38) even without clang."""
+    assert ctypes.sizeof(ct.CtKey4) == 14
+    assert ctypes.sizeof(ct.CtEntry) == 56
+    assert {n: (getattr(ct.CtKey4, n).offset, getattr(ct.CtKey4, n).size) for n, _ in ct.CtKey4._fields_} == CILIUM_CT_TUPLE
+    assert {n: (getattr(ct.CtEntry, n).offset, getattr(ct.CtEntry, n).size) for n, _ in ct.CtEntry._fields_} == CILIUM_CT_ENTRY
+    assert ct.CtEntry.flags.offset == 36 and ct.CtEntry.rev_nat_index.offset == 38
+
+
+def test_python_mirror_sizes_match_docstrings():
+    """The byte sizes the eps/config/trace docstrings promise are the ctypes sizes (EndpointInfo: next test)."""
+    expected = {
+        eps.EndpointKey: 20,  # 4 + 3*4 + 1 + 1 + 2, packed
+        eps.IpcacheKey: 24,  # 4+2+1+1+4+3*4, packed
+        eps.RemoteEndpointInfo: 12,  # 4+4+2+1+1
+        mconfig.LabConfig: 16,  # 4*4
+        trace.TraceTuple: 16,  # 4+4+2+2+4*1
+        trace.TraceEvent: 96,  # 8+4+4+4*1+2+2+4+4*1+4+4+3*16+2+2+4
+    }
+    assert {c: ctypes.sizeof(c) for c in expected} == expected
+
+
+def test_endpoint_info_has_cilium_layout():
+    """EndpointInfo is Cilium's 48-byte endpoint_info: mac_t is a __u64, so mac sits at 16, node_mac 24, sec_id 32."""
+    # Cilium: u32 ifindex @0, u16 unused @4, u16 lxc_id @6, u32 flags @8, mac_t mac (u64, 8-aligned) @16,
+    # mac_t node_mac @24, u32 sec_id @32, u32 pad[3] @36..48 (the eps.py docstring also says 48 bytes).
+    offsets = {n: getattr(eps.EndpointInfo, n).offset for n, _ in eps.EndpointInfo._fields_}
+    assert (offsets["ifindex"], offsets["lxc_id"], offsets["flags"]) == (0, 6, 8)
+    assert (offsets["mac"], offsets["node_mac"], offsets["sec_id"]) == (16, 24, 32)
+    assert ctypes.sizeof(eps.EndpointInfo) == 48

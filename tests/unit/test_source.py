@@ -1,0 +1,168 @@
+"""One node's BPF build: its macros, its programs and the pasted translation unit."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from labkit.config import CtTimeouts, DatapathConfig
+from labkit.datapath.source import MAP_NAMES, PROGRAMS, node_build
+from labkit.topology import Topology
+
+BPF = Path(__file__).resolve().parents[2] / "bpf"
+TUNNEL_FUNCS = {"cil_from_container", "cil_to_container", "cil_from_netdev", "cil_to_netdev", "cil_from_overlay", "cil_to_overlay"}
+OVERLAY_FUNCS = {"cil_from_overlay", "cil_to_overlay"}
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"')
+_SYSTEM_INCLUDE = re.compile(r"^\s*#\s*include\s+<([^>]+)>")
+
+
+@pytest.fixture
+def topo() -> Topology:
+    return Topology.default("demo")
+
+
+def test_tunnel_macros(topo):
+    """Tunnel mode: NODE_ID from the node, ROUTING_TUNNEL=1, the vxlan ifindex, map sizes, port and lifetimes."""
+    cfg = DatapathConfig(timeouts=CtTimeouts(syn=7), ct_tcp_size=4096, ct_any_size=2048)
+    b = node_build(topo, cfg, "node-b", vxlan_ifindex=42)
+    assert b.node == "node-b"
+    assert b.macros == {
+        "NODE_ID": 2,
+        "ROUTING_TUNNEL": 1,
+        "VXLAN_IFINDEX": 42,
+        "VXLAN_PORT": 8472,
+        "CT_MAP_SIZE_TCP": 4096,
+        "CT_MAP_SIZE_ANY": 2048,
+        "CT_CONNECTION_LIFETIME_TCP": 8000,
+        "CT_CONNECTION_LIFETIME_NONTCP": 60,
+        "CT_SERVICE_LIFETIME_TCP": 8000,
+        "CT_SERVICE_LIFETIME_NONTCP": 60,
+        "CT_SERVICE_CLOSE_REBALANCE": 60,
+        "CT_SYN_TIMEOUT": 7,
+        "CT_CLOSE_TIMEOUT": 10,
+    }
+
+
+def test_native_macros(topo):
+    """Native routing: no ROUTING_TUNNEL and no VXLAN_IFINDEX macro, the rest as in tunnel mode."""
+    b = node_build(topo, DatapathConfig(routing="native"), "node-a")
+    assert "ROUTING_TUNNEL" not in b.macros and "VXLAN_IFINDEX" not in b.macros
+    assert b.macros["NODE_ID"] == 1
+    assert b.macros["CT_MAP_SIZE_TCP"] == 524288 and b.macros["CT_MAP_SIZE_ANY"] == 262144
+
+
+def test_cflags(topo):
+    """cflags() is -I<bpf dir> then one sorted -DNAME=value per macro."""
+    b = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=3)
+    flags = b.cflags()
+    assert flags[0].startswith("-I")
+    assert flags[1:] == [f"-D{k}={v}" for k, v in sorted(b.macros.items())]
+
+
+@pytest.mark.parametrize("vxlan_ifindex", [0, -1])
+def test_tunnel_without_vxlan_ifindex_raises(topo, vxlan_ifindex):
+    """Tunnel mode needs the cilium_vxlan ifindex; without one the build raises ValueError naming the node."""
+    with pytest.raises(ValueError) as info:
+        node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=vxlan_ifindex)
+    assert "node-a" in str(info.value)
+
+
+def test_unknown_node_raises(topo):
+    """Building an unknown node raises LookupError."""
+    with pytest.raises(LookupError):
+        node_build(topo, DatapathConfig(routing="native"), "node-z")
+
+
+def test_programs_tunnel(topo):
+    """Tunnel mode attaches all six programs, overlay ones on the overlay device, compiled from three files."""
+    b = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=9)
+    assert {p.function for p in b.programs} == TUNNEL_FUNCS
+    assert {p.function for p in b.programs if p.device == "overlay"} == OVERLAY_FUNCS
+    assert set(b.files) == {"bpf_lxc.c", "bpf_host.c", "bpf_overlay.c"}
+    assert len(b.files) == len(set(b.files))
+
+
+def test_programs_native(topo):
+    """Native routing has no overlay programs and does not compile bpf_overlay.c."""
+    b = node_build(topo, DatapathConfig(routing="native"), "node-a")
+    assert {p.function for p in b.programs} == TUNNEL_FUNCS - OVERLAY_FUNCS
+    assert "bpf_overlay.c" not in b.files
+
+
+def test_program_table():
+    """Each program's hook name is its function minus 'cil_' with dashes, on tc ingress/egress as Cilium attaches it."""
+    for p in PROGRAMS:
+        assert p.hook == p.function[len("cil_"):].replace("_", "-")
+        assert p.direction == ("ingress" if p.function.startswith("cil_from_") else "egress")
+        assert p.filter_name == f"labkit-{p.hook}"
+        assert re.search(rf"\bint\s+{p.function}\s*\(", (BPF / p.source).read_text()), p
+
+
+@pytest.mark.parametrize("routing", ["tunnel", "native"])
+def test_text_pastes_local_headers(topo, routing):
+    """text() has no #include "..." line left but keeps the #include <...> lines of the sources."""
+    b = node_build(topo, DatapathConfig(routing=routing), "node-a", vxlan_ifindex=5)
+    text = b.text()
+    assert not [line for line in text.splitlines() if _LOCAL_INCLUDE.match(line)]
+    sources = [BPF / f for f in b.files] + list((BPF / "lib").glob("*.h"))
+    system = {m[1] for f in sources for line in f.read_text().splitlines() if (m := _SYSTEM_INCLUDE.match(line))}
+    assert system, "the BPF sources include system headers"
+    kept = {m[1] for line in text.splitlines() if (m := _SYSTEM_INCLUDE.match(line))}
+    assert kept == system
+
+
+def test_text_contains_every_header_once(topo):
+    """Each local header's guard is pasted exactly once, and every attach-point function is in the text."""
+    b = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=5)
+    text = b.text()
+    for header in (BPF / "lib").glob("*.h"):
+        first_define = re.search(r"^#define\s+(\w+)\s*$", header.read_text(), re.M)
+        if first_define:
+            assert len(re.findall(rf"^#define\s+{first_define[1]}\s*$", text, re.M)) == 1, header.name
+    for fn in TUNNEL_FUNCS:
+        assert re.search(rf"\bint\s+{fn}\s*\(", text), fn
+
+
+def test_text_native_omits_overlay_functions(topo):
+    """Native routing's text has no overlay program definitions."""
+    text = node_build(topo, DatapathConfig(routing="native"), "node-a").text()
+    for fn in OVERLAY_FUNCS:
+        assert not re.search(rf"\bint\s+{fn}\s*\(", text)
+
+
+def test_text_line_directives(topo):
+    """#line directives name real files and, after each pasted file, the including file's next line."""
+    b = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=5)
+    lines = b.text().splitlines()
+    directives = [(i, re.match(r'^#line (\d+) "([^"]+)"$', ln)) for i, ln in enumerate(lines) if ln.startswith("#line")]
+    assert directives and all(m for _, m in directives)
+    for _, m in directives:
+        assert Path(m[2]).is_file()
+    # The text after every #line N "file" is that file from line N on, up to the next directive.
+    for (i, m), nxt in zip(directives, [d[0] for d in directives[1:]] + [len(lines)]):
+        src = Path(m[2]).read_text().splitlines()
+        start = int(m[1]) - 1
+        body = [ln for ln in lines[i + 1 : nxt]]
+        k = start
+        for ln in body:
+            while k < len(src) and _LOCAL_INCLUDE.match(src[k]):
+                k += 1  # pasted away; the next directive resumes after it
+            assert ln == src[k], f"{m[2]}:{k + 1}"
+            k += 1
+
+
+def test_text_header_names_node_and_macros(topo):
+    """The text starts with a comment naming the node and listing each macro."""
+    b = node_build(topo, DatapathConfig(), "node-b", vxlan_ifindex=5)
+    head = b.text().split('#line', 1)[0]
+    assert "node-b" in head
+    for k, v in b.macros.items():
+        assert f"{k}={v}" in head
+
+
+def test_map_names():
+    """The pinned map names are Cilium's CT/lxc/ipcache names plus labkit's two."""
+    text = "\n".join(p.read_text() for p in (BPF / "lib").glob("*.h"))
+    for name in MAP_NAMES:
+        assert re.search(rf"\b{name}\b", text), name
