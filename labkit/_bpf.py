@@ -29,6 +29,7 @@ __all__ = [
     "lookup_batch",
     "delete_batch",
     "RingBuffer",
+    "ringbuf_producer_pos",
     "BPF_ANY",
     "BPF_NOEXIST",
     "BPF_EXIST",
@@ -172,6 +173,16 @@ def delete_batch(fd: int, keys, count: int) -> int:
     return struct.unpack_from("=I", attr, 32)[0]
 
 
+def ringbuf_producer_pos(fd: int) -> int:
+    """How far the kernel has written into a ring buffer (read-only, any process)."""
+    page = mmap.PAGESIZE
+    m = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+    try:
+        return struct.unpack_from("=Q", m, 0)[0]
+    finally:
+        m.close()
+
+
 _RINGBUF_BUSY = 1 << 31
 _RINGBUF_DISCARD = 1 << 30
 _RINGBUF_HDR = 8
@@ -218,6 +229,10 @@ class RingBuffer:
     def wait(self, timeout: float) -> bool:
         """Block until the kernel signals new data or ``timeout`` seconds pass."""
         return bool(self._poll.poll(timeout))
+
+    def consumer_pos(self) -> int:
+        """How far this reader has consumed."""
+        return struct.unpack_from("=Q", self._cons, 0)[0]
 
     def pending(self) -> int:
         """Bytes written by the kernel and not yet consumed."""

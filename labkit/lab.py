@@ -27,10 +27,10 @@ from typing import Sequence
 from . import _netns
 from .clock import LabClock, mono_seconds
 from .config import LAB_DIFFERENCES, DatapathConfig
-from .errors import DatapathError, LabStateError, LabTimeoutError, NotFoundError
+from .errors import ConfigError, DatapathError, LabStateError, LabTimeoutError, NotFoundError
 from .ledger import RUN_DIR, LabLock, Ledger, lab_dir
 from .maps.base import PinnedMap
-from .maps.config import Fault, LabConfig, TraceMode
+from .maps.config import IMPLEMENTED_FAULTS, Fault, LabConfig, TraceMode
 from .maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
 from .topology import Topology
 from .trace import EventLog
@@ -68,6 +68,30 @@ class PodHandle(_Member):
     def node(self) -> str:
         return self.lab.topology.pod(self.name).node
 
+    def tcp(self, target: str, port: int = 8080, sport: int | None = None):
+        """A TCP connection to ``target`` (pod, node, external name or address), not yet open."""
+        from .steps import TcpConn
+
+        return TcpConn(self.lab, self.name, target, port, sport)
+
+    def ping(self, target: str, count: int = 1):
+        """Ping ``target``: a Step."""
+        from .steps import ping_step
+
+        return ping_step(self.lab, self.name, target, count)
+
+    def udp(self, target: str, port: int = 8080, data: bytes = b"hello"):
+        """One UDP datagram to ``target`` and its answer: a Step."""
+        from .steps import udp_step
+
+        return udp_step(self.lab, self.name, target, port, data)
+
+    def send(self, packet, title: str | None = None):
+        """Send one crafted IPv4 packet (scapy or bytes) from this pod: a Step."""
+        from .steps import raw_step
+
+        return raw_step(self.lab, self.name, packet, title)
+
     def server_log(self) -> list[str]:
         """Lines the pod's server logged (what it saw of its clients)."""
         path = lab_dir(self.lab.name) / "pods" / f"{self.name}.log"
@@ -100,6 +124,9 @@ class Lab:
         self.config = config
         self._state = state
         self.clock = LabClock(self._read_clock_offset, self._write_clock_offset)
+        self._clients: dict = {}
+        self._watchers: list = []
+        self._log: EventLog | None = None
 
     def __repr__(self) -> str:
         return f"Lab({self.name!r}, routing={self.config.routing}, nodes={[n.name for n in self.topology.nodes]})"
@@ -297,6 +324,7 @@ class Lab:
         events = lab_dir(name) / "events.bin"
         ledger.record("file", path=str(events))
         ledger.record("file", path=str(lab_dir(name) / "monitor.err"))
+        ledger.record("file", path=str(lab_dir(name) / "monitor.pos"))
         proc = subprocess.Popen(
             [sys.executable, "-m", "labkit.monitor", "--lab", name],
             stdin=subprocess.DEVNULL,
@@ -338,7 +366,83 @@ class Lab:
 
     def down(self) -> None:
         """Remove everything the ledger recorded, then check nothing of the lab is left."""
+        self._close_clients()
+        for table in self._watchers:
+            table.stop()
         type(self).cleanup(self.name)
+
+    # -- steps ----------------------------------------------------------------
+    def address_of(self, target: str) -> str:
+        """The address of a pod, node or external client by name; an address passes through."""
+        import ipaddress
+
+        try:
+            return str(ipaddress.IPv4Address(target))
+        except ValueError:
+            pass
+        kind = self.topology.kind_of(target)
+        if kind == "pod":
+            return self.topology.pod(target).ip
+        if kind == "node":
+            return self.topology.node(target).ip
+        return self.topology.external(target).ip
+
+    def _podclient(self, pod: str):
+        from .steps import PodClient
+
+        client = self._clients.get(pod)
+        if client is None or client.proc.poll() is not None:
+            proc = self.popen(pod, [sys.executable, "-m", "labkit.podclient"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+            Ledger(self.name).record_process(f"podclient-{pod}", proc.pid, netns=self.topology.netns(pod))
+            client = self._clients[pod] = PodClient(proc)
+        return client
+
+    def _close_clients(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def _step_log(self) -> EventLog:
+        if self._log is None:
+            self._log = self.events()
+        return self._log
+
+    def _after_step(self, step) -> None:
+        for table in list(self._watchers):
+            try:
+                table.refresh()
+            except Exception:  # a table that cannot refresh must not break the step
+                pass
+
+    def watch(self, node: str, interval: float | None = None):
+        """A live table of ``node``'s CT rows, refreshed after every step (and every ``interval`` s)."""
+        from .widgets import watch
+
+        self.topology.node(node)
+        table = watch(self, node, interval)
+        self._watchers.append(table)
+        return table
+
+    def fault(self, name: str, on: bool = True) -> list[str]:
+        """Switch a break-it fault on or off on every node; returns the faults now on.
+
+        Faults: ``no-in-entry``, ``wrong-lifetime``, ``no-related`` (and, with Services,
+        ``skip-rev-nat``, ``no-loopback-snat``). ``labkit status`` always lists them.
+        """
+        try:
+            bit = Fault.parse(name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if not bit & IMPLEMENTED_FAULTS:
+            raise ConfigError(f"fault '{name}': not acted on by this datapath yet; expected one of "
+                              f"{', '.join(Fault.names(IMPLEMENTED_FAULTS))}")
+        for node in self.topology.nodes:
+            with self._config_map(node.name) as m:
+                cfg = m[_U32(0)]
+                cfg.faults = (cfg.faults | bit) if on else (cfg.faults & ~bit)
+                m[_U32(0)] = cfg
+        return self.faults()
 
     @classmethod
     def cleanup(cls, name: str) -> list[str]:

@@ -259,6 +259,8 @@ static __always_inline int ct_create4(const struct ipv4_ct_tuple *tuple, __u32 l
 		return DROP_CT_CREATE_FAILED;
 	ct_state_fill(state, &entry);
 
+	if (lab_fault(FAULT_NO_RELATED))
+		return 0;
 	related.daddr = tuple->daddr;
 	related.saddr = tuple->saddr;
 	related.nexthdr = IPPROTO_ICMP;

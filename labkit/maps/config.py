@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import enum
 
-__all__ = ["LabConfig", "Fault", "TraceMode"]
+__all__ = ["LabConfig", "Fault", "TraceMode", "IMPLEMENTED_FAULTS"]
 
 
 class Fault(enum.IntFlag):
@@ -20,6 +20,7 @@ class Fault(enum.IntFlag):
     SKIP_REV_NAT = 0x02  #: replies are not reverse-translated
     WRONG_LIFETIME = 0x04  #: established TCP keeps the SYN lifetime
     NO_LOOPBACK_SNAT = 0x08  #: hairpin flows keep the pod's own source
+    NO_RELATED = 0x10  #: new entries get no RELATED twin
 
     @classmethod
     def names(cls, value: int) -> list[str]:
@@ -34,6 +35,10 @@ class Fault(enum.IntFlag):
         except KeyError:
             known = ", ".join(cls.names(sum(cls)))
             raise ValueError(f"fault '{name}': expected one of {known}") from None
+
+
+#: Faults the current datapath acts on (the others arrive with Services).
+IMPLEMENTED_FAULTS = Fault.NO_IN_ENTRY | Fault.WRONG_LIFETIME | Fault.NO_RELATED
 
 
 class TraceMode(enum.IntEnum):

@@ -1,0 +1,358 @@
+"""Steps: one call that sends traffic, returned as an object that shows what it did.
+
+    >>> conn = lab.pod("a1").tcp("b1", 8080)     # doctest: +SKIP
+    >>> conn.open()                              # doctest: +SKIP   SYN, SYN-ACK, ACK
+    >>> conn.send(b"hello"); conn.close()        # doctest: +SKIP
+    >>> step = lab.pod("a1").ping("b1")          # doctest: +SKIP
+    >>> step.flows, step.diff["node-a"], step.rows["node-b"]   # doctest: +SKIP
+
+A step snapshots every node's CT maps, acts, then waits — not for a fixed
+time, but until the trace shows each packet it expects at the end of its
+journey (delivered into a pod by to-container, dropped, or handed to the
+fabric), and until the lab's monitor has written out everything the kernel
+produced meanwhile. Then it snapshots again. In a notebook it renders as the
+packet path on the topology, one line per packet per hook, and coloured diffs
+of the CT rows it added, changed or removed.
+"""
+from __future__ import annotations
+
+import html
+import itertools
+import json
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from .constants import Hook
+from .errors import LabkitError, LabTimeoutError, NotFoundError
+from .maps.ct import CtDiff, CtRow, TcpFlags, diff_rows
+from .trace import Flow
+
+if TYPE_CHECKING:
+    from .lab import Lab
+
+__all__ = ["Journey", "Step", "TcpConn", "run_step", "STEP_TIMEOUT"]
+
+STEP_TIMEOUT = 5.0
+_TCP, _UDP, _ICMP = socket.IPPROTO_TCP, socket.IPPROTO_UDP, socket.IPPROTO_ICMP
+_ids = itertools.count(1)
+
+
+def _be32(ip: str) -> int:
+    return int.from_bytes(socket.inet_aton(ip), "little")
+
+
+@dataclass(frozen=True)
+class Journey:
+    """A packet a step waits for, matched by addresses, protocol, ports and TCP flags.
+
+    Its journey ends where the trace shows it delivered into a pod
+    (to-container), dropped, or leaving a node for the fabric towards a
+    non-pod address.
+    """
+
+    label: str
+    src: str
+    dst: str
+    proto: int
+    sport: int | None = None
+    dport: int | None = None
+    flags_all: int = 0  #: TCP flags that must be set
+    flags_none: int = 0  #: TCP flags that must be clear
+
+    def matches(self, t) -> bool:
+        if (t.saddr, t.daddr, t.proto) != (_be32(self.src), _be32(self.dst), self.proto):
+            return False
+        if self.sport is not None and socket.ntohs(t.sport) != self.sport:
+            return False
+        if self.dport is not None and socket.ntohs(t.dport) != self.dport:
+            return False
+        return (t.tcp_flags & self.flags_all) == self.flags_all and not t.tcp_flags & self.flags_none
+
+    def ended_by(self, flow: Flow, pod_ips: set[int]) -> bool:
+        """True if ``flow`` is this packet's last hook."""
+        ev = flow.event
+        if not (self.matches(ev.before) or self.matches(ev.after)):
+            return False
+        if flow.dropped or ev.hook == Hook.TO_CONTAINER:
+            return True
+        return ev.hook == Hook.TO_NETDEV and not ev.inner.proto and ev.after.daddr not in pod_ips
+
+
+@dataclass
+class Step:
+    """What one traffic step did: flows, CT rows before and after, their diff."""
+
+    title: str
+    lab: "Lab" = field(repr=False)
+    flows: list[Flow]
+    before: dict[str, list[CtRow]] = field(repr=False)
+    after: dict[str, list[CtRow]] = field(repr=False)
+    result: dict = field(default_factory=dict)
+    now: int = 0
+    seconds: float = 0.0
+    diff: dict[str, CtDiff] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.diff = {node: diff_rows(self.before[node], self.after[node]) for node in self.after}
+
+    @property
+    def rows(self) -> dict[str, list[CtRow]]:
+        """Every node's CT rows after the step."""
+        return self.after
+
+    @property
+    def ok(self) -> bool:
+        """Whether the client saw the outcome it asked for (connected, answered, ...)."""
+        return bool(self.result.get("ok", True))
+
+    def lines(self) -> list[str]:
+        """One Hubble-like line per packet per hook, in time order."""
+        return [f.line() for f in self.flows]
+
+    def diff_lines(self) -> list[str]:
+        """``node: + row`` / ``- row`` / ``~ row: field old→new`` for every node that changed."""
+        return [f"{node}: {line}" for node, d in self.diff.items() for line in d.lines()]
+
+    def picture(self):
+        """The packet path drawn on the topology (matplotlib Figure)."""
+        from . import viz
+
+        return viz.draw(self.lab.topology, self.lab.config.routing, self.flows, title=self.title)
+
+    def explorer(self):
+        """An interactive hop-by-hop view (ipywidgets)."""
+        from . import viz
+
+        return viz.PathExplorer(self.lab.topology, self.lab.config.routing, self.flows)
+
+    def __str__(self) -> str:
+        out = [f"step: {self.title} ({'ok' if self.ok else self.result.get('error', 'failed')})"]
+        out += ["  " + line for line in self.lines()]
+        out += ["  " + line for line in self.diff_lines()] or ["  (no CT rows changed)"]
+        return "\n".join(out)
+
+    def _repr_html_(self) -> str:
+        from . import viz
+
+        status = "ok" if self.ok else html.escape(str(self.result.get("error", "failed")))
+        parts = [f"<div class='lk-step'><h4>{html.escape(self.title)} — {status}</h4>"]
+        parts.append(viz.path_html(self.lab.topology, self.lab.config.routing, self.flows, title=self.title))
+        parts.append("<pre style='font-size:11px'>" + html.escape("\n".join(self.lines()) or "(no packets)") + "</pre>")
+        parts.append(_diff_html(self.diff, self.lab.clock.now()))
+        cmds = [c for n in self.lab.topology.nodes for c in self.lab.ct_command(n.name)]
+        parts.append("<details><summary>the same rows with real tools</summary><pre>" +
+                     html.escape("\n".join(cmds)) + "</pre></details></div>")
+        return "".join(parts)
+
+
+def _diff_html(diffs: dict[str, CtDiff], now: int) -> str:
+    rows = []
+    for node, d in diffs.items():
+        for r in d.added:
+            rows.append(("#d4f7d4", node, "+", r.line(now)))
+        for r in d.removed:
+            rows.append(("#f7d4d4", node, "−", r.line(now)))
+        for old, new, fields_ in d.changed:
+            moved = ", ".join(f"{f}: {getattr(old, f)} → {getattr(new, f)}" for f in fields_)
+            rows.append(("#f7f3c8", node, "~", f"{new.proto_name} {new.dir} {new.flow()}  [{moved}]"))
+    if not rows:
+        return "<p><i>No CT row changed.</i></p>"
+    body = "".join(
+        f"<tr style='background:{c}'><td>{html.escape(n)}</td><td>{m}</td><td><code>{html.escape(t)}</code></td></tr>"
+        for c, n, m, t in rows
+    )
+    return f"<table style='font-size:11px'><tr><th>node</th><th></th><th>CT row</th></tr>{body}</table>"
+
+
+def run_step(lab: "Lab", title: str, action: Callable[[], dict], journeys: Callable[[dict], list[Journey]],
+             timeout: float = STEP_TIMEOUT) -> Step:
+    """Snapshot, act, wait for the journeys and the monitor, snapshot: the Step."""
+    from .monitor import flushed_past
+
+    log = lab._step_log()
+    log.seek_end()
+    nodes = [n.name for n in lab.topology.nodes]
+    before = {n: lab.ct(n) for n in nodes}
+    t0 = time.monotonic()
+    result = action()
+    waiting = list(journeys(result))
+    pod_ips = {_be32(p.ip) for p in lab.topology.pods}
+    flows: list[Flow] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        flows += log.read()
+        waiting = [j for j in waiting if not any(j.ended_by(f, pod_ips) for f in flows)]
+        if not waiting:
+            break
+        if time.monotonic() > deadline:
+            seen = "\n".join(f.line() for f in flows[-8:]) or "(no trace records)"
+            raise LabTimeoutError(
+                f"step '{title}': after {timeout} s still waiting for {', '.join(j.label for j in waiting)}; "
+                f"expected each to reach to-container, a drop, or the fabric. Last records:\n{seen}"
+            )
+        time.sleep(0.001)
+    flushed_past(lab.name, lab._state["pin_dirs"])
+    flows += log.read()
+    flows.sort(key=lambda f: f.event.ts_ns)
+    after = {n: lab.ct(n) for n in nodes}
+    step = Step(title, lab, flows, before, after, result, lab.clock.now(), time.monotonic() - t0)
+    lab._after_step(step)
+    return step
+
+
+class TcpConn:
+    """A TCP connection from a pod, advanced one step at a time.
+
+    >>> conn = lab.pod("a1").tcp("b1", 8080)   # doctest: +SKIP
+    >>> conn.open().diff["node-a"].added        # doctest: +SKIP
+    """
+
+    def __init__(self, lab: "Lab", pod: str, target: str, port: int = 8080, sport: int | None = None):
+        self.lab = lab
+        self.pod = pod
+        self.src = lab.topology.pod(pod).ip
+        self.dst = lab.address_of(target)
+        self.target = target
+        self.port = port
+        self.sport = sport
+        self.id = next(_ids)
+        self.state = "new"
+
+    def __repr__(self) -> str:
+        return f"TcpConn({self.pod} {self.src}:{self.sport or '?'} -> {self.target} {self.dst}:{self.port}, {self.state})"
+
+    def _call(self, op: str, **kw) -> dict:
+        return self.lab._podclient(self.pod).call({"op": op, "id": self.id, **kw})
+
+    def _j(self, label: str, reply: bool = False, **kw) -> Journey:
+        if reply:
+            return Journey(label, self.dst, self.src, _TCP, self.port, self.sport, **kw)
+        return Journey(label, self.src, self.dst, _TCP, self.sport, self.port, **kw)
+
+    def open(self) -> Step:
+        """connect(): SYN, SYN-ACK, ACK (or the RST of a closed port)."""
+        if self.state != "new":
+            raise LabkitError(f"{self!r}: open() needs a new connection, this one is {self.state}")
+
+        def act() -> dict:
+            res = self._call("tcp_open", host=self.dst, port=self.port, sport=self.sport)
+            self.sport = res.get("sport")
+            self.state = "open" if res["ok"] else "failed"
+            return res
+
+        def expect(res: dict) -> list[Journey]:
+            syn = self._j("SYN", flags_all=TcpFlags.SYN, flags_none=TcpFlags.ACK)
+            if res["ok"]:
+                return [syn, self._j("SYN-ACK", True, flags_all=TcpFlags.SYN | TcpFlags.ACK),
+                        self._j("ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)]
+            if res.get("error") == "ECONNREFUSED":
+                return [syn, self._j("RST", True, flags_all=TcpFlags.RST)]
+            return []
+
+        return run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP open", act, expect)
+
+    def send(self, data: bytes = b"hello") -> Step:
+        """Send ``data``; the pod server echoes it back."""
+        self._need_open("send")
+        return run_step(
+            self.lab, f"{self.pod} → {self.target}:{self.port} TCP send {len(data)} bytes",
+            lambda: self._call("tcp_send", data=bytes(data).hex()),
+            lambda res: [self._j("data", flags_all=TcpFlags.PSH), self._j("echo", True, flags_all=TcpFlags.PSH),
+                         self._j("ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)] if res["ok"] else [],
+        )
+
+    def close(self) -> Step:
+        """Close gracefully: our FIN, their FIN, our last ACK."""
+        self._need_open("close")
+        self.state = "closed"
+        return run_step(
+            self.lab, f"{self.pod} → {self.target}:{self.port} TCP close",
+            lambda: self._call("tcp_close"),
+            lambda res: [self._j("FIN", flags_all=TcpFlags.FIN), self._j("FIN", True, flags_all=TcpFlags.FIN),
+                         self._j("last ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)]
+            if res["ok"] else [],
+        )
+
+    def reset(self) -> Step:
+        """Abort: close with SO_LINGER 0, so the kernel sends RST."""
+        self._need_open("reset")
+        self.state = "reset"
+        return run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP reset",
+                        lambda: self._call("tcp_reset"), lambda res: [self._j("RST", flags_all=TcpFlags.RST)])
+
+    def _need_open(self, what: str) -> None:
+        if self.state != "open":
+            raise LabkitError(f"{self!r}: {what}() needs an open connection, this one is {self.state}")
+
+
+class PodClient:
+    """The :mod:`labkit.podclient` process of one pod."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    def call(self, cmd: dict) -> dict:
+        if self.proc.poll() is not None:
+            raise LabkitError(f"pod client exited ({self.proc.returncode})")
+        self.proc.stdin.write(json.dumps({k: v for k, v in cmd.items() if v is not None}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise LabkitError("pod client closed its output")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(2)
+            except Exception:
+                self.proc.kill()
+
+
+def ping_step(lab: "Lab", pod: str, target: str, count: int = 1) -> Step:
+    src, dst = lab.topology.pod(pod).ip, lab.address_of(target)
+
+    def act() -> dict:
+        r = lab.exec(pod, ["ping", "-c", str(count), "-i", "0.2", "-W", "2", dst])
+        return {"ok": r.returncode == 0, "output": r.stdout.strip(), "error": None if r.returncode == 0 else "no reply"}
+
+    def expect(res: dict) -> list[Journey]:
+        out = [Journey("echo request", src, dst, _ICMP)]
+        return out + [Journey("echo reply", dst, src, _ICMP)] if res["ok"] else out
+
+    return run_step(lab, f"{pod} → {target} ping ×{count}", act, expect)
+
+
+def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = b"hello") -> Step:
+    src, dst = lab.topology.pod(pod).ip, lab.address_of(target)
+
+    def act() -> dict:
+        res = lab._podclient(pod).call({"op": "udp", "host": dst, "port": port, "data": bytes(data).hex()})
+        if res.get("reply"):
+            res["reply_text"] = bytes.fromhex(res["reply"]).decode(errors="replace")
+        return res
+
+    def expect(res: dict) -> list[Journey]:
+        out = [Journey("datagram", src, dst, _UDP, res.get("sport"), port)]
+        return out + [Journey("answer", dst, src, _UDP, port, res.get("sport"))] if res["ok"] else out
+
+    return run_step(lab, f"{pod} → {target}:{port} UDP", act, expect)
+
+
+def raw_step(lab: "Lab", pod: str, packet: Any, title: str | None = None) -> Step:
+    """Send one crafted IPv4 packet (a scapy packet or its bytes) from ``pod``."""
+    data = bytes(packet)
+    if len(data) < 20 or data[0] >> 4 != 4:
+        raise LabkitError(f"crafted packet from '{pod}': expected an IPv4 packet, got {len(data)} bytes")
+    src, dst = socket.inet_ntoa(data[12:16]), socket.inet_ntoa(data[16:20])
+    proto = data[9]
+    summary = packet.summary() if hasattr(packet, "summary") else f"{src} > {dst} proto {proto}"
+    return run_step(
+        lab, title or f"{pod}: crafted {summary}",
+        lambda: lab._podclient(pod).call({"op": "raw", "packet": data.hex()}),
+        lambda res: [Journey("crafted packet", src, dst, proto)] if res["ok"] else [],
+    )
