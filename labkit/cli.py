@@ -171,6 +171,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print now, offset and mono as JSON")
     p.set_defaults(func=cmd_clock_show)
 
+    fault = add("fault", "break-it faults for diagnosis exercises (always listed by status)").add_subparsers(
+        dest="fault_command", metavar="COMMAND", required=True)
+    for verb, help_ in (("on", "switch a fault on on every node"), ("off", "switch a fault off")):
+        p = fault.add_parser(verb, help=help_, description=help_)
+        p.add_argument("name", metavar="NAME", help="no-in-entry, wrong-lifetime or no-related")
+        p.set_defaults(func=cmd_fault, on=verb == "on")
+    p = fault.add_parser("list", help="the faults switched on", description="The faults switched on.")
+    p.set_defaults(func=cmd_fault_list)
+
+    p = add("grade", "run handed-in notebooks headless and print a score per notebook and exercise")
+    p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="notebooks (.ipynb) to grade")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="scores as JSON")
+    out.add_argument("--csv", action="store_true", help="one CSV row per notebook and exercise")
+    p.add_argument("--cell-timeout", type=int, default=120, metavar="SECONDS", help="time limit per cell (default 120)")
+    p.set_defaults(func=cmd_grade)
+
     parser._labkit_exec = sub.choices["exec"]  # for the missing-command error
     return parser
 
@@ -437,6 +454,32 @@ def cmd_clock_show(args) -> int:
         _print_json({"now": mono + offset, "offset": offset, "mono": mono})
     else:
         print(f"lab clock now {mono + offset} (offset {offset} s)")
+    return 0
+
+
+def cmd_fault(args) -> int:
+    lab = _attach(args)
+    now_on = lab.fault(args.name, on=args.on)
+    print(f"faults on in lab '{lab.name}': {', '.join(now_on) or 'none'}")
+    return 0
+
+
+def cmd_fault_list(args) -> int:
+    lab = _attach(args)
+    print(", ".join(lab.faults()) or "none")
+    return 0
+
+
+def cmd_grade(args) -> int:
+    from .grade import format_csv, format_table, grade_notebook
+
+    scores = [grade_notebook(nb, cell_timeout=args.cell_timeout, lab_name=args.lab) for nb in args.notebooks]
+    if args.json:
+        _print_json([s.to_json() for s in scores])
+    elif args.csv:
+        sys.stdout.write(format_csv(scores))
+    else:
+        print(format_table(scores))
     return 0
 
 

@@ -109,7 +109,7 @@ step root ok
 # ---------------------------------------------------------------- apt
 BASE_PKGS=(python3 python3-venv python3-pip python3-bpfcc bpfcc-tools iproute2
     iperf3 iptables conntrack tcpdump ethtool curl procps util-linux kmod iputils-ping
-    netcat-openbsd)
+    netcat-openbsd python3-scapy)
 DEV_PKGS=(clang llvm)
 DEV_OPTIONAL_PKGS=(vagrant chromium chromium-driver) # only when apt has them
 BPFTOOL_PKGS=(bpftool "linux-tools-$KREL" linux-tools-generic) # first installable wins
