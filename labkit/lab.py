@@ -408,7 +408,8 @@ class Lab:
             self._log = self.events()
         return self._log
 
-    def _after_step(self, step) -> None:
+    def _after_step(self, step=None) -> None:
+        self._watchers = [t for t in self._watchers if not getattr(t, "closed", False)]
         for table in list(self._watchers):
             try:
                 table.refresh()
@@ -495,6 +496,7 @@ class Lab:
                     m.clear()
             with PinnedMap(f"{pin}/labkit_config", _U32, LabConfig) as m:
                 m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+        self._after_step()  # live tables show the flush
 
     def health(self) -> list[str]:
         """What is wrong with this lab (empty when healthy)."""

@@ -74,7 +74,8 @@ _MAP_ORDER = {name: i for i, name in enumerate(CT_MAPS)}
 _STYLE = """<style>
 .lk-ct{line-height:1.35;font-size:var(--jp-code-font-size,12px)}
 .lk-ct table{border-collapse:collapse;width:100%;font-family:var(--jp-code-font-family,monospace)}
-.lk-ct th,.lk-ct td{padding:1px 8px;text-align:left;white-space:nowrap;border-bottom:1px solid var(--jp-border-color2,#e0e0e0)}
+.lk-ct th,.lk-ct td{padding:1px 8px;text-align:left;white-space:nowrap;
+  border-bottom:1px solid var(--jp-border-color2,#e0e0e0)}
 .lk-ct th{position:sticky;top:0;z-index:1;background:var(--jp-layout-color2,#eee);font-weight:600}
 .lk-ct td.lk-num,.lk-ct th.lk-num{text-align:right}
 .lk-ct tr.lk-added td{background:rgba(46,160,67,.22)}
@@ -134,8 +135,9 @@ class Filters:
             return False
         if self.text:
             needle = self.text.lower()
-            if needle not in f"{row.src}:{row.sport} {row.dst}:{row.dport}".lower() and needle not in row.line().lower():
-                return False
+            if needle in f"{row.src}:{row.sport} {row.dst}:{row.dport}".lower():
+                return True
+            return needle in row.line().lower()
         return True
 
 
