@@ -109,19 +109,19 @@ _UNKNOWN_COLOUR = "#616161"
 
 # -- layout (data units; one unit is about 0.7 inch at the default size) ------
 _POD_PITCH = 1.6  # horizontal distance between pods of a node
-_COLUMN_GAP = 1.5  # between the columns of two nodes
+_COLUMN_GAP = 1.6  # between the columns of two nodes
 _MARGIN = 0.8  # left of the first column
-_VXLAN_DX = 1.2  # cilium_vxlan beside its node's stack
+_VXLAN_DX = 1.45  # cilium_vxlan beside its node's stack
 _EXT_DX = 0.95  # external eth0 right of the fabric's end
 _EXT_LABEL_DX = 1.05  # external name right of its eth0
 _EXT_PITCH = 1.0  # externals stacked upwards
 _Y = {
-    "pod": 6.45,
-    "pod_eth0": 5.5,
-    "lxc": 4.3,
+    "pod": 5.95,
+    "pod_eth0": 5.3,
+    "lxc": 4.2,
     "node": 3.05,
-    "vxlan": 2.2,
-    "eth0": 1.45,
+    "vxlan": 2.3,
+    "eth0": 1.2,
     "fabric": 0.35,
 }
 _TOP = 7.0  # nothing is placed above this
@@ -437,24 +437,26 @@ def _render(graph, pos, path: Sequence[Hop], title: str | None, ax: "Axes | None
         x0, y0, x1, y1 = _extent(pos, graph, ids)
         owner = next(i for i in ids if graph.nodes[i]["kind"] != "device") if any(
             graph.nodes[i]["kind"] != "device" for i in ids) else ids[0]
-        ns_boxes[netns] = (x0 - 0.12, y0 - 0.1, x1 + 0.12, y1 + 0.28, graph.nodes[owner]["kind"])
+        kind = graph.nodes[owner]["kind"]
+        # room at the top: for the namespace's name, or (nodes) for hop badges above the host veths
+        ns_boxes[netns] = (x0 - 0.12, y0 - 0.1, x1 + 0.12, y1 + (0.3 if kind == "node" else 0.22), kind)
     node_boxes = [b for b in ns_boxes.values() if b[4] in ("node", "pod")]
     fab_x0 = min((b[0] for b in node_boxes), default=_MARGIN - 0.2)
     fab_x1 = max((b[2] for b in node_boxes), default=_MARGIN + 1.0)
     fy = pos["fabric"][1] if "fabric" in pos else _Y["fabric"]
     fab = (fab_x0, fy - 0.2, fab_x1, fy + 0.2)
     all_x0 = min([fab[0]] + [b[0] for b in ns_boxes.values()])
-    all_x1 = max([fab[2]] + [b[2] for b in ns_boxes.values()]) + (1.6 if path else 0.2)
+    all_x1 = max([fab[2]] + [b[2] for b in ns_boxes.values()])
     all_y0 = min([fab[1]] + [b[1] for b in ns_boxes.values()])
     all_y1 = max([fab[3]] + [b[3] for b in ns_boxes.values()])
-    xlim = (all_x0 - 0.15, all_x1 + 0.15)
-    ylim = (all_y0 - 0.1, all_y1 + 0.1)
+    xlim = (all_x0 - 0.1, all_x1 + 0.1)
+    ylim = (all_y0 - 0.05, all_y1 + 0.05)
 
     if ax is None:
         w_units, h_units = xlim[1] - xlim[0], ylim[1] - ylim[0]
         scale = max(10 / w_units, 0.72)  # inches per unit: 10 inches wide for the default lab
-        fig = _new_figure((max(10.0, w_units * scale), max(6.0, h_units * scale + 0.5)))
-        ax = fig.add_axes((0.01, 0.01, 0.98, 0.92))
+        fig = _new_figure((round(w_units * scale / 0.99, 2), round(h_units * scale / 0.94, 2)))
+        ax = fig.add_axes((0.005, 0.005, 0.99, 0.94))
     else:
         fig = ax.figure
     ax.set_xlim(*xlim)
@@ -487,7 +489,10 @@ def _render(graph, pos, path: Sequence[Hop], title: str | None, ax: "Axes | None
         if d.get("kind") == "tunnel":
             ou = order.get(graph.nodes[u].get("owner"), 0)
             ov = order.get(graph.nodes[v].get("owner"), 0)
-            rad = 0.0 if abs(ou - ov) == 1 else -0.25
+            # neighbours: a straight line through the gap between them; others: a shallow arc
+            # dipping under the nodes in between (between their cilium_vxlan and eth0)
+            dx = pos[v][0] - pos[u][0]
+            rad = 0.0 if abs(ou - ov) <= 1 or dx == 0 else round(0.7 / dx, 4)
             ax.add_patch(FancyArrowPatch(pos[u], pos[v], arrowstyle="-", connectionstyle=f"arc3,rad={rad}",
                                          linestyle=(0, (4, 3)), linewidth=1.3, color="#7b1fa2", zorder=2,
                                          shrinkA=0, shrinkB=0))
@@ -546,21 +551,35 @@ def _render(graph, pos, path: Sequence[Hop], title: str | None, ax: "Axes | None
             return pos[hop.id]
         return pos.get(hop.node)
 
-    # badges first: each hop's number sits just above its device, several in a row
-    r = 0.13
-    badge: dict[int, tuple[float, float]] = {}
-    stacked: dict[str, int] = {}
-    for hop in shown:
-        p = where(hop)
-        if p is None:
+    # badges first: each hop's number sits just above its device, in rows read left to right.
+    # Places come from the whole path, so a badge stays put while PathExplorer adds hops.
+    r = 0.13 if len(path) <= 30 else 0.1
+    pitch = 2.15 * r
+    slot_of: dict[int, tuple[str, int]] = {}
+    count: dict[str, int] = {}
+    for hop in path:
+        if where(hop) is None:
             continue
         gid = hop.id if hop.id in pos else hop.node
+        slot_of[hop.index] = (gid, count.get(gid, 0))
+        count[gid] = count.get(gid, 0) + 1
+    badge: dict[int, tuple[float, float]] = {}
+    for hop in shown:
+        if hop.index not in slot_of:
+            continue
+        gid, k = slot_of[hop.index]
+        x, y = pos[gid]
         w, h = _box_size(graph.nodes[gid]) if gid in graph else _SIZE["plain"]
-        per_row = max(int((w + 0.3) // (2.15 * r)), 1)
-        k = stacked.get(gid, 0)
-        stacked[gid] = k + 1
-        badge[hop.index] = (p[0] - w / 2 + r + (k % per_row) * 2.15 * r,
-                            p[1] + h / 2 + r + 0.02 + (k // per_row) * 2.15 * r)
+        per_row = max(int((w + 0.5) // pitch), 1)
+        row, col = divmod(k, per_row)
+        in_row = min(per_row, count[gid] - row * per_row)
+        # rows start at the end facing the node's stack, where the arrows come from
+        owner = graph.nodes[gid].get("owner") if gid in graph else None
+        if owner in pos and x < pos[owner][0] - 0.01:
+            bx = x + w / 2 - r - (in_row - 1 - col) * pitch
+        else:
+            bx = x - w / 2 + r + col * pitch
+        badge[hop.index] = (bx, y + h / 2 + r + 0.02 + row * pitch)
 
     # arrows from badge to badge, coloured by what the hook they leave did
     pairs: dict[tuple, int] = {}
@@ -570,10 +589,14 @@ def _render(graph, pos, path: Sequence[Hop], title: str | None, ax: "Axes | None
             a, b = badge[prev.index], badge[hop.index]
             n = pairs.get((where(prev), where(hop)), 0)
             pairs[(where(prev), where(hop))] = n + 1
+            # bend so that A->B and B->A part, but by at most a quarter unit (more for repeats):
+            # long arrows would otherwise sweep across the devices between their ends
+            dist = max(((b[0] - a[0]) ** 2 + (b[1] - a[1]) ** 2) ** 0.5, 1e-6)
+            rad = min(0.18 + 0.1 * n, (0.5 + 0.3 * n) / dist)
             is_current = hop.index == current
             ax.add_patch(FancyArrowPatch(
                 a, b, arrowstyle="-|>", mutation_scale=13 if is_current else 11,
-                connectionstyle=f"arc3,rad={0.18 + 0.1 * n:.2f}",
+                connectionstyle=f"arc3,rad={rad:.3f}",
                 color=prev.colour, linewidth=2.4 if is_current else 1.5,
                 linestyle=":" if prev.verdict == "DROPPED" else "-",
                 shrinkA=7, shrinkB=8, alpha=0.95, zorder=5))
