@@ -30,6 +30,9 @@ LAB_DIFFERENCES = (
     "IPv4 fragments are dropped (DROP_FRAG_NOSUPPORT), as Cilium does with fragment tracking disabled",
     "traffic reaching a node is routed to the pod by the node's kernel; the CT ingress work Cilium does in the "
     "endpoint's policy program runs at to-container on the pod's host veth",
+    "a pod reaches its gateway through a permanent neighbour entry for the host veth's MAC; Cilium's bpf_lxc "
+    "answers the pod's ARP instead",
+    "the node's cilium_host is a veth paired with cilium_net that only holds the pods' gateway address",
 )
 
 
