@@ -63,6 +63,7 @@ import html
 import io
 import socket
 import struct
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Sequence
 
@@ -71,6 +72,10 @@ from .constants import DropReason, Hook, Verdict
 from .errors import ConfigError
 from .maps.ct import CtDir, CtFlags, CtResult
 from .topology import Topology
+
+# A venv that also sees the distribution's matplotlib imports its mpl_toolkits and warns that
+# Axes3D cannot load; labkit draws no 3D axes, so that warning would only confuse a learner.
+warnings.filterwarnings("ignore", message="Unable to import Axes3D")
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx

@@ -1,0 +1,637 @@
+"""Browser helpers for the lab tests: a throwaway JupyterLab, a headless Chromium
+driven by Selenium, and the checks a student's eyes would make on a notebook.
+
+Nothing here downloads anything: Chromium and chromedriver are Debian's
+(apt packages chromium, chromium-driver), Selenium is told their paths so its
+selenium-manager never runs, and JupyterLab is started with its news feed,
+update check and PyPI extension manager turned off.
+
+    with JupyterServer(root, env={"LABKIT_LAB": "x"}) as (url, token), chromium_driver(out) as driver:
+        run_all_cells(driver, url, token, "01-tour.ipynb", timeout=180)
+        assert page_problems(driver) == []
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+__all__ = [
+    "CHROMEDRIVER",
+    "CHROMIUM",
+    "JupyterServer",
+    "NotebookRunError",
+    "chromium_driver",
+    "jupyter_executable",
+    "missing_tools",
+    "page_problems",
+    "run_all_cells",
+    "save_screenshot",
+    "widget_count",
+]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",  # we run as root
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-proxy-server",  # it only ever talks to 127.0.0.1
+    "--window-size=1400,1000",
+)
+WINDOW = (1400, 1000)
+
+# JupyterLab user settings for the test server (a fresh settings dir per run):
+# no news/update toasts, and every cell attached to the DOM so that all
+# prompts and outputs can be read (the default windowing mode keeps
+# off-screen cells out of layout).
+_LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+}
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class NotebookRunError(AssertionError):
+    """The notebook did not run to the end in the browser."""
+
+
+# -- tools ---------------------------------------------------------------------
+def jupyter_executable() -> Path:
+    """``jupyter`` of the venv running the tests (else of $LABKIT_VENV)."""
+    here = Path(sys.executable).parent / "jupyter"
+    if here.exists():
+        return here
+    return Path(os.environ.get("LABKIT_VENV", "/opt/labkit/venv")) / "bin" / "jupyter"
+
+
+def missing_tools() -> list[str]:
+    """What the browser test needs and this machine lacks (empty: all there)."""
+    missing = []
+    for path, what in ((CHROMIUM, "apt package chromium"), (CHROMEDRIVER, "apt package chromium-driver")):
+        if not os.access(path, os.X_OK):
+            missing.append(f"{path} ({what})")
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append(f"selenium for {sys.executable} (pip install 'selenium>=4.15', the [test] extra)")
+    if not jupyter_executable().exists():
+        missing.append(f"{jupyter_executable()} (the [notebook] extra)")
+    return missing
+
+
+# -- processes -----------------------------------------------------------------
+def _proc_table() -> dict[int, list[tuple[int, str]]]:
+    """ppid -> [(pid, start time)] for every process now."""
+    table: dict[int, list[tuple[int, str]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        table.setdefault(int(fields[1]), []).append((int(entry), fields[19]))
+    return table
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    table, out, todo = _proc_table(), [], [pid]
+    while todo:
+        for child in table.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child[0])
+    return out
+
+
+def _alive(pid: int, start: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[19] == start and fields[0] != "Z"
+
+
+def _kill_leftovers(procs: list[tuple[int, str]], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL, those of ``procs`` still alive (same pid and start time)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        left = [p for p in procs if _alive(*p)]
+        if not left:
+            return
+        for pid, _ in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_alive(*p) for p in left):
+            time.sleep(0.1)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- JupyterLab ----------------------------------------------------------------
+class JupyterServer:
+    """A JupyterLab serving ``root_dir`` on 127.0.0.1, for one ``with`` block.
+
+    ``with JupyterServer(root, env={...}) as (url, token):`` -- ``env`` is
+    added to this process's environment (the kernels inherit it). The token
+    reaches Jupyter as JUPYTER_TOKEN, not on the command line (a root server's
+    command line is world-readable in /proc). Lab settings, workspaces,
+    runtime files, Jupyter config and (unless ``env`` sets it) IPYTHONDIR live
+    in a temporary directory removed afterwards; on exit the server, its
+    kernels and anything else it started are stopped.
+    """
+
+    def __init__(self, root_dir, *, env: dict | None = None, log_path=None, startup_timeout: float = 90):
+        self.root_dir = Path(root_dir).resolve()
+        self.env = dict(env or {})
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout = startup_timeout
+        self.token = secrets.token_hex(24)
+        self.port: int | None = None
+        self.url: str | None = None
+        self.proc: subprocess.Popen | None = None
+        self._tmp: Path | None = None
+        self._log = None
+
+    # context manager
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self.url, self.token
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def command(self) -> list[str]:
+        tmp = self._tmp
+        return [
+            str(jupyter_executable()), "lab",
+            "--no-browser", "--allow-root",
+            "--ip=127.0.0.1", f"--port={self.port}", "--port-retries=0",
+            f"--ServerApp.root_dir={self.root_dir}",
+            "--ServerApp.disable_check_xsrf=False",
+            # no network: no news feed, no update check, no PyPI extension listings
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--LabApp.extension_manager=readonly",
+            # nothing read from or written to ~/.jupyter/lab
+            f"--LabApp.user_settings_dir={tmp / 'user-settings'}",
+            f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+            f"--NotebookNotary.data_dir={tmp / 'data'}",  # not ~/.local/share/jupyter
+        ]
+
+    def start(self) -> None:
+        self._tmp = Path(tempfile.mkdtemp(prefix="labkit-jupyter-"))
+        for rel, settings in _LAB_SETTINGS.items():
+            path = self._tmp / "user-settings" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(settings))
+        for sub in ("workspaces", "config", "runtime", "data", "ipython"):
+            (self._tmp / sub).mkdir()
+        if self.log_path is None:
+            self.log_path = self._tmp / "jupyter.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, **self.env}
+        env.update(
+            JUPYTER_TOKEN=self.token,
+            JUPYTER_CONFIG_DIR=str(self._tmp / "config"),  # system/venv config still applies
+            JUPYTER_RUNTIME_DIR=str(self._tmp / "runtime"),
+            PYTHONUNBUFFERED="1",
+        )
+        env.setdefault("IPYTHONDIR", str(self._tmp / "ipython"))  # kernels: no ~/.ipython startup files or history
+        self.proc = subprocess.Popen(
+            self.command(), cwd=self.root_dir, env=env, stdin=subprocess.DEVNULL,
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with status {self.proc.returncode} while starting:\n"
+                                   + self.log_tail())
+            with contextlib.suppress(OSError, ValueError):
+                if self.api("GET", "/api/status", timeout=2)[0] == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"jupyter lab did not answer {self.url}/api/status within "
+                                   f"{self.startup_timeout:.0f} s:\n" + self.log_tail())
+            time.sleep(0.25)
+
+    def api(self, method: str, path: str, *, timeout: float = 10) -> tuple[int, object]:
+        """(status, decoded JSON or None) of a REST call with the token."""
+        req = urllib.request.Request(
+            f"{self.url}{path}", method=method, headers={"Authorization": f"token {self.token}"})
+        try:
+            with _NO_PROXY.open(req, timeout=timeout) as r:
+                body = r.read()
+                status = r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code, None
+        try:
+            return status, json.loads(body) if body else None
+        except ValueError:
+            return status, None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except (OSError, AttributeError):
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            # kernels run in sessions of their own: note them before asking the server to go
+            family = [(proc.pid, _start_time(proc.pid))] + _descendants(proc.pid)
+            with contextlib.suppress(OSError, ValueError):
+                self.api("POST", "/api/shutdown", timeout=5)  # also shuts the kernels down
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, sig)
+                    try:
+                        proc.wait(timeout=10)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+            _kill_leftovers([p for p in family if p[1]])
+        elif proc is not None:
+            proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._tmp is not None:
+            if self.log_path is not None and self.log_path.is_relative_to(self._tmp):
+                self.log_path = None
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+# -- Chromium ------------------------------------------------------------------
+@contextlib.contextmanager
+def chromium_driver(artifacts_dir=None):
+    """A Selenium driver for Debian's headless Chromium (never selenium-manager).
+
+    With ``artifacts_dir``, chromedriver's log goes to ``chromedriver.log``
+    and the browser console to ``browser-console.log`` there.
+    """
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    artifacts = Path(artifacts_dir) if artifacts_dir else None
+    if artifacts:
+        artifacts.mkdir(parents=True, exist_ok=True)
+    profile = tempfile.mkdtemp(prefix="labkit-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={profile}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = Service(
+        executable_path=CHROMEDRIVER,
+        log_output=str(artifacts / "chromedriver.log") if artifacts else subprocess.DEVNULL,
+    )
+    driver = None
+    family: list[tuple[int, str]] = []
+    try:
+        driver = webdriver.Chrome(service=service, options=options)
+        driver.set_page_load_timeout(90)
+        family = [(service.process.pid, _start_time(service.process.pid))] + _descendants(service.process.pid)
+        yield driver
+    finally:
+        if driver is not None:
+            if artifacts:
+                with contextlib.suppress(Exception):
+                    lines = [f"{e.get('level')} {e.get('message')}" for e in driver.get_log("browser")]
+                    (artifacts / "browser-console.log").write_text("\n".join(lines) + "\n")
+            if service.process is not None:
+                family = (family or [(service.process.pid, _start_time(service.process.pid))]) \
+                    + _descendants(service.process.pid)
+            with contextlib.suppress(Exception):
+                driver.quit()
+        with contextlib.suppress(Exception):
+            service.stop()
+        _kill_leftovers([p for p in family if p[1]])
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+# -- the page ------------------------------------------------------------------
+# The input prompts ("[3]:", "[*]:", "[ ]:") of the code cells of the notebook
+# panel on show, in order (null while there is no panel).
+_JS_CELLS = r"""
+const panel = [...document.querySelectorAll('.jp-NotebookPanel')].find(p => !p.classList.contains('lm-mod-hidden'));
+if (!panel) return null;
+return [...panel.querySelectorAll('.jp-Notebook .jp-Cell.jp-CodeCell')].map(c => {
+  const p = c.querySelector('.jp-InputArea-prompt, .jp-InputPrompt');
+  return (p ? p.textContent : '?').replace(/\u00a0/g, ' ').trim();
+});
+"""
+
+_JS_PROBLEMS = r"""
+const out = [];
+const panel = [...document.querySelectorAll('.jp-NotebookPanel')].find(p => !p.classList.contains('lm-mod-hidden'))
+              || document;
+const cells = [...panel.querySelectorAll('.jp-Cell.jp-CodeCell')];
+const where = el => {
+  const c = el.closest('.jp-Cell.jp-CodeCell');
+  if (!c) return 'page';
+  const p = c.querySelector('.jp-InputArea-prompt, .jp-InputPrompt');
+  const prompt = (p ? p.textContent : '').replace(/\u00a0/g, ' ').trim().replace(/:$/, '');
+  return `code cell ${cells.indexOf(c) + 1} ${prompt}`.trim();
+};
+const clip = t => { t = t.replace(/\s+/g, ' ').trim(); return t.length > 400 ? t.slice(0, 400) + '…' : t; };
+const seen = new Set();
+const add = (el, what) => {
+  if (seen.has(el)) return;
+  seen.add(el);
+  out.push(`${where(el)}: ${what}: ${clip(el.innerText || el.textContent)}`);
+};
+for (const el of panel.querySelectorAll('.jp-OutputArea-output')) {
+  const t = el.textContent;
+  if (/Error displaying widget/.test(t)) add(el, 'widget error');
+  else if (/model not found/i.test(t)) add(el, 'widget model not found');
+  else if (/^\s*Loading widget\.\.\.\s*$/.test(t)) add(el, 'widget never rendered');
+}
+const ERR = /Traceback|^\s*Cell In\[\d+\]|^\s*\w*(Error|Exception)\b.*:/m;
+// JupyterLab renders error outputs (tracebacks) with the stderr MIME type, like warnings
+for (const el of panel.querySelectorAll('.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]')) {
+  if (ERR.test(el.textContent)) add(el, 'error output');
+}
+for (const el of document.querySelectorAll('.jp-Dialog')) add(el, 'dialog');
+return out;
+"""
+
+_JS_WIDGETS = r"""
+const views = document.querySelectorAll(
+  '.jp-OutputArea-output .lm-Widget.jupyter-widgets, .jp-OutputArea-output .jupyter-widgets, .jp-OutputArea-output .widget-html');
+return [...views].filter(el => !/^\s*(Error displaying widget|Loading widget\.\.\.)/.test(el.textContent)
+                              || el.children.length > 0).length;
+"""
+
+
+def page_problems(driver) -> list[str]:
+    """What a student would see go wrong on the page: widget errors ("Error
+    displaying widget", "model not found", a widget stuck at "Loading
+    widget..."), tracebacks and error outputs, open dialogs. Empty when clean."""
+    return list(driver.execute_script(_JS_PROBLEMS) or [])
+
+
+def widget_count(driver) -> int:
+    """How many rendered ipywidgets views the outputs hold (error placeholders excluded)."""
+    return int(driver.execute_script(_JS_WIDGETS) or 0)
+
+
+def _wait(what: str, timeout: float, probe, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise NotebookRunError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _click_menu(driver, menu: str, item: str, timeout: float = 15) -> None:
+    """Open the menu-bar menu ``menu`` and click its entry ``item`` (by text)."""
+    from selenium.webdriver.common.by import By
+
+    def find_menu():
+        for el in driver.find_elements(By.CSS_SELECTOR, "#jp-MainMenu .lm-MenuBar-item"):
+            if el.text.strip() == menu:
+                return el
+        return None
+
+    _wait(f"the {menu!r} menu", timeout, find_menu).click()
+
+    def find_item():
+        for el in driver.find_elements(By.CSS_SELECTOR, ".lm-Menu .lm-Menu-item"):
+            label = el.find_elements(By.CSS_SELECTOR, ".lm-Menu-itemLabel")
+            if label and label[0].text.strip() == item and el.is_displayed():
+                return el
+        return None
+
+    entry = _wait(f"{menu} → {item!r}", timeout, find_item)
+    if "lm-mod-disabled" in (entry.get_attribute("class") or ""):
+        raise NotebookRunError(f"{menu} → {item!r} is disabled (is the notebook the current widget?)")
+    entry.click()
+
+
+_JS_DIALOG = r"""
+const d = document.querySelector('.jp-Dialog');
+return d ? (d.innerText || d.textContent).replace(/\s+/g, ' ').trim().slice(0, 300) : null;
+"""
+
+_JS_KERNEL = r"""
+const el = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator');
+return el ? el.getAttribute('data-status') : null;
+"""
+
+
+def _kernel_state(driver, api, notebook_path: str) -> str | None:
+    """The kernel status as the notebook's toolbar shows it ("idle", "busy", ...).
+
+    The toolbar indicator follows the kernel's own status messages; the REST
+    API's execution_state is used only when the page has no indicator (it can
+    say "idle" while a cell runs).
+    """
+    state = driver.execute_script(_JS_KERNEL)
+    if state:
+        return state
+    kernel = _session_kernel(api, notebook_path)
+    return kernel.get("execution_state") if kernel else None
+
+
+def _session_kernel(api, notebook_path: str) -> dict | None:
+    """The kernel model (/api/sessions) of the notebook's session, if it has one."""
+    status, sessions = api("GET", "/api/sessions")
+    if status != 200 or not isinstance(sessions, list):
+        return None
+    for s in sessions:
+        if s.get("path") == notebook_path and s.get("kernel"):
+            return s["kernel"]
+    return None
+
+
+def _api_for(base_url: str, token: str):
+    def api(method: str, path: str, timeout: float = 10):
+        req = urllib.request.Request(f"{base_url}{path}", method=method,
+                                     headers={"Authorization": f"token {token}"})
+        try:
+            with _NO_PROXY.open(req, timeout=timeout) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, None
+        except (OSError, ValueError):
+            return None, None
+    return api
+
+
+_DONE = re.compile(r"^\[\d+\]:$")
+
+
+def run_all_cells(driver, base_url: str, token: str, notebook_path: str, timeout: float = 180) -> list[str]:
+    """Open ``notebook_path`` (relative to the server's root) in JupyterLab,
+    click Run → Run All Cells, and wait until every non-empty code cell shows
+    an execution count and the kernel is idle. Returns the final prompts.
+
+    Raises NotebookRunError on timeout (naming the cells still pending) or
+    when the run stops early (a cell raised: later cells are never run).
+    """
+    from selenium.webdriver.common.by import By
+
+    api = _api_for(base_url, token)
+    quoted = urllib.parse.quote(notebook_path)
+    status, model = api("GET", f"/api/contents/{quoted}?content=1&type=notebook")
+    if status != 200 or not model:
+        raise NotebookRunError(f"{notebook_path}: the server cannot read it (HTTP {status})")
+    code = [c for c in model["content"]["cells"] if c.get("cell_type") == "code"]
+    sources = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in code]
+
+    start = time.monotonic()
+    left = lambda: max(5.0, timeout - (time.monotonic() - start))  # noqa: E731
+    driver.get(f"{base_url}/lab/tree/{quoted}?token={urllib.parse.quote(token)}")
+    _wait("the notebook panel", min(60, left()),
+          lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"))
+    _wait(f"{len(code)} code cells in the page", min(60, left()),
+          lambda: len(driver.execute_script(_JS_CELLS) or []) == len(code))
+
+    def kernel_ready():
+        # a dialog now (e.g. "Select Kernel": no kernelspec in the file) is what a student would be stuck at
+        dialog = driver.execute_script(_JS_DIALOG)
+        if dialog:
+            raise NotebookRunError(f"{notebook_path}: a dialog is open instead of a running kernel: {dialog}")
+        kernel = _session_kernel(api, notebook_path)  # started, and the page connected to it
+        return (kernel is not None and kernel.get("execution_state") == "idle" and kernel.get("connections")
+                and driver.execute_script(_JS_KERNEL) == "idle")
+
+    _wait("the kernel to start and be idle", min(90, left()), kernel_ready, 0.5)
+
+    prompts = driver.execute_script(_JS_CELLS)
+    if any(_DONE.match(p) for p in prompts):  # outputs saved in the file: clear them so a count means "ran now"
+        _click_menu(driver, "Edit", "Clear Outputs of All Cells")
+        _wait("the saved outputs to clear", 15,
+              lambda: not any(_DONE.match(p) for p in driver.execute_script(_JS_CELLS)))
+
+    driver.find_element(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").click()
+    _click_menu(driver, "Run", "Run All Cells")
+
+    def pending(prompts):
+        return [(i, p) for i, p in enumerate(prompts) if sources[i].strip() and not _DONE.match(p)]
+
+    stalled_since = None
+    while True:
+        prompts = driver.execute_script(_JS_CELLS) or []
+        state = _kernel_state(driver, api, notebook_path)
+        todo = pending(prompts)
+        if not todo and state == "idle":
+            break
+
+        def report(why: str) -> str:
+            lines = [f"{notebook_path}: {why}; cells still pending:"]
+            for i, p in todo:
+                first = sources[i].strip().splitlines()[0][:100]
+                lines.append(f"  code cell {i + 1} {p.rstrip(':')}  {first}")
+            problems = page_problems(driver)
+            if problems:
+                lines.append("problems on the page:")
+                lines += [f"  {p}" for p in problems]
+            return "\n".join(lines)
+
+        # Nothing queued, kernel idle, yet cells unrun: the run stopped (a cell
+        # raised, so the kernel dropped the rest). Give the UI a moment first.
+        if todo and state == "idle" and not any(p == "[*]:" for p in prompts):
+            stalled_since = stalled_since or time.monotonic()
+            if time.monotonic() - stalled_since > 5:
+                raise NotebookRunError(report(f"the run stopped (kernel {state})"))
+        else:
+            stalled_since = None
+        if time.monotonic() - start > timeout:
+            raise NotebookRunError(report(f"not done after {timeout:.0f} s (kernel {state})"))
+        time.sleep(0.5)
+
+    # Let widget views finish rendering ("Loading widget..." until the model arrives).
+    with contextlib.suppress(NotebookRunError):
+        _wait("widgets to render", 15, lambda: not driver.execute_script(
+            "return [...document.querySelectorAll('.jp-OutputArea-output')]"
+            ".some(e => /^\\s*Loading widget\\.\\.\\.\\s*$/.test(e.textContent))"))
+    return prompts
+
+
+def save_screenshot(driver, path, *, max_height: int = 12000) -> Path:
+    """Screenshot of the whole notebook, from its top: the window is made tall
+    enough (up to ``max_height`` pixels) for every cell, then set back."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    resized = False
+    try:
+        extra = driver.execute_script(r"""
+            const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
+            if (!nb) return 0;
+            const s = nb.querySelector('.jp-WindowedPanel-outer') || nb;
+            return Math.max(0, s.scrollHeight - s.clientHeight);""") or 0
+        if extra > 0:
+            driver.set_window_size(WINDOW[0], min(WINDOW[1] + int(extra) + 40, max_height))
+            resized = True
+            time.sleep(1.0)  # relayout
+            driver.execute_script(r"""
+                const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
+                const s = nb && (nb.querySelector('.jp-WindowedPanel-outer') || nb);
+                if (s) s.scrollTop = 0;""")  # Run All left it scrolled to the last cell
+            time.sleep(0.5)
+    except Exception:  # a screenshot of the page as it is is better than none
+        pass
+    try:
+        driver.save_screenshot(str(path))
+    finally:
+        if resized:
+            with contextlib.suppress(Exception):
+                driver.set_window_size(*WINDOW)
+    return path
