@@ -145,6 +145,11 @@ def check(exercise_id: str, answer: Any, lab=None) -> CheckResult:
         result = CheckResult(exercise_id, "", False, f"no exercise '{exercise_id}' (exercises: {known})", None, (), 0)
         _record(result)
         return result
+    if answer is None:  # the placeholder: not an attempt, no hint spent
+        result = CheckResult(ex.id, ex.title, False, "no answer yet: replace None with your answer, then run this cell",
+                             None, (), _ATTEMPTS.get(exercise_id, 0))
+        _record(result)
+        return result
     attempt = _ATTEMPTS[exercise_id] = _ATTEMPTS.get(exercise_id, 0) + 1
     try:
         if lab is None:

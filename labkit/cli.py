@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="scores as JSON")
     out.add_argument("--csv", action="store_true", help="one CSV row per notebook and exercise")
     p.add_argument("--cell-timeout", type=int, default=120, metavar="SECONDS", help="time limit per cell (default 120)")
+    p.add_argument("--grade-lab", type=_lab_name, default="grade", metavar="NAME",
+                   help="the lab the notebooks run in (default 'grade'; never your own lab)")
+    p.add_argument("--keep-lab", action="store_true", help="leave the grading lab up afterwards")
     p.set_defaults(func=cmd_grade)
 
     parser._labkit_exec = sub.choices["exec"]  # for the missing-command error
@@ -473,7 +476,14 @@ def cmd_fault_list(args) -> int:
 def cmd_grade(args) -> int:
     from .grade import format_csv, format_table, grade_notebook
 
-    scores = [grade_notebook(nb, cell_timeout=args.cell_timeout, lab_name=args.lab) for nb in args.notebooks]
+    try:
+        scores = [grade_notebook(nb, cell_timeout=args.cell_timeout, lab_name=args.grade_lab) for nb in args.notebooks]
+    finally:
+        if not args.keep_lab:
+            from .lab import Lab
+
+            for name in (args.grade_lab, f"{args.grade_lab}-native"):  # the labs the notebooks start
+                Lab.cleanup(name)
     if args.json:
         _print_json([s.to_json() for s in scores])
     elif args.csv:

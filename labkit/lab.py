@@ -509,9 +509,11 @@ class Lab:
                 problems.append(f"network namespace {e['name']} is gone")
             elif e["kind"] == "pin" and not os.path.exists(e["path"]):
                 problems.append(f"pinned map {e['path']} is gone")
-        alive = set(leftovers([e for e in entries if e["kind"] == "process"]))
-        for e in entries:
-            if e["kind"] == "process" and f"process {e['name']} (pid {e['pid']})" not in alive:
+        # Pod clients belong to the notebook or script that started them and end with it.
+        lasting = [e for e in entries if e["kind"] == "process" and not e["name"].startswith("podclient-")]
+        alive = set(leftovers(lasting))
+        for e in lasting:
+            if f"process {e['name']} (pid {e['pid']})" not in alive:
                 problems.append(f"process {e['name']} (pid {e['pid']}) has exited")
         return problems
 

@@ -10,6 +10,7 @@ same notebook runs as a learner's ``demo`` lab and under tests or
 from __future__ import annotations
 
 import os
+import warnings
 
 from .checks import check
 from .errors import LabStateError
@@ -17,6 +18,8 @@ from .errors import LabStateError
 __all__ = ["start", "check", "current_lab", "lab_name", "show"]
 
 _CURRENT = None
+# A venv that also sees the distribution's matplotlib warns that Axes3D cannot load; labkit draws none.
+warnings.filterwarnings("ignore", message="Unable to import Axes3D")
 
 
 def lab_name() -> str:
@@ -29,6 +32,7 @@ def start(routing: str | None = None, **options):
     global _CURRENT
     from .lab import Lab
 
+    _inline_figures()
     _CURRENT = Lab.up(lab_name(), routing=routing, **options)
     _CURRENT.reset()  # every notebook starts from empty CT maps and the clock at offset 0
     return _CURRENT
@@ -51,3 +55,17 @@ def show(obj) -> None:
     from IPython.display import display
 
     display(obj)
+
+
+def _inline_figures() -> None:
+    """In IPython, show matplotlib figures (``viz.draw``) inline."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and hasattr(shell, "run_line_magic"):
+        try:
+            shell.run_line_magic("matplotlib", "inline")
+        except Exception:
+            pass

@@ -97,7 +97,8 @@ class _Client:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.settimeout(cmd.get("timeout", TIMEOUT))
         try:
-            s.sendto(bytes.fromhex(cmd["data"]), (cmd["host"], cmd["port"]))
+            s.connect((cmd["host"], cmd["port"]))  # connected, so an ICMP port unreachable ends the wait
+            s.send(bytes.fromhex(cmd["data"]))
             sport = s.getsockname()[1]
             reply, peer = s.recvfrom(65536)
         except OSError as exc:
@@ -121,6 +122,7 @@ class _Client:
 def main() -> None:
     """Serve commands until stdin closes."""
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: go when the notebook kernel goes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel interrupt is for the kernel, not for us
     client = _Client()
     for line in sys.stdin:
         cmd = json.loads(line)

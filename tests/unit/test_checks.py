@@ -88,3 +88,10 @@ def test_duplicate_registration_refused(fake_exercise):
     """Registering a different grader under an existing id is an error."""
     with pytest.raises(ValueError, match="registered twice"):
         exercise("99.1", "again")(lambda a, l: Outcome(True, ""))
+
+
+def test_placeholder_is_not_an_attempt(fake_exercise):
+    """Checking the None placeholder fails politely and spends no hint."""
+    res = check("99.1", None, lab=fake_exercise)
+    assert not res.passed and "replace None" in res.message and res.hint is None
+    assert check("99.1", 0, lab=fake_exercise).hint == "nudge"

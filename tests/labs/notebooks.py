@@ -1,0 +1,124 @@
+"""Helpers for the notebook tests: find the learner notebooks and their reference
+answers, put answers into answer cells, run a notebook headless with nbclient,
+and read what its checks logged.
+
+    nb = with_answers(load("02"), "answer")            # reference answers in every answer cell
+    ran, seconds = execute(nb, lab="nbtest", grade_log=tmp / "log.jsonl")
+    assert cell_errors(ran) == []
+    last = last_checks(tmp / "log.jsonl")              # {"02.1": {"passed": True, ...}, ...}
+
+Nothing is written next to the learner notebooks: executed copies live only in
+memory (or where the caller saves them, under pytest's tmp_path).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import nbformat
+
+__all__ = [
+    "REPO", "LABS_DIR", "NOTEBOOKS", "CELL_TIMEOUT", "load", "load_answers", "answer_cells", "with_answers",
+    "execute", "cell_errors", "cell_seconds", "read_log", "last_checks", "lab_netns",
+]
+
+REPO = Path(__file__).resolve().parents[2]
+LABS_DIR = REPO / "labs"
+#: Lab id → learner notebook file in labs/.
+NOTEBOOKS = {"01": "01-tour.ipynb", "02": "02-tcp-conntrack.ipynb", "03": "03-pod-to-pod.ipynb"}
+CELL_TIMEOUT = 120
+
+
+def load(lab: str) -> nbformat.NotebookNode:
+    """The learner notebook of ``lab`` as committed."""
+    return nbformat.read(LABS_DIR / NOTEBOOKS[lab], as_version=4)
+
+
+def load_answers(lab: str) -> dict[str, dict]:
+    """``labs/answers/<lab>.json``: exercise id → {answer, wrong, wrong_message}."""
+    return json.loads((LABS_DIR / "answers" / f"{lab}.json").read_text())
+
+
+def answer_cells(nb) -> dict[str, nbformat.NotebookNode]:
+    """Exercise id → its answer cell (``metadata.labkit.answer``)."""
+    out = {}
+    for cell in nb.cells:
+        ex = cell.get("metadata", {}).get("labkit", {}).get("answer")
+        if ex:
+            if ex in out:
+                raise AssertionError(f"two answer cells for exercise {ex}")
+            out[ex] = cell
+    return out
+
+
+def with_answers(nb, which: str = "answer", override: dict[str, str] | None = None, lab: str | None = None):
+    """A copy of ``nb`` whose answer cells hold the reference ``answer`` (or ``wrong``) sources;
+    ``override`` maps some exercise ids to the other kind (``{"02.4": "wrong"}``)."""
+    lab = lab or nb.metadata["labkit"]["lab"]
+    answers = load_answers(lab)
+    out = copy.deepcopy(nb)
+    for ex, cell in answer_cells(out).items():
+        kind = (override or {}).get(ex, which)
+        cell.source = answers[ex][kind]
+    return out
+
+
+def execute(nb, lab: str, grade_log: Path, cwd: Path | None = None, timeout: int = CELL_TIMEOUT):
+    """Run ``nb`` (a copy) top to bottom in a python3 kernel with ``LABKIT_LAB=lab`` and
+    ``LABKIT_GRADE_LOG=grade_log``; cell errors are kept as outputs. Returns (notebook, seconds)."""
+    from nbclient import NotebookClient
+
+    ran = copy.deepcopy(nb)
+    env = {**os.environ, "LABKIT_LAB": lab, "LABKIT_GRADE_LOG": str(grade_log)}
+    client = NotebookClient(ran, timeout=timeout, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(cwd or grade_log.parent)}})
+    t0 = time.monotonic()
+    client.execute(env=env)
+    return ran, time.monotonic() - t0
+
+
+def cell_errors(nb) -> list[str]:
+    """``cell N: Ename: value`` for every cell that raised."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error":
+                first = cell.source.splitlines()[0] if cell.source else ""
+                out.append(f"cell {i} ({first!r}): {o.get('ename')}: {o.get('evalue')}")
+    return out
+
+
+def cell_seconds(nb) -> list[tuple[float, int, str]]:
+    """(seconds, cell index, first line) of every executed code cell, slowest first (nbclient's timing)."""
+    from datetime import datetime
+
+    out = []
+    for i, cell in enumerate(nb.cells):
+        ex = cell.get("metadata", {}).get("execution", {})
+        if "iopub.status.busy" in ex and "iopub.status.idle" in ex:
+            start, end = (datetime.fromisoformat(ex[k].replace("Z", "+00:00"))
+                          for k in ("iopub.status.busy", "iopub.status.idle"))
+            out.append(((end - start).total_seconds(), i, cell.source.splitlines()[0] if cell.source else ""))
+    return sorted(out, reverse=True)
+
+
+def read_log(path: Path) -> list[dict]:
+    """The check results a run appended to ``LABKIT_GRADE_LOG``."""
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def last_checks(path: Path) -> dict[str, dict]:
+    """Exercise id → its last logged check result."""
+    return {r["exercise"]: r for r in read_log(path)}
+
+
+def lab_netns(names: list[str]) -> list[str]:
+    """Network namespaces (``ip netns list``) that belong to any of the labs ``names``."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    spaces = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [ns for ns in spaces if any(ns.startswith(f"lk-{name}-") for name in names)]
