@@ -1,10 +1,13 @@
 /* bpf_lxc.c — the programs on a pod's host-side veth (lxc-<pod>).
  *
- *   cil_from_container  tc ingress: packets the pod sends. Egress CT lookup
- *                       (OUT rows, replies of IN rows), then in tunnel mode
- *                       encapsulation towards the destination's node.
+ *   cil_from_container  tc ingress: packets the pod sends. Service load
+ *                       balancing (SVC entry, backend choice, DNAT, hairpin
+ *                       SNAT), then the egress CT lookup (OUT rows, replies
+ *                       of IN rows), then in tunnel mode encapsulation
+ *                       towards the destination's node.
  *   cil_to_container    tc egress: packets the node delivers to the pod.
- *                       Ingress CT lookup (IN rows, replies of OUT rows).
+ *                       Ingress CT lookup (IN rows, replies of OUT rows) and
+ *                       reverse NAT of Service replies.
  *
  * Cilium does the to-container work in the endpoint's policy program,
  * tail-called from from-overlay/from-netdev; labkit lets the node's kernel
@@ -14,8 +17,104 @@
 #include "lib/maps.h"
 #include "lib/parse.h"
 #include "lib/conntrack.h"
+#include "lib/lb.h"
 #include "lib/encap.h"
 #include "lib/trace.h"
+
+/* Per-packet load balancing of a packet to a Service. Returns 0 (not a
+ * service, or translated), or a DROP_* reason. On translation *rev_nat and
+ * *loopback tell the egress CT entry what to carry. */
+static __always_inline int lb4_from_container(struct __sk_buff *skb, struct pkt4 *p, struct trace_event *ev,
+					      __be16 *rev_nat, bool *loopback)
+{
+	struct ipv4_ct_tuple tuple = {};
+	struct ct_state st = {};
+	struct lb4_service *svc;
+	struct lb4_backend *backend = NULL;
+	__u32 backend_id = 0, now;
+	int ret;
+
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return 0;
+	svc = lb4_lookup_service(p->daddr, p->dport, p->proto, 0);
+	if (!svc)
+		return 0;
+	ret = ct_lookup4(&tuple, p, skb->len, CT_SERVICE, &st);
+	if (ret < 0)
+		return ret;
+	if (ret == CT_ESTABLISHED) {
+		backend_id = st.backend_id;
+		backend = lb4_lookup_backend(backend_id);
+	}
+	if (!backend) {
+		/* A new flow, or its backend is gone: choose one. */
+		if (svc->count == 0)
+			return DROP_NO_SERVICE;
+		now = lab_now();
+		backend_id = 0;
+		if (svc->flags & SVC_FLAG_AFFINITY)
+			backend_id = lb4_affinity_backend(p->saddr, svc, now);
+		if (!backend_id)
+			backend_id = lb4_select_backend_id(p, svc);
+		backend = lb4_lookup_backend(backend_id);
+		if (!backend)
+			return DROP_NO_SERVICE;
+		if (svc->flags & SVC_FLAG_AFFINITY)
+			lb4_affinity_update(p->saddr, svc, backend_id, now);
+		st.backend_id = backend_id;
+		st.rev_nat_index = svc->rev_nat_index;
+		if (ret == CT_NEW) {
+			ret = ct_create4(&tuple, skb->len, CT_SERVICE, &st);
+			if (ret < 0)
+				return ret;
+			ret = CT_NEW;
+		} else {
+			struct ct_entry *entry = ct_map_lookup(&tuple);
+
+			if (entry)
+				entry->backend_id = backend_id;
+		}
+	}
+	ev->svc_ct_result = ret;
+	*rev_nat = svc->rev_nat_index;
+	/* Hairpin: the pod reached itself. Without a different source, Linux
+	 * would drop the packet as a martian and the reply would skip reverse
+	 * NAT, so the source becomes the service loopback address. */
+	if (backend->address == p->saddr && !lab_fault(FAULT_NO_LOOPBACK_SNAT)) {
+		ret = lb4_rewrite(skb, p, false, LB_LOOPBACK_IPV4, p->sport);
+		if (ret < 0)
+			return ret;
+		*loopback = true;
+	}
+	ret = lb4_rewrite(skb, p, true, backend->address, backend->port);
+	if (ret < 0)
+		return ret;
+	trace_tuple_set(&ev->after, p);
+	return 0;
+}
+
+/* The reply of a hairpin flow: undo both translations and hand the packet
+ * straight back into the pod (its destination is the pod itself). */
+static __always_inline int lb4_hairpin_reply(struct __sk_buff *skb, struct pkt4 *p, __be16 rev_nat_index,
+					     const struct endpoint_info *ep, struct trace_event *ev)
+{
+	__be32 own = p->saddr;
+	__u64 macs[2];
+	int ret;
+
+	ret = lb4_rev_nat(skb, p, rev_nat_index);
+	if (ret < 0)
+		return ret;
+	ret = lb4_rewrite(skb, p, true, own, p->dport);
+	if (ret < 0)
+		return ret;
+	macs[0] = ep->mac;      /* destination: the pod */
+	macs[1] = ep->node_mac; /* source: its gateway, the host veth */
+	if (bpf_skb_store_bytes(skb, 0, &macs[0], 6, 0) < 0 || bpf_skb_store_bytes(skb, 6, &macs[1], 6, 0) < 0)
+		return DROP_WRITE_ERROR;
+	trace_tuple_set(&ev->after, p);
+	return 0;
+}
 
 int cil_from_container(struct __sk_buff *skb)
 {
@@ -24,6 +123,8 @@ int cil_from_container(struct __sk_buff *skb)
 	struct ct_state st = {};
 	struct endpoint_info *ep;
 	struct pkt4 p = {};
+	__be16 rev_nat = 0;
+	bool loopback = false;
 	__u32 identity;
 	int ret;
 
@@ -46,11 +147,17 @@ int cil_from_container(struct __sk_buff *skb)
 	identity = ep->sec_id;
 	ev.identity = identity;
 
+	ret = lb4_from_container(skb, &p, &ev, &rev_nat, &loopback);
+	if (ret < 0)
+		goto drop;
+
 	ret = ct_lookup4(&tuple, &p, skb->len, CT_EGRESS, &st);
 	if (ret < 0)
 		goto drop;
 	if (ret == CT_NEW) {
 		st.src_sec_id = identity;
+		st.rev_nat_index = rev_nat;
+		st.flags = loopback ? CT_F_LB_LOOPBACK : 0;
 		int err = ct_create4(&tuple, skb->len, CT_EGRESS, &st);
 		if (err < 0) {
 			ret = err;
@@ -58,6 +165,23 @@ int cil_from_container(struct __sk_buff *skb)
 		}
 	}
 	trace_ct(&ev, CT_EGRESS, ret, &st);
+	if (ret == CT_REPLY && (st.flags & CT_F_LB_LOOPBACK)) {
+		/* The reply of a hairpin flow is also the pod's ingress: it
+		 * finds the OUT entry, whose service gives the reverse NAT. */
+		struct ipv4_ct_tuple out = {};
+		struct ct_state ost = {};
+
+		ret = ct_lookup4(&out, &p, skb->len, CT_INGRESS, &ost);
+		if (ret < 0)
+			goto drop;
+		if (ret == CT_REPLY && ost.rev_nat_index && !lab_fault(FAULT_SKIP_REV_NAT)) {
+			ret = lb4_hairpin_reply(skb, &p, ost.rev_nat_index, ep, &ev);
+			if (ret < 0)
+				goto drop;
+			trace_emit(&ev, VERDICT_REDIRECTED, 0);
+			return bpf_redirect_peer(skb->ifindex, 0);
+		}
+	}
 
 #ifdef ROUTING_TUNNEL
 	ret = tunnel_key_set4(skb, p.daddr, identity, &ev);
@@ -100,6 +224,8 @@ int cil_to_container(struct __sk_buff *skb)
 		goto drop;
 	if (ret == CT_NEW && !lab_fault(FAULT_NO_IN_ENTRY)) {
 		st.src_sec_id = ev.identity;
+		if (p.saddr == LB_LOOPBACK_IPV4)
+			st.flags = CT_F_LB_LOOPBACK; /* a hairpin flow looping back into its pod */
 		int err = ct_create4(&tuple, skb->len, CT_INGRESS, &st);
 		if (err < 0) {
 			ret = err;
@@ -107,6 +233,12 @@ int cil_to_container(struct __sk_buff *skb)
 		}
 	}
 	trace_ct(&ev, CT_INGRESS, ret, &st);
+	if (ret == CT_REPLY && st.rev_nat_index && !(st.flags & CT_F_LB_LOOPBACK) && !lab_fault(FAULT_SKIP_REV_NAT)) {
+		ret = lb4_rev_nat(skb, &p, st.rev_nat_index);
+		if (ret < 0)
+			goto drop;
+		trace_tuple_set(&ev.after, &p);
+	}
 	trace_emit(&ev, VERDICT_FORWARDED, 0);
 	return TC_ACT_OK;
 drop:

@@ -48,6 +48,8 @@ class DropReason(enum.IntEnum):
     WRITE_ERROR = -141
     UNKNOWN_L4 = -142
     NO_TUNNEL_KEY = -147
+    CSUM_L3 = -153
+    CSUM_L4 = -154
     CT_CREATE_FAILED = -155
     FRAG_NOSUPPORT = -157
     NO_SERVICE = -158
@@ -71,6 +73,8 @@ _TEXT = {
     DropReason.WRITE_ERROR: "Error writing to packet",
     DropReason.UNKNOWN_L4: "Unknown L4 protocol",
     DropReason.NO_TUNNEL_KEY: "Error retrieving tunnel key",
+    DropReason.CSUM_L3: "Error while correcting L3 checksum",
+    DropReason.CSUM_L4: "Error while correcting L4 checksum",
     DropReason.CT_CREATE_FAILED: "CT: Map insertion failed",
     DropReason.FRAG_NOSUPPORT: "IP fragmentation not supported",
     DropReason.NO_SERVICE: "Service backend not found",

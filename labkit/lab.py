@@ -428,8 +428,8 @@ class Lab:
     def fault(self, name: str, on: bool = True) -> list[str]:
         """Switch a break-it fault on or off on every node; returns the faults now on.
 
-        Faults: ``no-in-entry``, ``wrong-lifetime``, ``no-related`` (and, with Services,
-        ``skip-rev-nat``, ``no-loopback-snat``). ``labkit status`` always lists them.
+        Faults: ``no-in-entry``, ``wrong-lifetime``, ``no-related``, ``skip-rev-nat``,
+        ``no-loopback-snat``. ``labkit status`` always lists them.
         """
         try:
             bit = Fault.parse(name)

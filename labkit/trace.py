@@ -80,7 +80,7 @@ class TraceEvent(ctypes.LittleEndianStructure):
         ("ct_dir", ctypes.c_uint8),
         ("ct_tx_seen", ctypes.c_uint8),
         ("ct_rx_seen", ctypes.c_uint8),
-        ("pad0", ctypes.c_uint8),
+        ("svc_ct_result", ctypes.c_uint8),
         ("tunnel_endpoint", ctypes.c_uint32),
         ("identity", ctypes.c_uint32),
         ("before", TraceTuple),

@@ -237,8 +237,9 @@ static __always_inline int ct_lookup4(struct ipv4_ct_tuple *tuple, const struct 
 	return __ct_lookup4(tuple, action, dir, p->tcp_flags, len, now, state);
 }
 
-/* Create the entry for *tuple (as returned by ct_lookup4 on CT_NEW) and its
- * RELATED twin in the any map, so ICMP errors about the flow are recognised.
+/* Create the entry for *tuple (as returned by ct_lookup4 on CT_NEW) and, for
+ * OUT/IN entries, its RELATED twin in the any map, so ICMP errors about the
+ * flow are recognised (SVC entries get none, as in Cilium's lb4_local).
  * state carries what the caller decided: identity, rev NAT, backend, flags. */
 static __always_inline int ct_create4(const struct ipv4_ct_tuple *tuple, __u32 len, int dir,
 				      struct ct_state *state)
@@ -259,7 +260,7 @@ static __always_inline int ct_create4(const struct ipv4_ct_tuple *tuple, __u32 l
 		return DROP_CT_CREATE_FAILED;
 	ct_state_fill(state, &entry);
 
-	if (lab_fault(FAULT_NO_RELATED))
+	if (dir == CT_SERVICE || lab_fault(FAULT_NO_RELATED))
 		return 0;
 	related.daddr = tuple->daddr;
 	related.saddr = tuple->saddr;

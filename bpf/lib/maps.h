@@ -11,6 +11,7 @@
 #include "eps_types.h"
 #include "config_types.h"
 #include "trace_types.h"
+#include "lb_types.h"
 
 #ifndef CT_MAP_SIZE_TCP
 #define CT_MAP_SIZE_TCP 524288
@@ -21,6 +22,7 @@
 #define ENDPOINTS_MAP_SIZE 256
 #define IPCACHE_MAP_SIZE 4096
 #define EVENTS_RING_PAGES 256 /* 1 MiB of trace records per node */
+#define LB_MAP_SIZE 65536
 
 /* TCP connections. */
 BPF_F_TABLE("lru_hash", struct ipv4_ct_tuple, struct ct_entry, cilium_ct4_global, CT_MAP_SIZE_TCP, 0);
@@ -31,6 +33,15 @@ BPF_F_TABLE("hash", struct endpoint_key, struct endpoint_info, cilium_lxc, ENDPO
 /* Every address the cluster knows: identity and the node hosting it. */
 BPF_F_TABLE("lpm_trie", struct ipcache_key, struct remote_endpoint_info, cilium_ipcache, IPCACHE_MAP_SIZE,
 	    BPF_F_NO_PREALLOC);
+/* Services: slot 0 is the head (count, rev_nat_index, flags), slots 1.. the backends. */
+BPF_F_TABLE("hash", struct lb4_key, struct lb4_service, cilium_lb4_services_v2, LB_MAP_SIZE, 0);
+BPF_F_TABLE("hash", __u32, struct lb4_backend, cilium_lb4_backends_v3, LB_MAP_SIZE, 0);
+/* rev_nat_index (network byte order) → the service's VIP:port, for replies. */
+BPF_F_TABLE("hash", __be16, struct lb4_reverse_nat, cilium_lb4_reverse_nat, LB_MAP_SIZE, 0);
+/* Session affinity: client → backend. */
+BPF_F_TABLE("lru_hash", struct lb4_affinity_key, struct lb_affinity_val, cilium_lb4_affinity, LB_MAP_SIZE, 0);
+/* Socket LB: socket → the VIP its connect() asked for. */
+BPF_F_TABLE("lru_hash", struct ipv4_revnat_tuple, struct ipv4_revnat_entry, cilium_lb4_reverse_sk, LB_MAP_SIZE, 0);
 /* Lab clock offset, faults, trace mode. */
 BPF_ARRAY(labkit_config, struct lab_config, 1);
 /* One struct trace_event per packet per hook. */

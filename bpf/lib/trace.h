@@ -28,6 +28,7 @@ static __always_inline void trace_init(struct trace_event *ev, struct __sk_buff 
 	ev->hook = hook;
 	ev->ct_result = CT_NONE;
 	ev->ct_dir = CT_NONE;
+	ev->svc_ct_result = CT_NONE;
 	trace_tuple_set(&ev->before, p);
 	trace_tuple_set(&ev->after, p);
 }

@@ -29,6 +29,8 @@
 #define DROP_WRITE_ERROR       -141
 #define DROP_UNKNOWN_L4        -142
 #define DROP_NO_TUNNEL_KEY     -147
+#define DROP_CSUM_L3           -153
+#define DROP_CSUM_L4           -154
 #define DROP_CT_CREATE_FAILED  -155
 #define DROP_FRAG_NOSUPPORT    -157
 #define DROP_NO_SERVICE        -158
@@ -65,7 +67,7 @@ struct trace_event {
 	__u8 ct_dir;            /* CT_EGRESS / CT_INGRESS / CT_SERVICE, or CT_NONE */
 	__u8 ct_tx_seen;        /* its tx_flags_seen after this packet */
 	__u8 ct_rx_seen;        /* its rx_flags_seen after this packet */
-	__u8 pad0;
+	__u8 svc_ct_result;     /* the service CT lookup's result, or CT_NONE */
 	__be32 tunnel_endpoint; /* remote node of an encapsulated packet, or 0 */
 	__u32 identity;         /* source security identity known to the hook */
 	struct trace_tuple before; /* as the packet reached the hook */

@@ -35,6 +35,11 @@ MAP_NAMES = (
     "cilium_ct_any4_global",
     "cilium_lxc",
     "cilium_ipcache",
+    "cilium_lb4_services_v2",
+    "cilium_lb4_backends_v3",
+    "cilium_lb4_reverse_nat",
+    "cilium_lb4_affinity",
+    "cilium_lb4_reverse_sk",
     "labkit_config",
     "labkit_events",
 )

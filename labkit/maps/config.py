@@ -37,8 +37,9 @@ class Fault(enum.IntFlag):
             raise ValueError(f"fault '{name}': expected one of {known}") from None
 
 
-#: Faults the current datapath acts on (the others arrive with Services).
-IMPLEMENTED_FAULTS = Fault.NO_IN_ENTRY | Fault.WRONG_LIFETIME | Fault.NO_RELATED
+#: Faults the current datapath acts on.
+IMPLEMENTED_FAULTS = (Fault.NO_IN_ENTRY | Fault.WRONG_LIFETIME | Fault.NO_RELATED | Fault.SKIP_REV_NAT
+                      | Fault.NO_LOOPBACK_SNAT)
 
 
 class TraceMode(enum.IntEnum):

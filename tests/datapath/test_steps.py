@@ -128,9 +128,7 @@ def test_fault_no_in_entry_and_no_related(lab):
 
 
 def test_fault_names_are_checked(lab):
-    """Unknown or not-yet-implemented fault names are refused, listing the valid ones."""
-    with pytest.raises(ConfigError, match="expected one of"):
+    """Unknown fault names are refused, listing the valid ones."""
+    with pytest.raises(ConfigError, match="expected one of .*no-in-entry"):
         lab.fault("bogus")
-    with pytest.raises(ConfigError, match="not acted on"):
-        lab.fault("skip-rev-nat")
     assert lab.faults() == []

@@ -23,6 +23,8 @@ HUBBLE_DROP_TEXT = {
     141: "Error writing to packet",
     142: "Unknown L4 protocol",
     147: "Error retrieving tunnel key",
+    153: "Error while correcting L3 checksum",
+    154: "Error while correcting L4 checksum",
     155: "CT: Map insertion failed",
     157: "IP fragmentation not supported",
     158: "Service backend not found",

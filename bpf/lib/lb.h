@@ -1,0 +1,137 @@
+/* lb.h — per-packet Service load balancing (Cilium's lb4_* in lib/lb.h).
+ *
+ * A packet to a Service VIP:port finds the service head (slot 0) in
+ * cilium_lb4_services_v2, looks up its SVC entry in the CT map, picks a
+ * backend on CT_NEW (slot = random % count + 1, or the client's affinity),
+ * and is DNATed to the backend. A pod reaching itself through its own
+ * Service (hairpin) is also SNATed to LB_LOOPBACK_IPV4 so that the reply
+ * comes back through the datapath for reverse NAT.
+ */
+#ifndef LABKIT_LB_H
+#define LABKIT_LB_H
+
+#include "maps.h"
+#include "clock.h"
+#include "parse.h"
+
+#define TCP_CSUM_OFF 16 /* offsetof(struct tcphdr, check) */
+#define UDP_CSUM_OFF 6  /* offsetof(struct udphdr, check) */
+
+#ifndef LB_LOOPBACK_IPV4
+#define LB_LOOPBACK_IPV4 0x012afea9 /* 169.254.42.1 in network byte order */
+#endif
+
+static __always_inline struct lb4_service *lb4_lookup_service(__be32 addr, __be16 port, __u8 proto, __u16 slot)
+{
+	struct lb4_key key = {};
+
+	key.address = addr;
+	key.dport = port;
+	key.backend_slot = slot;
+	key.proto = proto;
+	key.scope = LB_LOOKUP_SCOPE_EXT;
+	return cilium_lb4_services_v2.lookup(&key);
+}
+
+static __always_inline struct lb4_backend *lb4_lookup_backend(__u32 backend_id)
+{
+	return cilium_lb4_backends_v3.lookup(&backend_id);
+}
+
+/* Cilium's random selection: slot = rand % count + 1. */
+static __always_inline __u32 lb4_select_backend_id(const struct pkt4 *p, const struct lb4_service *svc)
+{
+	__u16 slot = (bpf_get_prandom_u32() % svc->count) + 1;
+	struct lb4_service *be = lb4_lookup_service(p->daddr, p->dport, p->proto, slot);
+
+	return be ? be->backend_id : 0;
+}
+
+/* The client's remembered backend while the affinity timeout (slot 0's
+ * backend_id field) has not run out and the backend is still active. */
+static __always_inline __u32 lb4_affinity_backend(__be32 client, const struct lb4_service *svc, __u32 now)
+{
+	struct lb4_affinity_key key = {};
+	struct lb_affinity_val *val;
+	struct lb4_backend *backend;
+
+	key.client_id = client;
+	key.rev_nat_id = svc->rev_nat_index;
+	val = cilium_lb4_affinity.lookup(&key);
+	if (!val)
+		return 0;
+	if (val->last_used + svc->backend_id < now) {
+		cilium_lb4_affinity.delete(&key);
+		return 0;
+	}
+	backend = lb4_lookup_backend(val->backend_id);
+	if (!backend || backend->flags != BE_STATE_ACTIVE)
+		return 0;
+	val->last_used = now;
+	return val->backend_id;
+}
+
+static __always_inline void lb4_affinity_update(__be32 client, const struct lb4_service *svc, __u32 backend_id,
+						__u32 now)
+{
+	struct lb4_affinity_key key = {};
+	struct lb_affinity_val val = {};
+
+	key.client_id = client;
+	key.rev_nat_id = svc->rev_nat_index;
+	val.last_used = now;
+	val.backend_id = backend_id;
+	cilium_lb4_affinity.update(&key, &val);
+}
+
+/* Rewrite one address (and port) of the packet, fixing the IP and L4
+ * checksums incrementally (BPF_F_PSEUDO_HDR: the address is in the TCP/UDP
+ * pseudo-header; BPF_F_MARK_MANGLED_0 keeps a zero UDP checksum valid). */
+static __always_inline int lb4_rewrite(struct __sk_buff *skb, struct pkt4 *p, bool dst, __be32 new_addr,
+				       __be16 new_port)
+{
+	__u32 addr_off = p->l3_off + (dst ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
+	__u32 port_off = p->l4_off + (dst ? 2 : 0);
+	__be32 old_addr = dst ? p->daddr : p->saddr;
+	__be16 old_port = dst ? p->dport : p->sport;
+	__u32 csum_off = 0, flags = 0;
+
+	if (p->proto == IPPROTO_TCP) {
+		csum_off = p->l4_off + TCP_CSUM_OFF;
+	} else if (p->proto == IPPROTO_UDP) {
+		csum_off = p->l4_off + UDP_CSUM_OFF;
+		flags = BPF_F_MARK_MANGLED_0;
+	}
+	if (csum_off && bpf_l4_csum_replace(skb, csum_off, old_addr, new_addr, flags | BPF_F_PSEUDO_HDR | 4) < 0)
+		return DROP_CSUM_L4;
+	if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), old_addr, new_addr, 4) < 0)
+		return DROP_CSUM_L3;
+	if (bpf_skb_store_bytes(skb, addr_off, &new_addr, 4, 0) < 0)
+		return DROP_WRITE_ERROR;
+	if (csum_off && old_port != new_port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port, flags | 2) < 0)
+			return DROP_CSUM_L4;
+		if (bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0) < 0)
+			return DROP_WRITE_ERROR;
+	}
+	if (dst) {
+		p->daddr = new_addr;
+		p->dport = new_port;
+	} else {
+		p->saddr = new_addr;
+		p->sport = new_port;
+	}
+	return 0;
+}
+
+/* Reverse NAT of a reply: its source becomes the service's VIP:port again. */
+static __always_inline int lb4_rev_nat(struct __sk_buff *skb, struct pkt4 *p, __be16 rev_nat_index)
+{
+	struct lb4_reverse_nat *nat = cilium_lb4_reverse_nat.lookup(&rev_nat_index);
+
+	if (!nat)
+		return 0;
+	return lb4_rewrite(skb, p, false, nat->address, nat->port);
+}
+
+#endif /* LABKIT_LB_H */
