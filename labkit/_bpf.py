@@ -21,6 +21,7 @@ __all__ = [
     "MapInfo",
     "obj_get",
     "obj_pin",
+    "prog_detach",
     "map_info",
     "lookup",
     "update",
@@ -40,6 +41,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 2, 3, 4
+BPF_PROG_DETACH = 9
 BPF_OBJ_PIN, BPF_OBJ_GET, BPF_OBJ_GET_INFO_BY_FD = 6, 7, 15
 BPF_MAP_LOOKUP_BATCH, BPF_MAP_DELETE_BATCH = 24, 27
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
@@ -74,6 +76,11 @@ def obj_pin(fd: int, path: str) -> None:
     """Pin an object at ``path`` on bpffs (``BPF_OBJ_PIN``)."""
     p = ctypes.create_string_buffer(os.fsencode(path))
     _sys(BPF_OBJ_PIN, _attr("=QII", ctypes.addressof(p), fd, 0), f"pin at {path}")
+
+
+def prog_detach(target_fd: int, prog_fd: int, attach_type: int) -> None:
+    """``BPF_PROG_DETACH``: take program ``prog_fd`` off a cgroup (``target_fd``)."""
+    _sys(BPF_PROG_DETACH, _attr("=IIII", target_fd, prog_fd, attach_type, 0), "prog detach")
 
 
 class MapInfo(ctypes.Structure):

@@ -17,7 +17,7 @@ from .ledger import Ledger, process_start_time, wait_gone
 
 __all__ = ["teardown", "leftovers"]
 
-_PHASES = ("process", "tc-filter", "qdisc", "pin", "pindir", "netns", "cgroup", "file", "dir")
+_PHASES = ("process", "tc-filter", "qdisc", "cgroup-prog", "pin", "pindir", "netns", "cgroup", "file", "dir")
 
 
 def _stop_process(e: dict) -> None:
@@ -66,6 +66,25 @@ def _tc_filters(entries: list[dict]) -> None:
             ipr.close()
 
 
+def _detach_cgroup_prog(e: dict) -> None:
+    from . import _bpf
+
+    if not (os.path.exists(e["cgroup"]) and os.path.exists(e["pin"])):
+        return
+    cg = os.open(e["cgroup"], os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        prog = _bpf.obj_get(e["pin"])
+        try:
+            _bpf.prog_detach(cg, prog, e["attach_type"])
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+        finally:
+            os.close(prog)
+    finally:
+        os.close(cg)
+
+
 def _remove_path(path: str, rmdir: bool) -> None:
     try:
         os.rmdir(path) if rmdir else os.unlink(path)
@@ -89,6 +108,9 @@ def teardown(ledger: Ledger) -> None:
             elif phase in ("tc-filter", "qdisc"):
                 if items:
                     _tc_filters(items)
+            elif phase == "cgroup-prog":
+                for e in items:
+                    _detach_cgroup_prog(e)
             elif phase == "netns":
                 from pyroute2 import netns
 

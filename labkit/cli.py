@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import fields
 
 from . import __version__
-from .config import ROUTING_MODES, CtTimeouts
+from .config import ROUTING_MODES, SOCKET_LB_MODES, CtTimeouts
 from .errors import LabkitError
 
 __all__ = ["main", "build_parser"]
@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("up", "bring the lab up (attach to it if it is already up with the same options)")
     p.add_argument("--routing", choices=ROUTING_MODES, default=None,
                    help="how pod traffic crosses nodes: VXLAN tunnel (default) or native routing")
+    p.add_argument("--socket-lb", choices=SOCKET_LB_MODES, default=None,
+                   help="socket-level LB at connect(): off, hostns (nodes only, default) or full (pods too)")
     p.add_argument("--ct-timeout", type=_ct_timeout, action="append", default=[], metavar="NAME=SECONDS",
                    help=f"set a CT lifetime, repeatable; NAME is one of {', '.join(_TIMEOUT_NAMES)}")
     p.set_defaults(func=cmd_up)
@@ -231,6 +233,8 @@ def cmd_up(args) -> int:
     changes = {}
     if args.routing is not None:
         changes["routing"] = args.routing
+    if args.socket_lb is not None:
+        changes["socket_lb"] = args.socket_lb
     if args.ct_timeout:
         changes["timeouts"] = dict(args.ct_timeout)
     config = DatapathConfig().with_options(**changes)

@@ -19,9 +19,11 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import ConfigError
 
-__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "LAB_DIFFERENCES", "VXLAN_PORT"]
+__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LAB_DIFFERENCES", "VXLAN_PORT"]
 
 ROUTING_MODES = ("tunnel", "native")
+#: Socket LB: none; only the nodes' own processes (Cilium's socketLB.hostNamespaceOnly); pods too.
+SOCKET_LB_MODES = ("off", "hostns", "full")
 VXLAN_PORT = 8472  # Cilium's default tunnel port
 LAB_DIFFERENCES = (
     "CT lifetimes are absolute seconds of CLOCK_MONOTONIC plus a lab clock offset (labkit_config map), "
@@ -74,6 +76,8 @@ class DatapathConfig:
     """Options fixed at ``labkit up``; each becomes a macro of the node programs."""
 
     routing: str = "tunnel"
+    #: hostns by default, so pods take the per-packet path the deep dive explains (Cilium's default is full)
+    socket_lb: str = "hostns"
     timeouts: CtTimeouts = field(default_factory=CtTimeouts)
     ct_tcp_size: int = 524288  #: cilium_ct4_global max entries (Cilium's default)
     ct_any_size: int = 262144  #: cilium_ct_any4_global max entries (Cilium's default)
@@ -81,6 +85,8 @@ class DatapathConfig:
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
             raise ConfigError(f"routing mode: expected one of {', '.join(ROUTING_MODES)}, got {self.routing!r}")
+        if self.socket_lb not in SOCKET_LB_MODES:
+            raise ConfigError(f"socket LB: expected one of {', '.join(SOCKET_LB_MODES)}, got {self.socket_lb!r}")
         for name in ("ct_tcp_size", "ct_any_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 16 <= value <= 16_777_216:

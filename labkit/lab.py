@@ -269,11 +269,11 @@ class Lab:
         ledger.record("cgroup", path=str(lab_cg))
         lab_cg.mkdir()
         out = {}
-        for pod in topology.pods:
-            cg = lab_cg / pod.name
+        for member in list(topology.nodes) + list(topology.pods):
+            cg = lab_cg / member.name
             ledger.record("cgroup", path=str(cg))
             cg.mkdir()
-            out[pod.name] = str(cg)
+            out[member.name] = str(cg)
         return out
 
     @staticmethod
@@ -296,7 +296,14 @@ class Lab:
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            spec = {"topology": topology.to_dict(), "config": config.to_dict(), "node": n.name, "pin_dir": str(pin_dir)}
+            cgroups = state["cgroups"]
+            sock_cgroups = []  # where socket LB applies: the node's own processes, and with "full" its pods
+            if config.socket_lb != "off" and n.name in cgroups:
+                sock_cgroups.append(cgroups[n.name])
+                if config.socket_lb == "full":
+                    sock_cgroups += [cgroups[p.name] for p in topology.pods_on(n.name)]
+            spec = {"topology": topology.to_dict(), "config": config.to_dict(), "node": n.name, "pin_dir": str(pin_dir),
+                    "cgroups": sock_cgroups}
             proc.stdin.write(json.dumps(spec) + "\n")
             proc.stdin.flush()
             procs[n.name] = proc
@@ -544,10 +551,11 @@ class Lab:
         cgroup = self._state.get("cgroups", {}).get(name)
         return subprocess.Popen(list(argv), preexec_fn=_netns.preexec(netns, cgroup, new_session=False), **kw)
 
-    def cgroup(self, pod: str) -> str | None:
-        """The pod's cgroup v2 directory."""
-        self.topology.pod(pod)
-        return self._state.get("cgroups", {}).get(pod)
+    def cgroup(self, name: str) -> str | None:
+        """The cgroup v2 directory of a pod or node (their processes run in it)."""
+        if self.topology.kind_of(name) == "external":
+            return None
+        return self._state.get("cgroups", {}).get(name)
 
     # -- maps -------------------------------------------------------------------
     def pin_dir(self, node: str) -> str:
@@ -599,6 +607,7 @@ class Lab:
             "lab": self.name,
             "status": self._state.get("status"),
             "routing": self.config.routing,
+            "socket_lb": self.config.socket_lb,
             "datapath": self.config.to_dict(),
             "clock": {"now": self.clock.now(), "offset": self.clock.offset, "mono": mono_seconds()},
             "faults": self.faults(),

@@ -67,6 +67,9 @@ def run(spec: dict) -> None:
             "overlay": ["cilium_vxlan"] if vxlan else [],
         }
         for prog in build.programs:
+            if prog.device == "cgroup":
+                _attach_cgroup(bpf, prog, spec, node)
+                continue
             fn = bpf.load_func(prog.function, BPF.SCHED_CLS)
             for ifname in devices[prog.device]:
                 index = ipr.link_lookup(ifname=ifname)[0]
@@ -75,6 +78,32 @@ def run(spec: dict) -> None:
                 where = tc.add_bpf_filter(ipr, index, prog.direction, fn.fd, prog.filter_name)
                 _say(created={"kind": "tc-filter", "netns": netns, "ifname": ifname, "name": prog.filter_name, **where})
     _say(done={"node": node, "compile_seconds": round(compiled - t0, 3), "seconds": round(time.monotonic() - t0, 3)})
+
+
+#: cgroup attach types by the names labkit uses (enum bpf_attach_type).
+CGROUP_ATTACH = {"connect4": 10, "getpeername4": 29}
+_BPF_F_ALLOW_MULTI = 2
+
+
+def _attach_cgroup(bpf, prog, spec: dict, node: str) -> None:
+    """Load a socket program, pin it (so teardown can detach it), attach it to the spec's cgroups."""
+    from bcc import BPF
+
+    from .. import _bpf
+
+    attach_type = CGROUP_ATTACH[prog.direction]
+    fn = bpf.load_func(prog.function, BPF.CGROUP_SOCK_ADDR, attach_type=attach_type)
+    pin = os.path.join(spec["pin_dir"], prog.function)
+    _bpf.obj_pin(fn.fd, pin)
+    _say(created={"kind": "pin", "path": pin, "node": node})
+    for cgroup in spec.get("cgroups", []):
+        fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            BPF.attach_func(fn, fd, attach_type, _BPF_F_ALLOW_MULTI)
+        finally:
+            os.close(fd)
+        _say(created={"kind": "cgroup-prog", "cgroup": cgroup, "pin": pin, "attach_type": attach_type,
+                      "name": prog.filter_name})
 
 
 def main() -> None:

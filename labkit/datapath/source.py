@@ -16,6 +16,7 @@ per node, so a node's programs and maps come from one compilation:
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from ..config import VXLAN_PORT, DatapathConfig
 from ..errors import ConfigError
-from ..topology import Topology
+from ..topology import LOOPBACK_SNAT_ADDR, Topology
 
 __all__ = ["BPF_DIR", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES"]
 
@@ -51,8 +52,8 @@ class Program:
 
     function: str
     source: str  #: the attach-point file that defines it
-    device: str  #: 'lxc' (every pod veth), 'netdev' (eth0) or 'overlay' (cilium_vxlan)
-    direction: str  #: 'ingress' or 'egress' (tc clsact)
+    device: str  #: 'lxc' (every pod veth), 'netdev' (eth0), 'overlay' (cilium_vxlan) or 'cgroup'
+    direction: str  #: tc: 'ingress' or 'egress'; cgroup: the attach type ('connect4', 'getpeername4')
     hook: str  #: the name traces use
 
     @property
@@ -68,6 +69,8 @@ PROGRAMS = (
     Program("cil_to_netdev", "bpf_host.c", "netdev", "egress", "to-netdev"),
     Program("cil_from_overlay", "bpf_overlay.c", "overlay", "ingress", "from-overlay"),
     Program("cil_to_overlay", "bpf_overlay.c", "overlay", "egress", "to-overlay"),
+    Program("cil_sock4_connect", "bpf_sock.c", "cgroup", "connect4", "sock4-connect"),
+    Program("cil_sock4_getpeername", "bpf_sock.c", "cgroup", "getpeername4", "sock4-getpeername"),
 )
 
 
@@ -129,6 +132,7 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
         "CT_MAP_SIZE_TCP": config.ct_tcp_size,
         "CT_MAP_SIZE_ANY": config.ct_any_size,
         "VXLAN_PORT": VXLAN_PORT,
+        "LB_LOOPBACK_IPV4": int.from_bytes(ipaddress.IPv4Address(LOOPBACK_SNAT_ADDR).packed, "little"),
         **config.timeouts.macros(),
     }
     if tunnel:
@@ -136,6 +140,9 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
             raise ConfigError(f"node '{node}': tunnel mode needs the ifindex of cilium_vxlan, got {vxlan_ifindex}")
         macros["ROUTING_TUNNEL"] = 1
         macros["VXLAN_IFINDEX"] = vxlan_ifindex
-    programs = tuple(p for p in PROGRAMS if tunnel or p.device != "overlay")
+    programs = tuple(
+        p for p in PROGRAMS
+        if (tunnel or p.device != "overlay") and (config.socket_lb != "off" or p.device != "cgroup")
+    )
     files = tuple(dict.fromkeys(p.source for p in programs))
     return NodeBuild(node, macros, programs, files)

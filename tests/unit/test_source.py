@@ -13,6 +13,9 @@ from labkit.topology import Topology
 BPF = Path(__file__).resolve().parents[2] / "bpf"
 TUNNEL_FUNCS = {"cil_from_container", "cil_to_container", "cil_from_netdev", "cil_to_netdev", "cil_from_overlay", "cil_to_overlay"}
 OVERLAY_FUNCS = {"cil_from_overlay", "cil_to_overlay"}
+SOCK_FUNCS = {"cil_sock4_connect", "cil_sock4_getpeername"}
+# 169.254.42.1 as the kernel holds it (network byte order) read as a little-endian u32
+LOOPBACK_MACRO = (169 | 254 << 8 | 42 << 16 | 1 << 24)
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"')
 _SYSTEM_INCLUDE = re.compile(r"^\s*#\s*include\s+<([^>]+)>")
 
@@ -32,6 +35,7 @@ def test_tunnel_macros(topo):
         "ROUTING_TUNNEL": 1,
         "VXLAN_IFINDEX": 42,
         "VXLAN_PORT": 8472,
+        "LB_LOOPBACK_IPV4": LOOPBACK_MACRO,
         "CT_MAP_SIZE_TCP": 4096,
         "CT_MAP_SIZE_ANY": 2048,
         "CT_CONNECTION_LIFETIME_TCP": 8000,
@@ -75,25 +79,37 @@ def test_unknown_node_raises(topo):
 
 
 def test_programs_tunnel(topo):
-    """Tunnel mode attaches all six programs, overlay ones on the overlay device, compiled from three files."""
+    """Tunnel mode attaches the six tc programs (overlay ones on the overlay device) and, with socket LB, the
+    two cgroup programs, compiled from four files."""
     b = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=9)
-    assert {p.function for p in b.programs} == TUNNEL_FUNCS
+    assert {p.function for p in b.programs} == TUNNEL_FUNCS | SOCK_FUNCS
     assert {p.function for p in b.programs if p.device == "overlay"} == OVERLAY_FUNCS
-    assert set(b.files) == {"bpf_lxc.c", "bpf_host.c", "bpf_overlay.c"}
+    assert {p.function for p in b.programs if p.device == "cgroup"} == SOCK_FUNCS
+    assert set(b.files) == {"bpf_lxc.c", "bpf_host.c", "bpf_overlay.c", "bpf_sock.c"}
     assert len(b.files) == len(set(b.files))
 
 
 def test_programs_native(topo):
     """Native routing has no overlay programs and does not compile bpf_overlay.c."""
     b = node_build(topo, DatapathConfig(routing="native"), "node-a")
-    assert {p.function for p in b.programs} == TUNNEL_FUNCS - OVERLAY_FUNCS
+    assert {p.function for p in b.programs} == (TUNNEL_FUNCS - OVERLAY_FUNCS) | SOCK_FUNCS
     assert "bpf_overlay.c" not in b.files
 
 
+def test_socket_lb_off_builds_no_cgroup_programs(topo):
+    """With socket LB off, bpf_sock.c is not compiled and no cgroup program attaches."""
+    b = node_build(topo, DatapathConfig(socket_lb="off"), "node-a", vxlan_ifindex=9)
+    assert not {p.function for p in b.programs} & SOCK_FUNCS and "bpf_sock.c" not in b.files
+
+
 def test_program_table():
-    """Each program's hook name is its function minus 'cil_' with dashes, on tc ingress/egress as Cilium attaches it."""
+    """Each program's hook name is its function minus 'cil_' with dashes, on tc ingress/egress (or its cgroup
+    attach type) as Cilium attaches it."""
     for p in PROGRAMS:
         assert p.hook == p.function[len("cil_"):].replace("_", "-")
+        if p.device == "cgroup":
+            assert p.direction == p.function.rsplit("_", 1)[1] + "4"
+            continue
         assert p.direction == ("ingress" if p.function.startswith("cil_from_") else "egress")
         assert p.filter_name == f"labkit-{p.hook}"
         assert re.search(rf"\bint\s+{p.function}\s*\(", (BPF / p.source).read_text()), p
