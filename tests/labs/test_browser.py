@@ -2,6 +2,10 @@
 widgets on screen. The screenshot is kept at test-artifacts/lab01.png (with the
 server, chromedriver and browser-console logs in test-artifacts/lab01-logs/).
 
+And the live CT table in the same browser: scrolled down, it stays where it was
+while the kernel refreshes it (test-artifacts/live-table-scroll.png, logs in
+test-artifacts/live-table-scroll-logs/).
+
 Needs Debian's chromium and chromium-driver and selenium (the [test] extra);
 without them the test is skipped, or fails when CI=true.
 """
@@ -12,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -43,8 +48,8 @@ def _require_browser() -> None:
         pytest.skip(reason)
 
 
-def _kernel_env() -> dict:
-    env = {"LABKIT_LAB": LAB}  # the notebooks name their lab after it
+def _kernel_env(lab: str = LAB) -> dict:
+    env = {"LABKIT_LAB": lab}  # the notebooks name their lab after it
     spec = importlib.util.find_spec("labkit")
     if spec is None or not str(spec.origin).startswith(str(REPO / "labkit")):  # kernel: import this checkout
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
@@ -90,6 +95,140 @@ def test_lab01_runs_in_jupyterlab_with_widgets(tmp_path):
         down = _lab_down(LAB)  # after the kernel that built the lab is gone
         if down.returncode != 0:
             msg = f"labkit --lab {LAB} down exited {down.returncode}:\n{down.stdout}{down.stderr}"
+            if passed:
+                pytest.fail(msg)
+            warnings.warn(msg)
+
+
+# -- the live CT table keeps its scroll position --------------------------------------------
+SCROLL_LAB = "brscroll"
+SCROLL_NOTEBOOK = "live-table-scroll.ipynb"
+SCROLL_ROWS = 300  # ~20 px a row: far more than the table's fixed height
+SCROLL_TO = 2000  # px
+SCROLL_REFRESHES = 2  # refreshes (with new content) to see while scrolled
+SCROLL_CELLS = [
+    "from labkit.nb import *\nlab = start()",
+    # CT rows written straight into node-a's map: no traffic, no step
+    "from labkit.maps.base import PinnedMap\n"
+    "from labkit.maps.ct import CtKey4, CtEntry\n"
+    'm = PinnedMap(lab.pin_dir("node-a") + "/cilium_ct_any4_global", CtKey4, CtEntry)\n'
+    f"for i in range({SCROLL_ROWS}):\n"
+    '    m[CtKey4.make("198.18.1.11", "198.18.2.11", 10000 + i, 8080, 17, 0)] = '
+    "CtEntry(lifetime=lab.clock.now() + 600, packets=1, bytes=64)\n"
+    "len(lab.ct(\"node-a\"))",
+    'table = lab.watch("node-a")\ntable',
+    # refreshes from the kernel side, while the page sits still: the lab clock moves every
+    # second, so each new second brings a new "remaining" column and a new status line
+    "table.start(0.5);",  # start() returns the table: the ";" keeps a second view of it off the page
+]
+
+# The live table's scrolling element: a widget-html inside a cell output, holding the CT
+# table (.lk-ct), that scrolls itself (computed overflow-y auto/scroll) and overflows.
+# Kept in window.__lkScroller so that a re-created element is noticed.
+_JS_FIND_SCROLLER = r"""
+const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+if (!panel) return {error: 'no notebook panel'};
+const all = [...panel.querySelectorAll('.jp-OutputArea-output .widget-html')]
+  .filter(el => el.querySelector('.lk-ct'));
+const scrolling = all.filter(el => /^(auto|scroll)$/.test(getComputedStyle(el).overflowY));
+const found = scrolling.filter(el => el.scrollHeight > el.clientHeight + 50);
+const describe = el => ({cls: el.className, overflowY: getComputedStyle(el).overflowY,
+                         height: getComputedStyle(el).height, scrollHeight: el.scrollHeight,
+                         clientHeight: el.clientHeight});
+if (found.length !== 1) return {error: `expected one overflowing CT table, found ${found.length}`,
+                                candidates: all.map(describe)};
+window.__lkScroller = found[0];
+window.__lkContent = found[0].firstElementChild;
+window.__lkBox = found[0].closest('.widget-vbox') || found[0].parentElement;
+return describe(found[0]);
+"""
+
+# The state of that element, and the text of the table's status line (the last widget-html of
+# the table's box). ``digest``: a hash of the rows shown, to tell a refresh that changed them.
+_JS_SCROLL_STATE = r"""
+const el = window.__lkScroller, box = window.__lkBox;
+if (!el) return null;
+const htmls = box ? [...box.querySelectorAll(':scope > .widget-html')] : [];
+const status = htmls.length ? htmls[htmls.length - 1] : null;
+let digest = 0;
+for (const ch of el.innerHTML) digest = (Math.imul(digest, 31) + ch.charCodeAt(0)) | 0;
+return {
+  connected: el.isConnected, scrollTop: el.scrollTop, scrollHeight: el.scrollHeight, clientHeight: el.clientHeight,
+  sameContentNode: el.firstElementChild === window.__lkContent,
+  rows: el.querySelectorAll('tbody tr').length, digest: digest,
+  status: status && status !== el ? status.innerText.trim() : null,
+};
+"""
+
+
+def test_live_table_keeps_scroll_position_across_refreshes(tmp_path):
+    """The live CT table, scrolled down in the browser, stays where it was while the kernel refreshes it."""
+    import nbformat
+
+    _require_browser()
+    labs = tmp_path / "labs"
+    shutil.copytree(REPO / "labs", labs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3", "language": "python",
+                                                            "name": "python3"}})
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in SCROLL_CELLS]
+    nbformat.write(nb, labs / SCROLL_NOTEBOOK)
+    logs = ARTIFACTS / "live-table-scroll-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "live-table-scroll.png"
+    shot.unlink(missing_ok=True)
+
+    passed = False
+    try:
+        with JupyterServer(labs, env=_kernel_env(SCROLL_LAB), log_path=logs / "jupyter.log") as (url, token), \
+                chromium_driver(logs) as driver:
+            try:
+                run_all_cells(driver, url, token, SCROLL_NOTEBOOK, timeout=RUN_TIMEOUT)
+                assert page_problems(driver) == [], "\n".join(page_problems(driver))
+                found = driver.execute_script(_JS_FIND_SCROLLER)
+                assert "error" not in found, f"the live table's scrolling element: {found}"
+                # in view, as a student would have it, then scrolled down inside
+                driver.execute_script("window.__lkScroller.scrollIntoView({block: 'center'});")
+                # set and read back in one go: no refresh can come in between
+                before = driver.execute_script(
+                    f"window.__lkScroller.scrollTop = {SCROLL_TO};\n" + _JS_SCROLL_STATE)
+                assert before["rows"] >= SCROLL_ROWS, f"the table shows {before['rows']} rows, not {SCROLL_ROWS}"
+                assert abs(before["scrollTop"] - SCROLL_TO) <= 2, f"scrollTop {SCROLL_TO} did not take: {before}"
+                assert before["status"], f"no status line next to the table: {found}"
+
+                # wait for refreshes that change what is shown, watching scrollTop all along
+                seen, samples = [before["status"]], []
+                deadline = time.monotonic() + 30
+                while len(seen) <= SCROLL_REFRESHES and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    now = driver.execute_script(_JS_SCROLL_STATE)
+                    samples.append(now["scrollTop"])
+                    if not now["connected"]:
+                        break
+                    if now["status"] != seen[-1]:
+                        seen.append(now["status"])
+                time.sleep(0.3)  # one more look, after any layout the last refresh caused
+                after = driver.execute_script(_JS_SCROLL_STATE)
+                samples.append(after["scrollTop"])
+            finally:
+                try:
+                    save_screenshot(driver, shot)
+                except Exception as exc:
+                    warnings.warn(f"no screenshot of {SCROLL_NOTEBOOK}: {exc!r}")
+        detail = (f"scrolling element {found}; before: scrollTop {before['scrollTop']}, "
+                  f"scrollHeight {before['scrollHeight']}; after: scrollTop {after['scrollTop']}, scrollHeight "
+                  f"{after['scrollHeight']}, element still in page {after['connected']}, same content node "
+                  f"{after['sameContentNode']}; scrollTop samples min {min(samples)} max {max(samples)}; "
+                  f"status lines seen {seen} (screenshot: {shot})")
+        assert after["connected"], f"the scrolling element was replaced on refresh: {detail}"
+        assert all(abs(s - SCROLL_TO) <= 3 for s in samples), f"the table lost its scroll position: {detail}"
+        assert len(seen) > SCROLL_REFRESHES, f"the table did not refresh {SCROLL_REFRESHES} times in 30 s: {detail}"
+        assert after["digest"] != before["digest"], f"the refreshes did not change the table's rows: {detail}"
+        assert shot.is_file(), f"no screenshot at {shot}"
+        passed = True
+    finally:
+        down = _lab_down(SCROLL_LAB)
+        if down.returncode != 0:
+            msg = f"labkit --lab {SCROLL_LAB} down exited {down.returncode}:\n{down.stdout}{down.stderr}"
             if passed:
                 pytest.fail(msg)
             warnings.warn(msg)
