@@ -7,7 +7,7 @@ comes from these maps. For the foundation that is:
 - ``cilium_ipcache`` — every pod, node and the world: identity, and in
   tunnel mode the underlay address of the node that hosts the pod.
 
-Services (``cilium_lb4_*``) join in later labs.
+Services (``cilium_lb4_*``) are written by :mod:`labkit.services`, the other half of the agent.
 """
 from __future__ import annotations
 

@@ -14,6 +14,11 @@ Examples::
     labkit ct list node-a                           # like `cilium-dbg bpf ct list global`
     labkit ct list node-a -d                        # ... with the remaining lifetime
     labkit ct list node-a --json --show-command     # ... as JSON / with the bpftool commands
+    labkit service add web --port 80 --backend b1:8080 --backend b2:8080   # a ClusterIP service
+    labkit service list                             # services, their VIPs and backends
+    labkit service backend web b1:8080 --state terminating
+    labkit lb list node-a                           # like `cilium service list`, from node-a's maps
+    labkit lb list node-a --raw                     # ... every slot, backend and reverse NAT entry
     labkit trace --last 20                          # the last 20 flows, Hubble style
     labkit trace --follow --node node-b             # new flows of node-b until Ctrl-C
     labkit clock advance 120                        # move the lab clock 2 minutes ahead
@@ -91,6 +96,16 @@ def _count(value: str) -> int:
     return n
 
 
+def _port(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {n}")
+    return n
+
+
 # -- parser --------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (the default lab is read from ``LABKIT_LAB`` now)."""
@@ -153,6 +168,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-command", action="store_true",
                    help="first print the bpftool commands that dump the same maps, as '# ' lines")
     p.set_defaults(func=cmd_ct_list)
+
+    svc = add("service", "ClusterIP services: what the agent writes into every node's LB maps").add_subparsers(
+        dest="service_command", metavar="COMMAND", required=True)
+    p = svc.add_parser("add", help="add a ClusterIP service and write it to every node",
+                       description="Add a ClusterIP service NAME with its backends and write it to every node's "
+                                   "cilium_lb4_* maps (backends, slots, reverse NAT, then the head).")
+    p.add_argument("name", metavar="NAME", help="the service name (a DNS label: web, api, ...)")
+    p.add_argument("--port", type=_port, required=True, metavar="P", help="the service port (1-65535)")
+    p.add_argument("--backend", action="append", default=[], metavar="POD:PORT",
+                   help="a backend pod and its port, repeatable (none: the service drops its traffic)")
+    p.add_argument("--vip", metavar="IP", help="the ClusterIP, from 198.19.0.0/16 (default: the next free from 198.19.0.10)")
+    p.add_argument("--protocol", type=str.upper, choices=("TCP", "UDP"), default="TCP", help="L4 protocol (default TCP)")
+    p.add_argument("--affinity", type=_count, default=0, metavar="SECONDS",
+                   help="session affinity (ClientIP) timeout in seconds (default 0: none)")
+    p.set_defaults(func=cmd_service_add)
+    p = svc.add_parser("del", help="remove a service from every node",
+                       description="Remove service NAME from every node (head first, then slots, reverse NAT, backends).")
+    p.add_argument("name", metavar="NAME", help="the service to remove")
+    p.set_defaults(func=cmd_service_del)
+    p = svc.add_parser("list", help="the services of the lab, their VIPs and backends",
+                       description="The services the agent knows, with VIP, port, protocol, id and backends.")
+    p.add_argument("--json", action="store_true", help="a JSON list of services")
+    p.set_defaults(func=cmd_service_list)
+    p = svc.add_parser("backend", help="mark a backend active or terminating",
+                       description="Set the state of backend POD:PORT of service NAME; a terminating backend moves "
+                                   "after the head's count, so it gets no new connections.")
+    p.add_argument("name", metavar="NAME", help="the service")
+    p.add_argument("backend", metavar="POD:PORT", help="one of its backends")
+    p.add_argument("--state", required=True, choices=("active", "terminating"), help="the new state")
+    p.set_defaults(func=cmd_service_backend)
+
+    lb = add("lb", "the load-balancing maps of a node").add_subparsers(
+        dest="lb_command", metavar="COMMAND", required=True)
+    p = lb.add_parser("list", help="a node's services as `cilium service list` prints them",
+                      description="The services in NODE's cilium_lb4_* maps, in `cilium service list` style "
+                                  "(one line per backend); --raw shows every map entry with its slot.")
+    p.add_argument("node", metavar="NODE", help="the node whose maps to read (node-a, node-b, ...)")
+    p.add_argument("--raw", action="store_true", help="every slot, backend and reverse NAT entry as stored")
+    p.add_argument("--json", action="store_true", help="as JSON")
+    p.add_argument("--show-command", action="store_true",
+                   help="first print the bpftool commands that dump the same maps, as '# ' lines")
+    p.set_defaults(func=cmd_lb_list)
 
     p = add("trace", "flows seen by the datapath hooks, Hubble style")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new flows until Ctrl-C")
@@ -442,6 +499,73 @@ def cmd_trace(args) -> int:
             time.sleep(_POLL)
     except KeyboardInterrupt:
         return 0
+
+
+def _service_line(svc) -> str:
+    bes = ", ".join(f"{b.ref} ({b.state})" for b in svc.backends) or "none"
+    return f"{svc.frontend} id {svc.id}, backends {bes}"
+
+
+def cmd_service_add(args) -> int:
+    lab = _attach(args)
+    svc = lab.services.add(args.name, args.port, args.backend, vip=args.vip, protocol=args.protocol,
+                           affinity=args.affinity)
+    print(f"service {svc.name} added on every node: {_service_line(svc)}")
+    if svc.affinity_timeout:
+        print(f"session affinity: {svc.affinity_timeout} s")
+    node = lab.topology.nodes[0].name
+    print("try next:")
+    print(f"  labkit --lab {lab.name} lb list {node}")
+    print(f"  labkit --lab {lab.name} lb list {node} --raw")
+    return 0
+
+
+def cmd_service_del(args) -> int:
+    lab = _attach(args)
+    svc = lab.services.get(args.name)
+    lab.services.remove(args.name)
+    print(f"service {svc.name} ({svc.frontend}, id {svc.id}) removed from every node")
+    return 0
+
+
+def cmd_service_list(args) -> int:
+    lab = _attach(args)
+    services = lab.services.list()
+    if args.json:
+        _print_json([s.to_json(lab.topology) for s in services])
+        return 0
+    if not services:
+        print(f"no services in lab {lab.name}; add one with `labkit --lab {lab.name} service add NAME --port P "
+              f"--backend POD:PORT`")
+        return 0
+    rows = [["NAME", "TYPE", "VIP", "PORT", "PROTOCOL", "ID", "BACKENDS"]]
+    for s in services:
+        bes = ", ".join(f"{b.ref} ({b.state})" for b in s.backends) or "none"
+        rows.append([s.name, s.type, s.vip, str(s.port), s.protocol, str(s.id), bes])
+    for row in _table(rows):
+        print(row)
+    return 0
+
+
+def cmd_service_backend(args) -> int:
+    lab = _attach(args)
+    svc = lab.services.set_backend_state(args.name, args.backend, args.state)
+    print(f"service {svc.name}: {_service_line(svc)}")
+    return 0
+
+
+def cmd_lb_list(args) -> int:
+    lab = _attach(args)
+    snap = lab.services.lb(args.node)
+    if args.show_command:
+        for command in lab.services.lb_command(args.node):
+            print(f"# {command}", file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        _print_json(snap.raw_json() if args.raw else snap.to_json())
+        return 0
+    lines = snap.raw_lines() if args.raw else snap.lines()
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
 
 
 def cmd_clock_advance(args) -> int:

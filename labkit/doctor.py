@@ -142,7 +142,7 @@ netns.create({probe!r})
 try:
     with _netns.entered({probe!r}):
         ipr = IPRoute()
-    ipr.link("add", ifname="probe0", kind="dummy")
+    ipr.link("add", ifname="probe0", kind="veth", peer={{"ifname": "probe1"}})
     idx = ipr.link_lookup(ifname="probe0")[0]
     ipr.tc("add", "clsact", idx)
     ipr.tc("add-filter", "bpf", idx, ":1", fd=fn.fd, name="probe", parent="ffff:fff2", classid=1, direct_action=True)

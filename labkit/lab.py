@@ -127,6 +127,7 @@ class Lab:
         self._clients: dict = {}
         self._watchers: list = []
         self._log: EventLog | None = None
+        self._services = None
 
     def __repr__(self) -> str:
         return f"Lab({self.name!r}, routing={self.config.routing}, nodes={[n.name for n in self.topology.nodes]})"
@@ -495,7 +496,8 @@ class Lab:
         return removed
 
     def reset(self) -> None:
-        """Flush CT state, switch faults off and set the lab clock back; topology kept."""
+        """Remove every Service, flush CT state, switch faults off and set the lab clock back; topology kept."""
+        self.services.flush()
         for node in self.topology.nodes:
             pin = self.pin_dir(node.name)
             for map_name in CT_MAPS:
@@ -558,6 +560,19 @@ class Lab:
         return self._state.get("cgroups", {}).get(name)
 
     # -- maps -------------------------------------------------------------------
+    @property
+    def services(self):
+        """The lab's Services (:class:`labkit.services.Services`): add, remove, list, ``lb(node)``.
+
+        The list is kept in ``/run/labkit/<lab>/services.json``, so every process
+        attached to the lab sees the same services.
+        """
+        if self._services is None:
+            from .services import Services
+
+            self._services = Services.for_lab(self)
+        return self._services
+
     def pin_dir(self, node: str) -> str:
         """``/sys/fs/bpf/labkit/<lab>/<node>``"""
         self.topology.node(node)

@@ -205,3 +205,15 @@ def test_host_namespace_unchanged(host_before):
         assert_nothing_left(name)
     assert host_before, "the session did not snapshot the host"
     assert differences(host_before, snapshot()) == []
+
+
+def test_doctor_passes_on_this_machine():
+    """`labkit doctor --json` runs every check, including compiling and attaching a probe, and all pass."""
+    import json
+
+    r = subprocess.run([sys.executable, "-m", "labkit.cli", "doctor", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    assert "compile+attach" in checks
+    assert [c for c in checks.values() if not c["ok"]] == [] and r.returncode == 0
+    assert not [n for n in os.listdir(_netns.NETNS_DIR) if n.startswith("lk-doctor-")], "doctor left its probe"

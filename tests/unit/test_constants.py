@@ -9,7 +9,7 @@ import pytest
 from labkit import config as labconfig
 from labkit.constants import DropReason, Hook, Verdict
 from labkit.maps import config as mconfig
-from labkit.maps import ct, eps
+from labkit.maps import ct, eps, lb
 
 BPF_LIB = Path(__file__).resolve().parents[2] / "bpf" / "lib"
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)[ \t]+(-?(?:0[xX][0-9a-fA-F]+|\d+))\b", re.M)
@@ -112,3 +112,23 @@ def test_ipcache_prefix_len():
 def test_vxlan_port_is_cilium_default():
     """The tunnel port is Cilium's default VXLAN port, 8472."""
     assert labconfig.VXLAN_PORT == 8472
+
+
+def test_service_flags():
+    """ServiceFlags mirrors the SVC_FLAG_* of lb4_service.flags and ServiceFlags2 those of flags2, both ways."""
+    text = (BPF_LIB / "lb_types.h").read_text()
+    first, second = text.split("lb4_service.flags2", 1)
+    both = group("lb_types.h", "SVC_FLAG_")
+    in_first = {m[1][len("SVC_FLAG_"):] for m in _DEFINE.finditer(first) if m[1].startswith("SVC_FLAG_")}
+    assert members(lb.ServiceFlags) == {k: v for k, v in both.items() if k in in_first}
+    assert members(lb.ServiceFlags2) == {k: v for k, v in both.items() if k not in in_first}
+
+
+def test_backend_states():
+    """BackendState mirrors BE_STATE_* both ways."""
+    assert members(lb.BackendState) == group("lb_types.h", "BE_STATE_")
+
+
+def test_lookup_scopes():
+    """LookupScope mirrors LB_LOOKUP_SCOPE_* both ways."""
+    assert members(lb.LookupScope) == group("lb_types.h", "LB_LOOKUP_SCOPE_")

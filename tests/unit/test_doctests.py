@@ -18,6 +18,9 @@ MODULES = [
     "labkit.datapath.source",
     "labkit.agent",
     "labkit.podserver",
+    "labkit.maps.lb",
+    "labkit.services",
+    "labkit.checks",
 ]
 
 

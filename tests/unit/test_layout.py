@@ -15,11 +15,11 @@ import pytest
 
 from labkit import trace
 from labkit.maps import config as mconfig
-from labkit.maps import ct, eps
+from labkit.maps import ct, eps, lb
 
 ROOT = Path(__file__).resolve().parents[2]
 BPF_LIB = ROOT / "bpf" / "lib"
-HEADERS = ("ct_types.h", "eps_types.h", "config_types.h", "trace_types.h")
+HEADERS = ("ct_types.h", "eps_types.h", "config_types.h", "trace_types.h", "lb_types.h")
 
 #: Python class ↔ C struct name.
 PAIRS = [
@@ -32,6 +32,14 @@ PAIRS = [
     (mconfig.LabConfig, "lab_config"),
     (trace.TraceEvent, "trace_event"),
     (trace.TraceTuple, "trace_tuple"),
+    (lb.Lb4Key, "lb4_key"),
+    (lb.Lb4Service, "lb4_service"),
+    (lb.Lb4Backend, "lb4_backend"),
+    (lb.Lb4ReverseNat, "lb4_reverse_nat"),
+    (lb.Lb4AffinityKey, "lb4_affinity_key"),
+    (lb.LbAffinityVal, "lb_affinity_val"),
+    (lb.Ipv4RevnatTuple, "ipv4_revnat_tuple"),
+    (lb.Ipv4RevnatEntry, "ipv4_revnat_entry"),
 ]
 #: Python field name → C member name where they differ (none today: the
 #: mirrors use the C names verbatim; an entry here documents a deliberate rename).
@@ -56,6 +64,23 @@ CILIUM_CT_ENTRY = {
     "src_sec_id": (44, 4),
     "last_tx_report": (48, 4),
     "last_rx_report": (52, 4),
+}
+
+
+# Cilium v1.16 (bpf/lib/common.h): the service map structs, member → (offset, size).
+CILIUM_LB = {
+    "lb4_key": (12, {"address": (0, 4), "dport": (4, 2), "backend_slot": (6, 2), "proto": (8, 1),
+                     "scope": (9, 1), "pad": (10, 2)}),
+    "lb4_service": (12, {"backend_id": (0, 4), "count": (4, 2), "rev_nat_index": (6, 2), "flags": (8, 1),
+                         "flags2": (9, 1), "pad": (10, 2)}),
+    "lb4_backend": (12, {"address": (0, 4), "port": (4, 2), "proto": (6, 1), "flags": (7, 1),
+                         "cluster_id": (8, 2), "zone": (10, 1), "pad": (11, 1)}),
+    "lb4_reverse_nat": (6, {"address": (0, 4), "port": (4, 2)}),
+    "lb4_affinity_key": (16, {"client_id": (0, 8), "rev_nat_id": (8, 2), "netns_cookie": (10, 1),
+                              "pad1": (11, 1), "pad2": (12, 4)}),
+    "lb_affinity_val": (16, {"last_used": (0, 8), "backend_id": (8, 4), "pad": (12, 4)}),
+    "ipv4_revnat_tuple": (16, {"cookie": (0, 8), "address": (8, 4), "port": (12, 2), "pad": (14, 2)}),
+    "ipv4_revnat_entry": (8, {"address": (0, 4), "port": (4, 2), "rev_nat_index": (6, 2)}),
 }
 
 
@@ -175,6 +200,14 @@ def test_btf_ct_structs_have_cilium_layout(btf):
     assert btf["ct_entry"]["size"] == 56
     assert _c_members(btf, "ipv4_ct_tuple") == CILIUM_CT_TUPLE
     assert _c_members(btf, "ct_entry") == CILIUM_CT_ENTRY
+
+
+@pytest.mark.parametrize("c_name", list(CILIUM_LB))
+def test_btf_lb_structs_have_cilium_layout(btf, c_name):
+    """The compiled service map structs have Cilium v1.16's sizes (12/12/12/6/16/16/16/8) and member offsets."""
+    size, members = CILIUM_LB[c_name]
+    assert btf[c_name]["size"] == size
+    assert _c_members(btf, c_name) == members
 
 
 def test_python_ct_mirrors_have_cilium_layout():

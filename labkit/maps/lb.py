@@ -1,0 +1,702 @@
+"""Service load balancing: Cilium's ``cilium_lb4_*`` keys and values, their
+flags, and the ``cilium service list`` / ``cilium bpf lb list`` views.
+
+Keep in sync with bpf/lib/lb_types.h (tests/unit/test_layout.py compares the
+compiled BTF with these classes, tests/unit/test_constants.py the #defines).
+
+One Service is several rows of ``cilium_lb4_services_v2``, all with the same
+VIP, port and protocol: slot 0 is the *head* (how many active backends, the
+service id), slots 1..count name one backend each, and terminating backends
+follow after count, where the random pick ``slot = rand % count + 1`` never
+lands. Byte orders are the kernel's: addresses, ports and ``rev_nat_index``
+in network order, ``backend_slot``, ``backend_id`` and ``count`` in host order.
+
+    >>> key = Lb4Key.make("198.19.0.10", 80, "TCP")
+    >>> head = Lb4Service.head(count=2, rev_nat_index=1)
+    >>> str(key), head.head_text()
+    ('198.19.0.10:80/TCP slot 0', 'head: count=2 rev_nat=1 flags=[ClusterIP, non-routable]')
+    >>> bytes(key).hex(" "), bytes(head).hex(" ")
+    ('c6 13 00 0a 00 50 00 00 06 00 00 00', '00 00 00 00 02 00 00 01 00 00 00 00')
+    >>> str(Lb4Backend.make("198.18.2.11", 8080, "TCP"))
+    '198.18.2.11:8080/TCP (active)'
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Iterable
+
+__all__ = [
+    "Lb4Key",
+    "Lb4Service",
+    "Lb4Backend",
+    "Lb4BackendKey",
+    "Lb4ReverseNat",
+    "Lb4RevNatKey",
+    "Lb4AffinityKey",
+    "LbAffinityVal",
+    "Ipv4RevnatTuple",
+    "Ipv4RevnatEntry",
+    "ServiceFlags",
+    "ServiceFlags2",
+    "BackendState",
+    "LookupScope",
+    "LbBackendRow",
+    "LbServiceRow",
+    "LbSnapshot",
+    "proto_number",
+    "service_type",
+    "flag_names",
+    "SERVICES_MAP",
+    "BACKENDS_MAP",
+    "REVNAT_MAP",
+    "AFFINITY_MAP",
+    "REVERSE_SK_MAP",
+    "LB_MAPS",
+]
+
+SERVICES_MAP = "cilium_lb4_services_v2"
+BACKENDS_MAP = "cilium_lb4_backends_v3"
+REVNAT_MAP = "cilium_lb4_reverse_nat"
+AFFINITY_MAP = "cilium_lb4_affinity"
+REVERSE_SK_MAP = "cilium_lb4_reverse_sk"
+
+_PROTOS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP}
+_PROTO_NAMES = {0: "ANY", 6: "TCP", 17: "UDP", 132: "SCTP"}
+
+
+def proto_number(proto: str | int) -> int:
+    """The IP protocol number the keys carry: TCP 6, UDP 17 (numbers pass through).
+
+    >>> proto_number("tcp"), proto_number("UDP"), proto_number(6)
+    (6, 17, 6)
+    """
+    if isinstance(proto, int):
+        return proto
+    try:
+        return _PROTOS[proto.upper()]
+    except KeyError:
+        raise ValueError(f"protocol {proto!r}: expected TCP or UDP") from None
+
+
+def _proto_name(proto: int) -> str:
+    return _PROTO_NAMES.get(proto, str(proto))
+
+
+def _be32(ip: str) -> int:
+    return struct.unpack("=I", socket.inet_aton(ip))[0]
+
+
+def _ip(be32: int) -> str:
+    return socket.inet_ntoa(struct.pack("=I", be32))
+
+
+# -- flags -----------------------------------------------------------------------
+class ServiceFlags(enum.IntFlag):
+    """``lb4_service.flags`` (``SVC_FLAG_*``). A ClusterIP service sets none of
+    the type bits; without ROUTABLE Cilium calls it ``non-routable``."""
+
+    EXTERNAL_IP = 0x01
+    NODEPORT = 0x02
+    EXT_LOCAL_SCOPE = 0x04
+    HOSTPORT = 0x08
+    AFFINITY = 0x10
+    LOADBALANCER = 0x20
+    ROUTABLE = 0x40
+    SOURCE_RANGE = 0x80
+
+
+class ServiceFlags2(enum.IntFlag):
+    """``lb4_service.flags2`` (the second ``SVC_FLAG_*`` byte)."""
+
+    LOCALREDIRECT = 0x01
+    NAT_46X64 = 0x02
+    L7LOADBALANCER = 0x04
+    LOOPBACK = 0x08
+    INT_LOCAL_SCOPE = 0x10
+    TWO_SCOPES = 0x20
+
+
+def service_type(flags: int, flags2: int = 0) -> str:
+    """The Kubernetes type a head's flags spell, as Cilium names it.
+
+    >>> service_type(0), service_type(ServiceFlags.NODEPORT), service_type(0, ServiceFlags2.LOCALREDIRECT)
+    ('ClusterIP', 'NodePort', 'LocalRedirect')
+    """
+    if flags & ServiceFlags.EXTERNAL_IP:
+        return "ExternalIPs"
+    if flags & ServiceFlags.NODEPORT:
+        return "NodePort"
+    if flags & ServiceFlags.LOADBALANCER:
+        return "LoadBalancer"
+    if flags & ServiceFlags.HOSTPORT:
+        return "HostPort"
+    if flags2 & ServiceFlags2.LOCALREDIRECT:
+        return "LocalRedirect"
+    return "ClusterIP"
+
+
+def flag_names(flags: int, flags2: int = 0) -> list[str]:
+    """Cilium's ``SvcFlag.String()`` words, in its order, then ``Unknown=0x..``.
+
+    >>> flag_names(ServiceFlags.AFFINITY)
+    ['ClusterIP', 'sessionAffinity', 'non-routable']
+    >>> flag_names(ServiceFlags.NODEPORT | ServiceFlags.EXT_LOCAL_SCOPE | ServiceFlags.ROUTABLE)
+    ['NodePort', 'Local']
+    """
+    out = [service_type(flags, flags2)]
+    if flags & ServiceFlags.EXT_LOCAL_SCOPE:
+        out.append("Local")
+    if flags2 & ServiceFlags2.INT_LOCAL_SCOPE:
+        out.append("InternalLocal")
+    if flags & ServiceFlags.AFFINITY:
+        out.append("sessionAffinity")
+    if not flags & ServiceFlags.ROUTABLE:
+        out.append("non-routable")
+    if flags & ServiceFlags.SOURCE_RANGE:
+        out.append("check source-range")
+    if flags2 & ServiceFlags2.NAT_46X64:
+        out.append("46x64")
+    if flags2 & ServiceFlags2.L7LOADBALANCER:
+        out.append("l7-load-balancer")
+    if flags2 & ServiceFlags2.LOOPBACK:
+        out.append("loopback")
+    if flags2 & ServiceFlags2.TWO_SCOPES:
+        out.append("two-scopes")
+    unknown = flags2 & ~sum(ServiceFlags2) & 0xFF
+    if unknown:
+        out.append(f"Unknown=0x{unknown:02x}")
+    return out
+
+
+class BackendState(enum.IntEnum):
+    """``lb4_backend.flags``: the backend's state (``BE_STATE_*``)."""
+
+    ACTIVE = 0
+    TERMINATING = 1
+    QUARANTINED = 2
+    MAINTENANCE = 3
+
+    @property
+    def label(self) -> str:
+        """``active``, ``terminating``, ... as ``cilium service list`` prints it."""
+        return self.name.lower()
+
+    @classmethod
+    def of(cls, value: int) -> str:
+        """The label of a raw flags byte (``unknown(7)`` outside the enum).
+
+        >>> BackendState.of(1), BackendState.of(9)
+        ('terminating', 'unknown(9)')
+        """
+        try:
+            return cls(value).label
+        except ValueError:
+            return f"unknown({value})"
+
+
+class LookupScope(enum.IntEnum):
+    """``lb4_key.scope`` (``LB_LOOKUP_SCOPE_*``): labkit writes EXT only."""
+
+    EXT = 0
+    INT = 1
+
+
+# -- keys and values -------------------------------------------------------------
+class Lb4Key(ctypes.LittleEndianStructure):
+    """``struct lb4_key`` (12 bytes): one slot of a service frontend."""
+
+    _fields_ = [
+        ("address", ctypes.c_uint32),
+        ("dport", ctypes.c_uint16),
+        ("backend_slot", ctypes.c_uint16),
+        ("proto", ctypes.c_uint8),
+        ("scope", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 2),
+    ]
+
+    @classmethod
+    def make(cls, vip: str, port: int, proto: str | int = "TCP", slot: int = 0, scope: int = LookupScope.EXT) -> "Lb4Key":
+        """The key of slot ``slot`` of ``vip:port/proto`` (address and port in network order).
+
+        >>> k = Lb4Key.make("198.19.0.10", 80, "UDP", slot=2)
+        >>> (k.vip, k.port, k.backend_slot, k.proto)
+        ('198.19.0.10', 80, 2, 17)
+        """
+        return cls(address=_be32(vip), dport=socket.htons(port), backend_slot=slot, proto=proto_number(proto),
+                   scope=scope)
+
+    def with_slot(self, slot: int) -> "Lb4Key":
+        """The same frontend, another slot."""
+        return type(self)(address=self.address, dport=self.dport, backend_slot=slot, proto=self.proto,
+                          scope=self.scope)
+
+    @property
+    def vip(self) -> str:
+        return _ip(self.address)
+
+    @property
+    def port(self) -> int:
+        return socket.ntohs(self.dport)
+
+    @property
+    def frontend(self) -> str:
+        """``198.19.0.10:80/TCP`` (``/TCP`` is the L4 protocol, as Cilium 1.16 prints it)."""
+        return f"{self.vip}:{self.port}/{_proto_name(self.proto)}"
+
+    @property
+    def ident(self) -> tuple:
+        """What all slots of one frontend share."""
+        return (self.address, self.dport, self.proto, self.scope)
+
+    def __str__(self) -> str:
+        scope = "" if self.scope == LookupScope.EXT else f" scope={LookupScope(self.scope).name if self.scope in (0, 1) else self.scope}"
+        return f"{self.frontend} slot {self.backend_slot}{scope}"
+
+
+class Lb4Service(ctypes.LittleEndianStructure):
+    """``struct lb4_service`` (12 bytes). Slot 0: count and the affinity timeout
+    (in the ``backend_id`` union member); slots 1..: the backend id. Every slot
+    carries the service's ``rev_nat_index`` (network order) and flags."""
+
+    _fields_ = [
+        ("backend_id", ctypes.c_uint32),
+        ("count", ctypes.c_uint16),
+        ("rev_nat_index", ctypes.c_uint16),
+        ("flags", ctypes.c_uint8),
+        ("flags2", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 2),
+    ]
+
+    @classmethod
+    def head(cls, count: int, rev_nat_index: int, flags: int = 0, flags2: int = 0,
+             affinity_timeout: int = 0) -> "Lb4Service":
+        """Slot 0 of a service whose id is ``rev_nat_index`` (host order in, network order stored)."""
+        return cls(backend_id=affinity_timeout, count=count, rev_nat_index=socket.htons(rev_nat_index),
+                   flags=flags, flags2=flags2)
+
+    @classmethod
+    def slot(cls, backend_id: int, rev_nat_index: int, flags: int = 0, flags2: int = 0) -> "Lb4Service":
+        """Slot 1.. of a service: one backend (count 0, as Cilium writes it).
+
+        >>> v = Lb4Service.slot(7, 1)
+        >>> (v.backend_id, v.count, v.rev_nat, bytes(v)[6:8].hex())
+        (7, 0, 1, '0001')
+        """
+        return cls(backend_id=backend_id, count=0, rev_nat_index=socket.htons(rev_nat_index),
+                   flags=flags, flags2=flags2)
+
+    @property
+    def rev_nat(self) -> int:
+        """The service id, host order."""
+        return socket.ntohs(self.rev_nat_index)
+
+    @property
+    def affinity_timeout(self) -> int:
+        """Slot 0's reading of the ``backend_id`` union: session affinity timeout in seconds."""
+        return self.backend_id
+
+    @property
+    def flag_names(self) -> list[str]:
+        return flag_names(self.flags, self.flags2)
+
+    def head_text(self) -> str:
+        """``head: count=2 rev_nat=1 flags=[ClusterIP, non-routable]`` (+ ``affinity=…s``)."""
+        affinity = f" affinity={self.backend_id}s" if self.flags & ServiceFlags.AFFINITY or self.backend_id else ""
+        return f"head: count={self.count} rev_nat={self.rev_nat} flags=[{', '.join(self.flag_names)}]{affinity}"
+
+    def __str__(self) -> str:
+        return (f"backend_id={self.backend_id} count={self.count} rev_nat={self.rev_nat} "
+                f"flags=[{', '.join(self.flag_names)}]")
+
+
+class Lb4BackendKey(ctypes.LittleEndianStructure):
+    """Key of ``cilium_lb4_backends_v3``: the backend id, a host-order ``__u32``."""
+
+    _fields_ = [("backend_id", ctypes.c_uint32)]
+
+    def __str__(self) -> str:
+        return f"backend {self.backend_id}"
+
+
+class Lb4Backend(ctypes.LittleEndianStructure):
+    """``struct lb4_backend`` (12 bytes): where a backend id points."""
+
+    _fields_ = [
+        ("address", ctypes.c_uint32),
+        ("port", ctypes.c_uint16),
+        ("proto", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("cluster_id", ctypes.c_uint16),
+        ("zone", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+    ]
+
+    @classmethod
+    def make(cls, ip: str, port: int, proto: str | int = "TCP", state: int = BackendState.ACTIVE) -> "Lb4Backend":
+        """A backend at ``ip:port`` (network order stored)."""
+        return cls(address=_be32(ip), port=socket.htons(port), proto=proto_number(proto), flags=state)
+
+    @property
+    def ip(self) -> str:
+        return _ip(self.address)
+
+    @property
+    def host_port(self) -> int:
+        """The port, host order."""
+        return socket.ntohs(self.port)
+
+    @property
+    def state(self) -> str:
+        return BackendState.of(self.flags)
+
+    @property
+    def l4addr(self) -> str:
+        """``198.18.2.11:8080/TCP``"""
+        return f"{self.ip}:{self.host_port}/{_proto_name(self.proto)}"
+
+    def __str__(self) -> str:
+        return f"{self.l4addr} ({self.state})"
+
+
+class Lb4RevNatKey(ctypes.LittleEndianStructure):
+    """Key of ``cilium_lb4_reverse_nat``: the service id as a ``__u16`` in network order."""
+
+    _fields_ = [("rev_nat_index", ctypes.c_uint16)]
+
+    @classmethod
+    def make(cls, service_id: int) -> "Lb4RevNatKey":
+        """The key of service id ``service_id`` (host order in).
+
+        >>> bytes(Lb4RevNatKey.make(1)).hex()
+        '0001'
+        """
+        return cls(rev_nat_index=socket.htons(service_id))
+
+    @property
+    def rev_nat(self) -> int:
+        return socket.ntohs(self.rev_nat_index)
+
+    def __str__(self) -> str:
+        return f"rev_nat {self.rev_nat}"
+
+
+class Lb4ReverseNat(ctypes.LittleEndianStructure):
+    """``struct lb4_reverse_nat`` (6 bytes, packed): what replies' source becomes again."""
+
+    _pack_ = 1
+    _fields_ = [
+        ("address", ctypes.c_uint32),
+        ("port", ctypes.c_uint16),
+    ]
+
+    @classmethod
+    def make(cls, vip: str, port: int) -> "Lb4ReverseNat":
+        return cls(address=_be32(vip), port=socket.htons(port))
+
+    @property
+    def ip(self) -> str:
+        return _ip(self.address)
+
+    @property
+    def host_port(self) -> int:
+        return socket.ntohs(self.port)
+
+    def __str__(self) -> str:
+        return f"{self.ip}:{self.host_port}"
+
+
+class Lb4AffinityKey(ctypes.LittleEndianStructure):
+    """``struct lb4_affinity_key`` (16 bytes, packed): a client of one service.
+
+    ``rev_nat_id`` is copied from ``lb4_service.rev_nat_index`` and so is in
+    network order; ``client_id`` holds the client's be32 address in its low bytes.
+
+    >>> k = Lb4AffinityKey.make("198.18.1.11", 1)
+    >>> bytes(k).hex(" ")
+    'c6 12 01 0b 00 00 00 00 00 01 00 00 00 00 00 00'
+    """
+
+    _pack_ = 1
+    _fields_ = [
+        ("client_id", ctypes.c_uint64),
+        ("rev_nat_id", ctypes.c_uint16),
+        ("netns_cookie", ctypes.c_uint8),
+        ("pad1", ctypes.c_uint8),
+        ("pad2", ctypes.c_uint32),
+    ]
+
+    @classmethod
+    def make(cls, client_ip: str, service_id: int) -> "Lb4AffinityKey":
+        return cls(client_id=_be32(client_ip), rev_nat_id=socket.htons(service_id))
+
+    @property
+    def rev_nat(self) -> int:
+        return socket.ntohs(self.rev_nat_id)
+
+    def __str__(self) -> str:
+        client = f"cookie {self.client_id}" if self.netns_cookie else _ip(self.client_id & 0xFFFFFFFF)
+        return f"client {client} rev_nat {self.rev_nat}"
+
+
+class LbAffinityVal(ctypes.LittleEndianStructure):
+    """``struct lb_affinity_val`` (16 bytes, packed): the backend a client stuck to, and when."""
+
+    _pack_ = 1
+    _fields_ = [
+        ("last_used", ctypes.c_uint64),
+        ("backend_id", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+    def __str__(self) -> str:
+        return f"backend {self.backend_id} last_used={self.last_used}"
+
+
+class Ipv4RevnatTuple(ctypes.LittleEndianStructure):
+    """``struct ipv4_revnat_tuple`` (16 bytes, packed): a socket and the backend connect() chose."""
+
+    _pack_ = 1
+    _fields_ = [
+        ("cookie", ctypes.c_uint64),
+        ("address", ctypes.c_uint32),
+        ("port", ctypes.c_uint16),
+        ("pad", ctypes.c_uint16),
+    ]
+
+    @classmethod
+    def make(cls, cookie: int, ip: str, port: int) -> "Ipv4RevnatTuple":
+        return cls(cookie=cookie, address=_be32(ip), port=socket.htons(port))
+
+    def __str__(self) -> str:
+        return f"cookie {self.cookie} {_ip(self.address)}:{socket.ntohs(self.port)}"
+
+
+class Ipv4RevnatEntry(ctypes.LittleEndianStructure):
+    """``struct ipv4_revnat_entry`` (8 bytes, packed): the VIP getpeername() shows instead.
+    ``rev_nat_index`` is copied from the service, network order."""
+
+    _pack_ = 1
+    _fields_ = [
+        ("address", ctypes.c_uint32),
+        ("port", ctypes.c_uint16),
+        ("rev_nat_index", ctypes.c_uint16),
+    ]
+
+    @classmethod
+    def make(cls, vip: str, port: int, service_id: int) -> "Ipv4RevnatEntry":
+        return cls(address=_be32(vip), port=socket.htons(port), rev_nat_index=socket.htons(service_id))
+
+    def __str__(self) -> str:
+        return f"{_ip(self.address)}:{socket.ntohs(self.port)} rev_nat {socket.ntohs(self.rev_nat_index)}"
+
+
+#: Every LB map a node pins: name → (key type, value type).
+LB_MAPS: dict[str, tuple[type, type]] = {
+    SERVICES_MAP: (Lb4Key, Lb4Service),
+    BACKENDS_MAP: (Lb4BackendKey, Lb4Backend),
+    REVNAT_MAP: (Lb4RevNatKey, Lb4ReverseNat),
+    AFFINITY_MAP: (Lb4AffinityKey, LbAffinityVal),
+    REVERSE_SK_MAP: (Ipv4RevnatTuple, Ipv4RevnatEntry),
+}
+
+
+# -- views -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class LbBackendRow:
+    """One backend slot of a service as a node's maps hold it."""
+
+    slot: int
+    backend_id: int
+    address: str | None  #: None: the id is missing from cilium_lb4_backends_v3
+    port: int
+    proto: str
+    state: str  #: active, terminating, ...; after count always not active
+
+    @property
+    def l4addr(self) -> str:
+        if self.address is None:
+            return f"<backend {self.backend_id} missing from {BACKENDS_MAP}>"
+        return f"{self.address}:{self.port}/{self.proto}"
+
+    def text(self, index: int) -> str:
+        """``1 => 198.18.2.11:8080/TCP (active)``"""
+        return f"{index} => {self.l4addr} ({self.state})"
+
+    def __str__(self) -> str:
+        return self.text(self.slot)
+
+
+@dataclass(frozen=True)
+class LbServiceRow:
+    """One frontend of a node's services map: its head and the slots that follow it."""
+
+    id: int  #: rev_nat_index of the head, host order
+    vip: str
+    port: int
+    proto: str
+    scope: int
+    count: int
+    flags: int
+    flags2: int
+    affinity_timeout: int
+    backends: tuple[LbBackendRow, ...]
+    rev_nat: str | None  #: VIP:port from cilium_lb4_reverse_nat, None if missing
+
+    @property
+    def frontend(self) -> str:
+        return f"{self.vip}:{self.port}/{self.proto}"
+
+    @property
+    def type(self) -> str:
+        return service_type(self.flags, self.flags2)
+
+    def lines(self) -> list[list[str]]:
+        """Cells of ``cilium service list``: ID, Frontend, Service Type, Backend (one row per backend)."""
+        bes = [b.text(i) for i, b in enumerate(self.backends, start=1)] or [""]
+        rows = [[str(self.id), self.frontend, self.type, bes[0]]]
+        rows += [["", "", "", b] for b in bes[1:]]
+        return rows
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "frontend": self.frontend,
+            "vip": self.vip,
+            "port": self.port,
+            "protocol": self.proto,
+            "type": self.type,
+            "count": self.count,
+            "flags": flag_names(self.flags, self.flags2),
+            "affinity_timeout": self.affinity_timeout,
+            "rev_nat": self.rev_nat,
+            "backends": [
+                {"slot": b.slot, "backend_id": b.backend_id, "address": b.address, "port": b.port,
+                 "protocol": b.proto, "state": b.state}
+                for b in self.backends
+            ],
+        }
+
+    def __str__(self) -> str:
+        return "  ".join(c for c in self.lines()[0] if c)
+
+
+def _tabwrite(rows: list[list[str]], minwidth: int = 5, padding: int = 3) -> list[str]:
+    """Go's ``tabwriter.NewWriter(w, 5, 0, 3, ' ', 0)`` as the Cilium CLI sets it up."""
+    widths = [max(minwidth, max(len(r[i]) for r in rows) + padding) for i in range(len(rows[0]))]
+    return ["".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+@dataclass(frozen=True)
+class LbSnapshot:
+    """The three service maps of one node, read at one moment.
+
+    >>> snap = LbSnapshot.build("198.19.0.10", 80, "TCP", 1, [(1, "198.18.2.11", 8080), (2, "198.18.2.12", 8080)])
+    >>> print("\\n".join(snap.lines()))
+    ID   Frontend             Service Type   Backend
+    1    198.19.0.10:80/TCP   ClusterIP      1 => 198.18.2.11:8080/TCP (active)
+                                             2 => 198.18.2.12:8080/TCP (active)
+    """
+
+    services: tuple[tuple[Lb4Key, Lb4Service], ...]
+    backends: tuple[tuple[Lb4BackendKey, Lb4Backend], ...]
+    revnat: tuple[tuple[Lb4RevNatKey, Lb4ReverseNat], ...]
+
+    @classmethod
+    def of(cls, services: Iterable, backends: Iterable, revnat: Iterable) -> "LbSnapshot":
+        """From ``(key, value)`` pairs of the three maps (as ``PinnedMap.items()`` gives them)."""
+        return cls(tuple(services), tuple(backends), tuple(revnat))
+
+    @classmethod
+    def build(cls, vip: str, port: int, proto: str, service_id: int, backends: list[tuple[int, str, int]],
+              active: int | None = None) -> "LbSnapshot":
+        """The rows the agent writes for one service (an example, or a test's expectation)."""
+        key = Lb4Key.make(vip, port, proto)
+        count = len(backends) if active is None else active
+        svc = [(key, Lb4Service.head(count, service_id))]
+        svc += [(key.with_slot(i), Lb4Service.slot(bid, service_id)) for i, (bid, _, _) in enumerate(backends, 1)]
+        bes = [(Lb4BackendKey(bid), Lb4Backend.make(ip, p, proto, BackendState.ACTIVE if i <= count else
+                                                     BackendState.TERMINATING))
+               for i, (bid, ip, p) in enumerate(backends, 1)]
+        return cls(tuple(svc), tuple(bes), ((Lb4RevNatKey.make(service_id), Lb4ReverseNat.make(vip, port)),))
+
+    def rows(self) -> list[LbServiceRow]:
+        """Every frontend with a head, by id: the slot 0 head, then slots 1..count and
+        the terminating ones after it, up to the first missing slot."""
+        slots = {(k.ident, k.backend_slot): v for k, v in self.services}
+        backends = {k.backend_id: v for k, v in self.backends}
+        revnat = {k.rev_nat: v for k, v in self.revnat}
+        out = []
+        for key, head in self.services:
+            if key.backend_slot != 0:
+                continue
+            rows, slot = [], 1
+            while (value := slots.get((key.ident, slot))) is not None:
+                be = backends.get(value.backend_id)
+                if be is None:
+                    rows.append(LbBackendRow(slot, value.backend_id, None, 0, _proto_name(key.proto), "missing"))
+                else:
+                    state = be.state
+                    if slot > head.count and be.flags == BackendState.ACTIVE:
+                        state = BackendState.TERMINATING.label  # uncounted: never picked
+                    rows.append(LbBackendRow(slot, value.backend_id, be.ip, be.host_port, _proto_name(be.proto), state))
+                slot += 1
+            rn = revnat.get(head.rev_nat)
+            out.append(LbServiceRow(
+                id=head.rev_nat, vip=key.vip, port=key.port, proto=_proto_name(key.proto), scope=key.scope,
+                count=head.count, flags=head.flags, flags2=head.flags2, affinity_timeout=head.affinity_timeout,
+                backends=tuple(rows), rev_nat=str(rn) if rn is not None else None,
+            ))
+        return sorted(out, key=lambda r: (r.id, r.vip, r.port, r.proto, r.scope))
+
+    def lines(self) -> list[str]:
+        """``cilium service list``: ``ID   Frontend   Service Type   Backend``, one line per backend."""
+        table = [["ID", "Frontend", "Service Type", "Backend"]]
+        for row in self.rows():
+            table += row.lines()
+        return _tabwrite(table)
+
+    def raw_lines(self) -> list[str]:
+        """Every entry of the three maps, sorted: services by frontend and slot, backends by id,
+        reverse NAT by id (``# <map>`` before each)."""
+        backends = {k.backend_id: v for k, v in self.backends}
+        out = [f"# {SERVICES_MAP}"]
+        for key, value in sorted(self.services, key=lambda kv: (kv[0].ident, kv[0].backend_slot)):
+            if key.backend_slot == 0:
+                out.append(f"{key} {value.head_text()}")
+            else:
+                be = backends.get(value.backend_id)
+                where = str(be) if be is not None else f"missing from {BACKENDS_MAP}"
+                out.append(f"{key} → backend {value.backend_id} [{where}] rev_nat={value.rev_nat}")
+        out.append(f"# {BACKENDS_MAP}")
+        out += [f"backend {k.backend_id} → {v}" for k, v in sorted(self.backends, key=lambda kv: kv[0].backend_id)]
+        out.append(f"# {REVNAT_MAP}")
+        out += [f"rev_nat {k.rev_nat} → {v}" for k, v in sorted(self.revnat, key=lambda kv: kv[0].rev_nat)]
+        return out
+
+    def to_json(self) -> list[dict]:
+        """The services as plain data (what ``lb list --json`` prints)."""
+        return [row.to_json() for row in self.rows()]
+
+    def raw_json(self) -> dict:
+        """Every entry of the three maps as plain data (``lb list --raw --json``)."""
+        return {
+            SERVICES_MAP: [
+                {"vip": k.vip, "port": k.port, "protocol": _proto_name(k.proto), "scope": k.scope,
+                 "slot": k.backend_slot, "backend_id": v.backend_id, "count": v.count, "rev_nat": v.rev_nat,
+                 "flags": v.flags, "flags2": v.flags2}
+                for k, v in sorted(self.services, key=lambda kv: (kv[0].ident, kv[0].backend_slot))
+            ],
+            BACKENDS_MAP: [
+                {"backend_id": k.backend_id, "address": v.ip, "port": v.host_port, "protocol": _proto_name(v.proto),
+                 "state": v.state, "cluster_id": v.cluster_id, "zone": v.zone}
+                for k, v in sorted(self.backends, key=lambda kv: kv[0].backend_id)
+            ],
+            REVNAT_MAP: [
+                {"rev_nat": k.rev_nat, "address": v.ip, "port": v.host_port}
+                for k, v in sorted(self.revnat, key=lambda kv: kv[0].rev_nat)
+            ],
+        }

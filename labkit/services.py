@@ -1,0 +1,856 @@
+"""Services: the part of the cilium-agent that turns a Kubernetes Service into
+rows of every node's ``cilium_lb4_*`` maps.
+
+A ClusterIP service is a frontend (VIP, port, protocol) and its backends
+(pod, port). For each one, on every node, the agent writes (layouts in
+:mod:`labkit.maps.lb`):
+
+- ``cilium_lb4_backends_v3``: backend id → pod address, port, state;
+- ``cilium_lb4_services_v2``: slots 1..n → backend ids (active first, then the
+  terminating ones, which the random pick never reaches), and slot 0, the head:
+  how many are active, the service id (``rev_nat_index``), flags;
+- ``cilium_lb4_reverse_nat``: service id → VIP:port, to rewrite replies.
+
+The datapath reads these while the agent writes them, so the order matters:
+a growing service gets its backends, then its slots, then reverse NAT and its
+head **last**; a shrinking one gets its head (the new count) **first**, then
+slots, then loses the backends nothing uses any more. A packet never sees a
+count that points at a slot not yet written.
+
+Service ids (1, 2, ...) and backend ids are allocated per lab, the same on
+every node; a backend id belongs to one address:port/protocol and is shared by
+every service that uses it (as in Cilium), and freed when the last one stops.
+The list of services lives in ``/run/labkit/<lab>/services.json`` so every
+process attached to the lab sees the same ones.
+
+Without a kernel, the same agent writes into dictionaries::
+
+    >>> from labkit.topology import Topology
+    >>> svcs = Services.in_memory(Topology.default())
+    >>> web = svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    >>> web.frontend, web.id, [str(b) for b in web.backends]
+    ('198.19.0.10:80/TCP', 1, ['b1:8080', 'b2:8080'])
+    >>> print("\\n".join(svcs.lb("node-a").lines()))
+    ID   Frontend             Service Type   Backend
+    1    198.19.0.10:80/TCP   ClusterIP      1 => 198.18.2.11:8080/TCP (active)
+                                             2 => 198.18.2.12:8080/TCP (active)
+    >>> svcs.maps.ops[:6]  # node-a, in the order written
+    ['update node-a cilium_lb4_backends_v3 backend 1', 'update node-a cilium_lb4_backends_v3 backend 2', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/TCP slot 1', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/TCP slot 2', 'update node-a cilium_lb4_reverse_nat rev_nat 1', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/TCP slot 0']
+
+On a running lab the same calls are ``lab.services.add(...)``, and
+``labkit service add web --port 80 --backend b1:8080 --backend b2:8080``.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import ipaddress
+import json
+import os
+import re
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Iterator, Protocol, Sequence
+
+from .errors import ConfigError, DatapathError, LabkitError, NotFoundError
+from .maps.lb import (
+    AFFINITY_MAP,
+    BACKENDS_MAP,
+    LB_MAPS,
+    REVNAT_MAP,
+    SERVICES_MAP,
+    BackendState,
+    Lb4Backend,
+    Lb4BackendKey,
+    Lb4Key,
+    Lb4ReverseNat,
+    Lb4RevNatKey,
+    Lb4Service,
+    LbSnapshot,
+    ServiceFlags,
+)
+from .topology import CLUSTERIP_RANGE, Topology
+
+__all__ = [
+    "Backend",
+    "Service",
+    "Services",
+    "MapWriter",
+    "PinnedMaps",
+    "MemoryMaps",
+    "ServiceStore",
+    "JsonStore",
+    "MemoryStore",
+    "FIRST_VIP",
+    "STATES",
+]
+
+#: Where automatic VIPs start (the low ten addresses are left for hand-picked ones).
+FIRST_VIP = ipaddress.IPv4Address("198.19.0.10")
+#: Backend states a service can give a backend.
+STATES = ("active", "terminating")
+PROTOCOLS = ("TCP", "UDP")
+MAX_AFFINITY = 86400  # Kubernetes' limit for sessionAffinityConfig.clientIP.timeoutSeconds
+MAX_SERVICE_ID = 0xFFFF  # rev_nat_index is a __u16
+MAX_BACKEND_ID = 0xFFFFFFFF
+STATE_VERSION = 1
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1035 label, as Kubernetes wants
+
+
+# -- what a service is -------------------------------------------------------------
+@dataclass(frozen=True)
+class Backend:
+    """One backend of a service: a pod and the port it serves on.
+
+    >>> Backend.parse("b1:8080"), str(Backend("b2", 8080, "terminating"))
+    (Backend(pod='b1', port=8080, state='active'), 'b2:8080 (terminating)')
+    """
+
+    pod: str
+    port: int
+    state: str = "active"  #: 'active' or 'terminating'
+    id: int = field(default=0, compare=False, repr=False)  #: backend id in cilium_lb4_backends_v3
+
+    @classmethod
+    def parse(cls, spec: "str | Backend", service: str = "?", state: str = "active") -> "Backend":
+        """``'POD:PORT'`` (or a Backend) → Backend; ConfigError names the service otherwise."""
+        if isinstance(spec, Backend):
+            return spec
+        pod, sep, port = str(spec).rpartition(":")
+        if not sep or not pod or not port.strip().isdigit():
+            raise ConfigError(f"service '{service}': backend {spec!r}: expected POD:PORT, e.g. b1:8080")
+        return cls(pod.strip(), int(port), state)
+
+    @property
+    def ref(self) -> str:
+        """``b1:8080``: how commands name it."""
+        return f"{self.pod}:{self.port}"
+
+    def __str__(self) -> str:
+        return self.ref if self.state == "active" else f"{self.ref} ({self.state})"
+
+
+@dataclass(frozen=True)
+class Service:
+    """A ClusterIP service as the agent knows it. ``id`` is its ``rev_nat_index``."""
+
+    name: str
+    vip: str
+    port: int
+    protocol: str = "TCP"
+    backends: tuple[Backend, ...] = ()
+    affinity_timeout: int = 0  #: seconds; 0: no session affinity
+    id: int = 0
+    type: str = "ClusterIP"
+
+    @property
+    def frontend(self) -> str:
+        """``198.19.0.10:80/TCP``"""
+        return f"{self.vip}:{self.port}/{self.protocol}"
+
+    @property
+    def active(self) -> tuple[Backend, ...]:
+        return tuple(b for b in self.backends if b.state == "active")
+
+    @property
+    def terminating(self) -> tuple[Backend, ...]:
+        return tuple(b for b in self.backends if b.state != "active")
+
+    @property
+    def slots(self) -> tuple[Backend, ...]:
+        """Backends in slot order: slot 1 first; the active ones, then the terminating ones."""
+        return self.active + self.terminating
+
+    @property
+    def flags(self) -> ServiceFlags:
+        """``lb4_service.flags``: none for a ClusterIP (non-routable), AFFINITY with a timeout."""
+        return ServiceFlags.AFFINITY if self.affinity_timeout else ServiceFlags(0)
+
+    def backend(self, ref: "str | Backend") -> Backend:
+        """The backend ``pod:port``; NotFoundError lists the service's backends."""
+        want = Backend.parse(ref, self.name)
+        for b in self.backends:
+            if (b.pod, b.port) == (want.pod, want.port):
+                return b
+        have = ", ".join(b.ref for b in self.backends) or "none"
+        raise NotFoundError(f"service '{self.name}': backend '{want.ref}' not found (backends: {have})")
+
+    def to_json(self, topology: Topology | None = None) -> dict:
+        """Plain data: name, type, vip, port, protocol, id, affinity_timeout, frontend, backends."""
+        bes = []
+        for b in self.backends:
+            d = {"pod": b.pod, "port": b.port, "state": b.state, "backend_id": b.id}
+            if topology is not None:
+                d["address"] = topology.pod(b.pod).ip
+            bes.append(d)
+        return {"name": self.name, "type": self.type, "vip": self.vip, "port": self.port,
+                "protocol": self.protocol, "id": self.id, "affinity_timeout": self.affinity_timeout,
+                "frontend": self.frontend, "backends": bes}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Service":
+        return cls(
+            name=data["name"], vip=data["vip"], port=int(data["port"]), protocol=data["protocol"],
+            backends=tuple(Backend(b["pod"], int(b["port"]), b["state"], int(b.get("backend_id", 0)))
+                           for b in data["backends"]),
+            affinity_timeout=int(data.get("affinity_timeout", 0)), id=int(data["id"]),
+            type=data.get("type", "ClusterIP"),
+        )
+
+    def __str__(self) -> str:
+        bes = ", ".join(str(b) for b in self.backends) or "no backends"
+        return f"{self.name} ({self.type} {self.frontend}, id {self.id}): {bes}"
+
+
+# -- where maps are written --------------------------------------------------------
+class MapWriter(Protocol):
+    """The map layer the agent writes through: a node's pinned LB maps, or a fake.
+
+    Keys and values are the ctypes types of :data:`labkit.maps.lb.LB_MAPS`.
+    """
+
+    def get(self, node: str, map_name: str, key) -> ctypes.Structure | None: ...
+    def update(self, node: str, map_name: str, key, value) -> None: ...
+    def delete(self, node: str, map_name: str, key) -> bool: ...
+    def items(self, node: str, map_name: str) -> list[tuple]: ...
+    def clear(self, node: str, map_name: str) -> int: ...
+    def close(self) -> None: ...
+
+
+class PinnedMaps:
+    """:class:`MapWriter` over the pinned maps of each node (``bpftool map update pinned …``).
+
+    Maps are opened on first use and closed by :meth:`close` (after every agent call).
+    """
+
+    def __init__(self, pin_dirs: dict[str, str]):
+        self.pin_dirs = dict(pin_dirs)
+        self._open: dict[tuple[str, str], object] = {}
+
+    def path(self, node: str, map_name: str) -> str:
+        return f"{self.pin_dirs[node]}/{map_name}"
+
+    def _map(self, node: str, map_name: str):
+        from .maps.base import PinnedMap
+
+        m = self._open.get((node, map_name))
+        if m is None:
+            key_type, value_type = LB_MAPS[map_name]
+            m = self._open[(node, map_name)] = PinnedMap(self.path(node, map_name), key_type, value_type)
+        return m
+
+    def get(self, node, map_name, key):
+        return self._map(node, map_name).get(key)
+
+    def update(self, node, map_name, key, value) -> None:
+        self._map(node, map_name)[key] = value
+
+    def delete(self, node, map_name, key) -> bool:
+        return self._map(node, map_name).delete(key)
+
+    def items(self, node, map_name) -> list[tuple]:
+        return self._map(node, map_name).items()
+
+    def clear(self, node, map_name) -> int:
+        return self._map(node, map_name).clear()
+
+    def close(self) -> None:
+        for m in self._open.values():
+            m.close()
+        self._open.clear()
+
+
+class MemoryMaps:
+    """:class:`MapWriter` into dictionaries, for examples and tests.
+
+    ``ops`` lists every update and delete in order (``'update node-a <map> <key>'``);
+    ``fail`` may be set to a callable ``(op, node, map_name, key)`` that raises,
+    to play a kernel that refuses a write.
+    """
+
+    def __init__(self, nodes: Iterable[str], maps: Iterable[str] = tuple(LB_MAPS)):
+        self.data: dict[str, dict[str, dict[bytes, bytes]]] = {n: {m: {} for m in maps} for n in nodes}
+        self.ops: list[str] = []
+        self.fail = None
+
+    def _table(self, node: str, map_name: str) -> dict[bytes, bytes]:
+        try:
+            return self.data[node][map_name]
+        except KeyError:
+            raise NotFoundError(f"pinned map {node}/{map_name} does not exist (is the lab up?)") from None
+
+    def get(self, node, map_name, key):
+        raw = self._table(node, map_name).get(bytes(key))
+        return None if raw is None else LB_MAPS[map_name][1].from_buffer_copy(raw)
+
+    def update(self, node, map_name, key, value) -> None:
+        table = self._table(node, map_name)
+        if self.fail is not None:
+            self.fail("update", node, map_name, key)
+        table[bytes(key)] = bytes(value)
+        self.ops.append(f"update {node} {map_name} {key}")
+
+    def delete(self, node, map_name, key) -> bool:
+        table = self._table(node, map_name)
+        if bytes(key) not in table:
+            return False
+        if self.fail is not None:
+            self.fail("delete", node, map_name, key)
+        del table[bytes(key)]
+        self.ops.append(f"delete {node} {map_name} {key}")
+        return True
+
+    def items(self, node, map_name) -> list[tuple]:
+        key_type, value_type = LB_MAPS[map_name]
+        return [(key_type.from_buffer_copy(k), value_type.from_buffer_copy(v))
+                for k, v in self._table(node, map_name).items()]
+
+    def clear(self, node, map_name) -> int:
+        table = self._table(node, map_name)
+        n = len(table)
+        table.clear()
+        return n
+
+    def close(self) -> None:
+        pass
+
+    def dump(self, node: str, map_name: str) -> dict[bytes, bytes]:
+        """A copy of one map's raw bytes (compare two to see that nothing changed)."""
+        return dict(self._table(node, map_name))
+
+
+# -- where the service list is kept ------------------------------------------------
+class ServiceStore(Protocol):
+    """Where the agent keeps its list of services between calls and processes."""
+
+    def load(self) -> dict: ...
+    def save(self, data: dict) -> None: ...
+    def lock(self) -> contextlib.AbstractContextManager: ...
+
+
+class JsonStore:
+    """``/run/labkit/<lab>/services.json``, written atomically, in the lab's ledger.
+
+    Writers serialise on an flock of the lab directory, so two processes adding
+    services at once allocate different ids.
+    """
+
+    def __init__(self, lab: str):
+        from .ledger import Ledger, lab_dir
+
+        self.lab = lab
+        self.dir = lab_dir(lab)
+        self.path = self.dir / "services.json"
+        self._ledger = Ledger(lab)
+
+    def load(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except ValueError as exc:
+            raise ConfigError(f"lab '{self.lab}': {self.path} is unreadable ({exc}); "
+                              f"`labkit --lab {self.lab} cleanup` removes what the lab created") from None
+
+    def save(self, data: dict) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        if not self.path.exists():
+            recorded = {e.get("path") for e in self._ledger.entries("file")}
+            for p in (self.path, tmp):  # into the ledger before it exists, so teardown removes it
+                if str(p) not in recorded:
+                    self._ledger.record("file", path=str(p))
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        try:
+            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFoundError(f"lab '{self.lab}' is not up (no {self.dir})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+class MemoryStore:
+    """A :class:`ServiceStore` in memory (examples and tests)."""
+
+    def __init__(self, data: dict | None = None):
+        self.data = json.loads(json.dumps(data or {}))
+        self.saves = 0
+
+    def load(self) -> dict:
+        return json.loads(json.dumps(self.data))
+
+    def save(self, data: dict) -> None:
+        self.data = json.loads(json.dumps(data))
+        self.saves += 1
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        yield
+
+
+# -- the agent's state -------------------------------------------------------------
+@dataclass(frozen=True)
+class _State:
+    """Services by name, backend ids by ``address:port/protocol``, the next ids to hand out."""
+
+    services: dict = field(default_factory=dict)  # name -> Service, in creation order
+    backend_ids: dict = field(default_factory=dict)  # "ip:port/PROTO" -> id
+    next_service_id: int = 1
+    next_backend_id: int = 1
+
+    @classmethod
+    def from_json(cls, data: dict) -> "_State":
+        if not data:
+            return cls()
+        return cls(
+            services={s["name"]: Service.from_json(s) for s in data.get("services", [])},
+            backend_ids=dict(data.get("backend_ids", {})),
+            next_service_id=int(data.get("next_service_id", 1)),
+            next_backend_id=int(data.get("next_backend_id", 1)),
+        )
+
+    def to_json(self) -> dict:
+        return {"version": STATE_VERSION, "services": [s.to_json() for s in self.services.values()],
+                "backend_ids": self.backend_ids, "next_service_id": self.next_service_id,
+                "next_backend_id": self.next_backend_id}
+
+    def with_service(self, svc: Service, topo: Topology, drop: str | None = None) -> tuple["_State", Service]:
+        """This state with ``svc`` in (replacing one of its name), backend ids assigned;
+        ``drop`` names a service to take out instead. Unused backend ids are freed."""
+        services = dict(self.services)
+        ids = dict(self.backend_ids)
+        next_bid = self.next_backend_id
+        if drop is not None:
+            services.pop(drop, None)
+        else:
+            bes = []
+            for b in svc.backends:
+                l4 = _l4(topo.pod(b.pod).ip, b.port, svc.protocol)
+                if l4 not in ids:
+                    ids[l4], next_bid = _allocate(next_bid, set(ids.values()), MAX_BACKEND_ID, "backend id")
+                bes.append(replace(b, id=ids[l4]))
+            svc = replace(svc, backends=tuple(bes))
+            services[svc.name] = svc
+        used = {b.id for s in services.values() for b in s.backends}
+        ids = {k: v for k, v in ids.items() if v in used}
+        return replace(self, services=services, backend_ids=ids, next_backend_id=next_bid), svc
+
+
+def _l4(ip: str, port: int, proto: str) -> str:
+    return f"{ip}:{port}/{proto}"
+
+
+def _allocate(start: int, used: set[int], limit: int, what: str) -> tuple[int, int]:
+    """The first free id from ``start`` on, wrapping to 1; returns (id, the next start)."""
+    candidate = start if 1 <= start <= limit else 1
+    for _ in range(len(used) + 1):
+        if candidate not in used:
+            return candidate, candidate % limit + 1
+        candidate = candidate % limit + 1
+    raise ConfigError(f"no free {what}: all {limit} are in use")
+
+
+# -- what to write, in which order -------------------------------------------------
+_Entries = dict[str, dict[bytes, tuple]]  # map name -> raw key -> (key, value)
+
+#: Phases of one change; a growing service and a shrinking one take them in different orders.
+_GROW = ("be_new", "be_changed", "slot_put", "revnat_put", "head_put", "head_del", "slot_del", "revnat_del", "be_del")
+_SHRINK = ("be_new", "revnat_put", "head_put", "head_del", "be_changed", "slot_put", "slot_del", "revnat_del", "be_del")
+
+
+def _entries(state: _State, topo: Topology) -> _Entries:
+    """Every row the three service maps should hold for ``state`` (the same on every node)."""
+    out: _Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}}
+    backends: dict[int, tuple[str, int, str, bool]] = {}
+    for svc in state.services.values():
+        head_key = Lb4Key.make(svc.vip, svc.port, svc.protocol)
+        head = Lb4Service.head(len(svc.active), svc.id, svc.flags, 0, svc.affinity_timeout)
+        out[SERVICES_MAP][bytes(head_key)] = (head_key, head)
+        for slot, b in enumerate(svc.slots, start=1):
+            key = head_key.with_slot(slot)
+            out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, svc.id, svc.flags))
+            ip = topo.pod(b.pod).ip
+            was_active = backends.get(b.id, (ip, b.port, svc.protocol, False))[3]
+            backends[b.id] = (ip, b.port, svc.protocol, was_active or b.state == "active")
+        rn_key = Lb4RevNatKey.make(svc.id)
+        out[REVNAT_MAP][bytes(rn_key)] = (rn_key, Lb4ReverseNat.make(svc.vip, svc.port))
+    for bid, (ip, port, proto, active) in backends.items():
+        # Shared by several services: active while any of them still counts it.
+        state_ = BackendState.ACTIVE if active else BackendState.TERMINATING
+        key = Lb4BackendKey(bid)
+        out[BACKENDS_MAP][bytes(key)] = (key, Lb4Backend.make(ip, port, proto, state_))
+    return out
+
+
+@dataclass(frozen=True)
+class _Op:
+    phase: str
+    map_name: str
+    key: object
+    value: object | None  # None: delete
+
+    def sort_key(self) -> tuple:
+        if self.map_name == SERVICES_MAP:
+            slot = self.key.backend_slot
+            return (self.key.ident, -slot if self.value is None else slot)
+        return (bytes(self.key),)
+
+
+def _plan(old: _Entries, new: _Entries, grow: bool) -> list[_Op]:
+    """The writes that turn ``old`` into ``new``, in a safe order for the datapath."""
+    ops = []
+    for map_name in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP):
+        before, after = old[map_name], new[map_name]
+        for raw, (key, value) in after.items():
+            if raw in before and bytes(before[raw][1]) == bytes(value):
+                continue
+            if map_name == SERVICES_MAP:
+                phase = "head_put" if key.backend_slot == 0 else "slot_put"
+            elif map_name == BACKENDS_MAP:
+                phase = "be_changed" if raw in before else "be_new"
+            else:
+                phase = "revnat_put"
+            ops.append(_Op(phase, map_name, key, value))
+        for raw, (key, _value) in before.items():
+            if raw not in after:
+                if map_name == SERVICES_MAP:
+                    phase = "head_del" if key.backend_slot == 0 else "slot_del"
+                else:
+                    phase = "be_del" if map_name == BACKENDS_MAP else "revnat_del"
+                ops.append(_Op(phase, map_name, key, None))
+    order = {p: i for i, p in enumerate(_GROW if grow else _SHRINK)}
+    return sorted(ops, key=lambda op: (order[op.phase], op.sort_key()))
+
+
+class _Txn:
+    """Writes with their undo: the value each key had before (None: absent)."""
+
+    def __init__(self, maps: MapWriter):
+        self.maps = maps
+        self.undo: list[tuple[str, str, object, object | None]] = []
+
+    def apply(self, node: str, op: _Op) -> None:
+        prev = self.maps.get(node, op.map_name, op.key)
+        if op.value is None:
+            if prev is None:
+                return
+            self.maps.delete(node, op.map_name, op.key)
+        else:
+            self.maps.update(node, op.map_name, op.key, op.value)
+        self.undo.append((node, op.map_name, op.key, prev))
+
+    def rollback(self) -> list[str]:
+        """Put back what was there, newest write first; returns what could not be undone."""
+        problems = []
+        for node, map_name, key, prev in reversed(self.undo):
+            try:
+                if prev is None:
+                    self.maps.delete(node, map_name, key)
+                else:
+                    self.maps.update(node, map_name, key, prev)
+            except (OSError, LabkitError) as exc:
+                problems.append(f"{node} {map_name} {key}: {exc}")
+        self.undo.clear()
+        return problems
+
+
+# -- the agent ---------------------------------------------------------------------
+class Services:
+    """The services of one lab and the maps they are written to.
+
+    Build with :meth:`for_lab` (``lab.services``) or :meth:`in_memory`.
+    Every change is checked before any map is touched, written to every node in
+    a datapath-safe order, and rolled back if the kernel refuses a write.
+    """
+
+    def __init__(self, lab: str, topology: Topology, maps: MapWriter, store: ServiceStore):
+        self.lab = lab
+        self.topology = topology
+        self.maps = maps
+        self.store = store
+
+    def __repr__(self) -> str:
+        return f"Services(lab={self.lab!r}, services={[s.name for s in self.list()]})"
+
+    @classmethod
+    def for_lab(cls, lab) -> "Services":
+        """The agent of a running :class:`~labkit.lab.Lab`: its pinned maps, its services.json."""
+        pins = {n.name: lab.pin_dir(n.name) for n in lab.topology.nodes}
+        return cls(lab.name, lab.topology, PinnedMaps(pins), JsonStore(lab.name))
+
+    @classmethod
+    def in_memory(cls, topology: Topology) -> "Services":
+        """An agent writing into :class:`MemoryMaps` and a :class:`MemoryStore` (no kernel)."""
+        return cls(topology.lab, topology, MemoryMaps(n.name for n in topology.nodes), MemoryStore())
+
+    # -- reading -------------------------------------------------------------------
+    def _state(self) -> _State:
+        try:
+            return _State.from_json(self.store.load())
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"lab '{self.lab}': the service list is unreadable ({type(exc).__name__}: {exc})") from None
+
+    def list(self) -> list[Service]:
+        """Every service, in the order they were added."""
+        return list(self._state().services.values())
+
+    def get(self, name: str) -> Service:
+        """The service ``name``; NotFoundError lists the services."""
+        return self._find(self._state(), name)
+
+    def __iter__(self) -> Iterator[Service]:
+        return iter(self.list())
+
+    def __len__(self) -> int:
+        return len(self._state().services)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._state().services
+
+    def _find(self, state: _State, name: str) -> Service:
+        try:
+            return state.services[name]
+        except KeyError:
+            have = ", ".join(state.services) or "none"
+            raise NotFoundError(f"service '{name}' not found in lab '{self.lab}' (services: {have})") from None
+
+    def lb(self, node: str) -> LbSnapshot:
+        """``node``'s three service maps as they are now (``labkit lb list NODE``)."""
+        self.topology.node(node)
+        try:
+            return LbSnapshot.of(*(self.maps.items(node, m) for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)))
+        finally:
+            self.maps.close()
+
+    def lb_command(self, node: str) -> list[str]:
+        """The bpftool commands that show the same maps."""
+        if isinstance(self.maps, PinnedMaps):
+            return [f"bpftool map dump pinned {self.maps.path(node, m)}" for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)]
+        return [f"bpftool map dump pinned <{node} pins>/{m}" for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)]
+
+    # -- changing ------------------------------------------------------------------
+    def add(self, name: str, port: int, backends: Sequence["str | Backend"] = (), vip: str | None = None,
+            protocol: str = "TCP", affinity: int = 0) -> Service:
+        """Add a ClusterIP service ``name`` on ``port`` with ``backends`` (``'pod:port'``).
+
+        ``vip`` defaults to the next free address from 198.19.0.10; ``affinity`` is
+        the session affinity timeout in seconds (0: none).
+        """
+        _check_name(name)
+        protocol = _check_protocol(name, protocol)
+        _check_port(f"service '{name}': port", port)
+        _check_affinity(name, affinity)
+        parsed = self._check_backends(name, backends)
+        if vip is not None:
+            vip = _check_vip(name, vip)
+        with self.store.lock():
+            state = self._state()
+            if name in state.services:
+                old = state.services[name]
+                raise ConfigError(f"service '{name}' already exists in lab '{self.lab}' ({old.frontend}); "
+                                  f"expected a new name (`labkit service del {name}` removes it)")
+            if vip is None:
+                vip = self._free_vip(state)
+            frontend = _l4(vip, port, protocol)
+            for other in state.services.values():
+                if other.frontend == frontend:
+                    raise ConfigError(f"service '{name}': frontend {frontend} is already service '{other.name}'; "
+                                      f"expected a VIP:port/protocol no other service uses")
+            sid, next_sid = _allocate(state.next_service_id, {s.id for s in state.services.values()},
+                                      MAX_SERVICE_ID, "service id")
+            svc = Service(name, vip, port, protocol, tuple(parsed), affinity, sid)
+            new, svc = state.with_service(svc, self.topology)
+            new = replace(new, next_service_id=next_sid)
+            self._commit(state, new, name, f"adding service '{name}'")
+        return svc
+
+    def remove(self, name: str) -> None:
+        """Remove service ``name`` from every node (head first, then slots, reverse NAT, backends)."""
+        with self.store.lock():
+            state = self._state()
+            svc = self._find(state, name)
+            new, _ = state.with_service(svc, self.topology, drop=name)
+            self._commit(state, new, name, f"removing service '{name}'")
+        self._forget_affinity(svc, {b.id for b in svc.backends})
+
+    def add_backend(self, name: str, backend: "str | Backend", state: str = "active") -> Service:
+        """Add one backend (``'pod:port'``) to service ``name``."""
+        _check_state(name, state)
+        (be,) = self._check_backends(name, [backend])
+        be = replace(be, state=state)
+        with self.store.lock():
+            current = self._state()
+            svc = self._find(current, name)
+            if any((b.pod, b.port) == (be.pod, be.port) for b in svc.backends):
+                raise ConfigError(f"service '{name}': backend '{be.ref}' is already one of its backends")
+            return self._change(current, replace(svc, backends=svc.backends + (be,)), f"adding backend '{be.ref}'")
+
+    def remove_backend(self, name: str, backend: "str | Backend") -> Service:
+        """Take one backend out of service ``name`` (its id is freed once no service uses it)."""
+        with self.store.lock():
+            current = self._state()
+            svc = self._find(current, name)
+            gone = svc.backend(backend)
+            out = self._change(current, replace(svc, backends=tuple(b for b in svc.backends if b != gone)),
+                               f"removing backend '{gone.ref}'")
+        self._forget_affinity(svc, {gone.id})
+        return out
+
+    def set_backend_state(self, name: str, backend: "str | Backend", state: str) -> Service:
+        """Mark a backend ``'active'`` or ``'terminating'`` (moved after the count: no new connections)."""
+        _check_state(name, state)
+        with self.store.lock():
+            current = self._state()
+            svc = self._find(current, name)
+            be = svc.backend(backend)
+            if be.state == state:
+                return svc
+            bes = tuple(replace(b, state=state) if b == be else b for b in svc.backends)
+            return self._change(current, replace(svc, backends=bes), f"setting backend '{be.ref}' {state}")
+
+    def flush(self) -> None:
+        """Remove every service, clear what is left in the LB maps (also the datapath's own
+        affinity and socket entries), and start ids from 1 again. ``lab.reset()`` calls this."""
+        with self.store.lock():
+            state = self._state()
+            for name in list(state.services):
+                new, _ = state.with_service(state.services[name], self.topology, drop=name)
+                self._commit(state, new, name, f"removing service '{name}'")
+                state = new
+            try:
+                for node in self.topology.nodes:
+                    for map_name in LB_MAPS:
+                        try:
+                            self.maps.clear(node.name, map_name)
+                        except NotFoundError:  # a datapath without this map has nothing to clear
+                            pass
+            finally:
+                self.maps.close()
+            if self.store.load():
+                self.store.save(_State().to_json())
+
+    # -- internals -----------------------------------------------------------------
+    def _change(self, state: _State, svc: Service, what: str) -> Service:
+        new, svc = state.with_service(svc, self.topology)
+        self._commit(state, new, svc.name, f"{what} of service '{svc.name}'")
+        return svc
+
+    def _commit(self, old: _State, new: _State, name: str, what: str) -> None:
+        """Write the difference between two states to every node, then save ``new``."""
+        before, after = _entries(old, self.topology), _entries(new, self.topology)
+        was, now = old.services.get(name), new.services.get(name)
+        grow = now is not None and (was is None or len(now.active) >= len(was.active))
+        ops = _plan(before, after, grow)
+        txn = _Txn(self.maps)
+        node = op = None
+        try:
+            for node in (n.name for n in self.topology.nodes):
+                for op in ops:
+                    txn.apply(node, op)
+            op = None
+            self.store.save(new.to_json())
+        except BaseException as exc:
+            problems = txn.rollback()
+            left = f"; could not undo: {'; '.join(problems)}" if problems else "; every map is as it was"
+            if isinstance(exc, OSError):
+                where = f"{op.map_name} on node '{node}'" if op is not None else f"the service list ({exc.filename})"
+                raise DatapathError(f"{what}: writing {where} failed ({exc.strerror or exc}){left}") from exc
+            if problems:
+                raise DatapathError(f"{what}: {exc}{left}") from exc
+            raise
+        finally:
+            self.maps.close()
+
+    def _forget_affinity(self, svc: Service, backend_ids: set[int]) -> None:
+        """Drop clients' affinity to backends that left ``svc`` (best effort: it is a cache)."""
+        if not svc.affinity_timeout or not backend_ids:
+            return
+        try:
+            for node in self.topology.nodes:
+                for key, value in self.maps.items(node.name, AFFINITY_MAP):
+                    if key.rev_nat == svc.id and value.backend_id in backend_ids:
+                        self.maps.delete(node.name, AFFINITY_MAP, key)
+        except (OSError, LabkitError):
+            pass
+        finally:
+            self.maps.close()
+
+    def _check_backends(self, name: str, backends: Sequence["str | Backend"]) -> list[Backend]:
+        if isinstance(backends, (str, Backend)):
+            backends = [backends]
+        out: list[Backend] = []
+        for spec in backends:
+            be = Backend.parse(spec, name)
+            try:
+                self.topology.pod(be.pod)
+            except NotFoundError as exc:
+                raise NotFoundError(f"service '{name}': backend '{be.ref}': {exc}") from None
+            _check_port(f"service '{name}': backend '{be.ref}' port", be.port)
+            _check_state(name, be.state)
+            if any((b.pod, b.port) == (be.pod, be.port) for b in out):
+                raise ConfigError(f"service '{name}': backend '{be.ref}' is listed twice; expected each once")
+            out.append(be)
+        return out
+
+    def _free_vip(self, state: _State) -> str:
+        used = {s.vip for s in state.services.values()}
+        ip = FIRST_VIP
+        while ip in CLUSTERIP_RANGE and ip != CLUSTERIP_RANGE.broadcast_address:
+            if str(ip) not in used:
+                return str(ip)
+            ip += 1
+        raise ConfigError(f"no free VIP left in the ClusterIP range {CLUSTERIP_RANGE} from {FIRST_VIP}")
+
+
+# -- checks --------------------------------------------------------------------------
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"service name {name!r}: expected a DNS label: lower-case letters, digits and '-', "
+                          f"starting with a letter, at most 63 characters")
+
+
+def _check_protocol(name: str, protocol: str) -> str:
+    proto = str(protocol).upper()
+    if proto not in PROTOCOLS:
+        raise ConfigError(f"service '{name}': protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+    return proto
+
+
+def _check_port(what: str, port) -> None:
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise ConfigError(f"{what} {port!r} is not a whole number; expected 1-65535")
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{what} {port} is out of range; expected 1-65535")
+
+
+def _check_affinity(name: str, seconds) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        raise ConfigError(f"service '{name}': session affinity timeout {seconds!r}; expected whole seconds")
+    if not 0 <= seconds <= MAX_AFFINITY:
+        raise ConfigError(f"service '{name}': session affinity timeout {seconds} s; "
+                          f"expected 0 (off) to {MAX_AFFINITY} seconds")
+
+
+def _check_state(name: str, state: str) -> None:
+    if state not in STATES:
+        raise ConfigError(f"service '{name}': backend state {state!r}; expected one of {', '.join(STATES)}")
+
+
+def _check_vip(name: str, vip: str) -> str:
+    try:
+        ip = ipaddress.IPv4Address(str(vip).strip())
+    except ValueError:
+        raise ConfigError(f"service '{name}': VIP {vip!r} is not an IPv4 address; "
+                          f"expected one from the ClusterIP range {CLUSTERIP_RANGE}") from None
+    if ip not in CLUSTERIP_RANGE:
+        raise ConfigError(f"service '{name}': VIP {ip} is outside the ClusterIP range {CLUSTERIP_RANGE}")
+    if ip in (CLUSTERIP_RANGE.network_address, CLUSTERIP_RANGE.broadcast_address):
+        raise ConfigError(f"service '{name}': VIP {ip} is the ClusterIP range's network or broadcast address; "
+                          f"expected a host address of {CLUSTERIP_RANGE}")
+    return str(ip)

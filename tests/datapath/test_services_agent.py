@@ -1,0 +1,185 @@
+"""The Service agent against the real kernel: what `lab.services` writes into
+every node's pinned cilium_lb4_* maps (read back with PinnedMap and bpftool),
+`lb list`, removal, refusals that leave the maps byte-identical, terminating
+backends, `lab.reset()`, and one connection through the VIP."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from labkit.errors import ConfigError, NotFoundError
+from labkit.maps.base import PinnedMap
+from labkit.maps.lb import (
+    BACKENDS_MAP,
+    LB_MAPS,
+    REVNAT_MAP,
+    SERVICES_MAP,
+    BackendState,
+    Lb4BackendKey,
+    Lb4Key,
+    Lb4RevNatKey,
+)
+
+from .util import TcpClient
+
+VIP = "198.19.0.10"
+LB_VIEW_MAPS = (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)
+LABKIT = [sys.executable, "-m", "labkit.cli"]
+
+
+def read(lab, node: str, map_name: str) -> dict[bytes, object]:
+    """``{raw key: value}`` of one pinned LB map, read with PinnedMap (not through the agent)."""
+    key_type, value_type = LB_MAPS[map_name]
+    with PinnedMap(f"{lab.pin_dir(node)}/{map_name}", key_type, value_type) as m:
+        return {bytes(k): v for k, v in m.items()}
+
+
+def bpftool_dump(lab, node: str, map_name: str) -> list:
+    """``bpftool map dump pinned … -j``: the kernel's own view of the map."""
+    proc = subprocess.run(["bpftool", "-j", "map", "dump", "pinned", f"{lab.pin_dir(node)}/{map_name}"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def raw_dumps(lab) -> dict:
+    """The raw text of every node's three LB maps as bpftool prints them."""
+    out = {}
+    for node in lab.topology.nodes:
+        for m in LB_VIEW_MAPS:
+            proc = subprocess.run(["bpftool", "map", "dump", "pinned", f"{lab.pin_dir(node.name)}/{m}"],
+                                  capture_output=True, text=True, timeout=30)
+            assert proc.returncode == 0, proc.stderr
+            out[(node.name, m)] = proc.stdout
+    return out
+
+
+def labkit(lab, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(LABKIT + ["--lab", lab.name, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_add_writes_every_node(lab):
+    """After add("web", 80, [b1, b2]) every node holds the head, two slots, two backends and the reverse NAT."""
+    web = lab.services.add("web", 80, ["b1:8080", "b2:8080"])
+    assert (web.vip, web.id) == (VIP, 1)
+    for node in lab.topology.nodes:
+        svc = read(lab, node.name, SERVICES_MAP)
+        head = svc[bytes(Lb4Key.make(VIP, 80, "TCP"))]
+        assert head.count == 2
+        assert bytes(head)[6:8] == web.id.to_bytes(2, "big")  # rev_nat_index, network order
+        slots = [svc[bytes(Lb4Key.make(VIP, 80, "TCP", slot=i))].backend_id for i in (1, 2)]
+        assert slots == [b.id for b in web.backends]
+        backends = read(lab, node.name, BACKENDS_MAP)
+        got = {backends[bytes(Lb4BackendKey(b.id))].l4addr for b in web.backends}
+        assert got == {f"{lab.pod(p).ip}:8080/TCP" for p in ("b1", "b2")}
+        revnat = read(lab, node.name, REVNAT_MAP)
+        assert str(revnat[bytes(Lb4RevNatKey.make(web.id))]) == f"{VIP}:80"
+        assert len(svc) == 3 and len(backends) == 2 and len(revnat) == 1
+
+
+def test_bpftool_sees_the_same_entries(lab):
+    """bpftool dumps as many entries of cilium_lb4_services_v2 as the agent wrote (head + slots)."""
+    lab.services.add("web", 80, ["b1:8080", "b2:8080"])
+    lab.services.add("dns", 53, ["a1:8080"], protocol="UDP")
+    for node in lab.topology.nodes:
+        assert len(bpftool_dump(lab, node.name, SERVICES_MAP)) == 3 + 2
+        assert len(bpftool_dump(lab, node.name, BACKENDS_MAP)) == 3
+        assert len(bpftool_dump(lab, node.name, REVNAT_MAP)) == 2
+
+
+def test_lb_list_lines(lab):
+    """lb list node-a reads the maps back in `cilium service list` form, in Python and on the command line."""
+    lab.services.add("web", 80, ["b1:8080", "b2:8080"])
+    expected = [
+        "ID   Frontend             Service Type   Backend",
+        f"1    {VIP}:80/TCP   ClusterIP      1 => 198.18.2.11:8080/TCP (active)",
+        "                                         2 => 198.18.2.12:8080/TCP (active)",
+    ]
+    assert lab.services.lb("node-a").lines() == expected
+    proc = labkit(lab, "lb", "list", "node-a")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == expected
+
+
+def test_another_process_sees_the_services(lab):
+    """`labkit service list --json` in another process lists what this one added; its adds show up here."""
+    lab.services.add("web", 80, ["b1:8080"])
+    proc = labkit(lab, "service", "list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [(s["name"], s["vip"], s["port"], s["id"]) for s in data] == [("web", VIP, 80, 1)]
+    proc = labkit(lab, "service", "add", "api", "--port", "8080", "--backend", "a2:8080")
+    assert proc.returncode == 0, proc.stderr
+    assert [s.name for s in lab.services.list()] == ["web", "api"]
+    assert lab.services.get("api").vip == "198.19.0.11"
+
+
+def test_remove_empties_maps(lab):
+    """Removing the only service leaves all three maps of every node empty."""
+    lab.services.add("web", 80, ["b1:8080", "b2:8080"])
+    lab.services.remove("web")
+    for node in lab.topology.nodes:
+        for m in LB_VIEW_MAPS:
+            assert read(lab, node.name, m) == {}, f"{node.name} {m}"
+    assert lab.services.list() == []
+
+
+@pytest.mark.parametrize("kw,exc", [
+    (dict(name="bad", port=0, backends=["b1:8080"]), ConfigError),
+    (dict(name="bad", port=80, backends=["zz:8080"]), NotFoundError),
+    (dict(name="bad", port=80, backends=["b1:99999"]), ConfigError),
+    (dict(name="web", port=81, backends=["b1:8080"]), ConfigError),  # the name is taken
+    (dict(name="bad", port=80, vip=VIP), ConfigError),  # the frontend is taken
+    (dict(name="bad", port=80, vip="203.0.113.5"), ConfigError),
+    (dict(name="bad", port=80, affinity=-5), ConfigError),
+])
+def test_bad_input_leaves_maps_identical(lab, kw, exc):
+    """A refused add leaves every node's LB maps byte-identical in bpftool's dump."""
+    lab.services.add("web", 80, ["b1:8080", "b2:8080"])
+    before = raw_dumps(lab)
+    with pytest.raises(exc):
+        lab.services.add(**kw)
+    assert raw_dumps(lab) == before
+    assert [s.name for s in lab.services.list()] == ["web"]
+
+
+def test_terminating_backend_moves_after_count(lab):
+    """A terminating backend leaves the head's count and sits in the slot after it, flagged terminating."""
+    web = lab.services.add("web", 80, ["b1:8080", "b2:8080"])
+    b1, b2 = (b.id for b in web.backends)
+    lab.services.set_backend_state("web", "b1:8080", "terminating")
+    for node in lab.topology.nodes:
+        svc = read(lab, node.name, SERVICES_MAP)
+        assert svc[bytes(Lb4Key.make(VIP, 80, "TCP"))].count == 1
+        assert [svc[bytes(Lb4Key.make(VIP, 80, "TCP", slot=i))].backend_id for i in (1, 2)] == [b2, b1]
+        assert read(lab, node.name, BACKENDS_MAP)[bytes(Lb4BackendKey(b1))].flags == BackendState.TERMINATING
+    lines = lab.services.lb("node-b").lines()
+    assert lines[1].endswith("1 => 198.18.2.12:8080/TCP (active)")
+    assert lines[2].endswith("2 => 198.18.2.11:8080/TCP (terminating)")
+
+
+def test_reset_flushes_services(lab):
+    """lab.reset() removes every service from the maps and the service list, and ids start at 1 again."""
+    lab.services.add("web", 80, ["b1:8080"])
+    lab.services.add("api", 81, ["a1:8080"], affinity=30)
+    lab.reset()
+    assert lab.services.list() == []
+    for node in lab.topology.nodes:
+        for m in LB_MAPS:
+            assert read(lab, node.name, m) == {}, f"{node.name} {m}"
+    assert lab.services.add("again", 80).id == 1
+
+
+def test_connection_through_the_vip(lab):
+    """With the agent's rows in place, a1 reaches a backend of web through VIP:80 and gets its echo."""
+    lab.services.add("web", 80, ["b1:8080"])
+    client = TcpClient(lab, "a1", VIP, 80)
+    try:
+        assert client.send() == "echo hello labkit"
+    finally:
+        client.close()
+    svc_rows = [r for r in lab.ct("node-a") if r.dir == "SVC"]
+    assert [(r.rev_nat, r.backend_id) for r in svc_rows] == [(1, lab.services.get("web").backends[0].id)]

@@ -1,0 +1,288 @@
+"""Service map rows (labkit.maps.lb): Cilium v1.16 layouts and byte orders, flag
+names, key helpers, and the `cilium service list` / raw views built from map rows."""
+from __future__ import annotations
+
+import ctypes
+import doctest
+import socket
+
+import pytest
+
+from labkit.maps import lb
+from labkit.maps.lb import (
+    BackendState,
+    Ipv4RevnatEntry,
+    Ipv4RevnatTuple,
+    Lb4AffinityKey,
+    Lb4Backend,
+    Lb4BackendKey,
+    Lb4Key,
+    Lb4ReverseNat,
+    Lb4RevNatKey,
+    Lb4Service,
+    LbAffinityVal,
+    LbSnapshot,
+    ServiceFlags,
+    ServiceFlags2,
+)
+
+# Cilium v1.16 bpf/lib/common.h: size, then member → (offset, size).
+CILIUM = {
+    Lb4Key: (12, {"address": (0, 4), "dport": (4, 2), "backend_slot": (6, 2), "proto": (8, 1), "scope": (9, 1),
+                  "pad": (10, 2)}),
+    Lb4Service: (12, {"backend_id": (0, 4), "count": (4, 2), "rev_nat_index": (6, 2), "flags": (8, 1),
+                      "flags2": (9, 1), "pad": (10, 2)}),
+    Lb4Backend: (12, {"address": (0, 4), "port": (4, 2), "proto": (6, 1), "flags": (7, 1), "cluster_id": (8, 2),
+                      "zone": (10, 1), "pad": (11, 1)}),
+    Lb4ReverseNat: (6, {"address": (0, 4), "port": (4, 2)}),
+    Lb4AffinityKey: (16, {"client_id": (0, 8), "rev_nat_id": (8, 2), "netns_cookie": (10, 1), "pad1": (11, 1),
+                          "pad2": (12, 4)}),
+    LbAffinityVal: (16, {"last_used": (0, 8), "backend_id": (8, 4), "pad": (12, 4)}),
+    Ipv4RevnatTuple: (16, {"cookie": (0, 8), "address": (8, 4), "port": (12, 2), "pad": (14, 2)}),
+    Ipv4RevnatEntry: (8, {"address": (0, 4), "port": (4, 2), "rev_nat_index": (6, 2)}),
+}
+VIP = "198.19.0.10"
+
+
+def _members(cls) -> dict[str, tuple[int, int]]:
+    return {name: (getattr(cls, name).offset, getattr(cls, name).size) for name, _ in cls._fields_}
+
+
+# -- layouts -------------------------------------------------------------------
+@pytest.mark.parametrize("cls", list(CILIUM), ids=[c.__name__ for c in CILIUM])
+def test_layout_is_cilium(cls):
+    """Each mirror has Cilium's size and every member at Cilium's offset (no clang needed)."""
+    size, members = CILIUM[cls]
+    assert ctypes.sizeof(cls) == size
+    assert _members(cls) == members
+
+
+def test_sizes_in_order():
+    """The eight structs are 12/12/12/6/16/16/16/8 bytes, as the brief and Cilium say."""
+    assert [ctypes.sizeof(c) for c in CILIUM] == [12, 12, 12, 6, 16, 16, 16, 8]
+
+
+def test_map_table_key_and_value_sizes():
+    """LB_MAPS pairs each map with the key/value sizes the datapath creates it with."""
+    sizes = {name: (ctypes.sizeof(k), ctypes.sizeof(v)) for name, (k, v) in lb.LB_MAPS.items()}
+    assert sizes == {
+        "cilium_lb4_services_v2": (12, 12),
+        "cilium_lb4_backends_v3": (4, 12),
+        "cilium_lb4_reverse_nat": (2, 6),
+        "cilium_lb4_affinity": (16, 16),
+        "cilium_lb4_reverse_sk": (16, 8),
+    }
+
+
+# -- byte orders ---------------------------------------------------------------
+def test_key_bytes_network_order():
+    """Lb4Key stores the VIP and port in network order and the slot in host (little-endian) order."""
+    key = Lb4Key.make(VIP, 80, "TCP", slot=2)
+    raw = bytes(key)
+    assert raw[0:4] == socket.inet_aton(VIP)
+    assert raw[4:6] == (80).to_bytes(2, "big")
+    assert raw[6:8] == (2).to_bytes(2, "little")
+    assert raw[8:] == bytes([6, 0, 0, 0])
+
+
+def test_key_protocols_and_scope():
+    """TCP keys carry proto 6, UDP 17, and scope 0 (external) unless asked otherwise."""
+    assert Lb4Key.make(VIP, 53, "UDP").proto == 17
+    assert Lb4Key.make(VIP, 53, "tcp").proto == 6
+    assert Lb4Key.make(VIP, 53).scope == lb.LookupScope.EXT == 0
+    with pytest.raises(ValueError, match="expected TCP or UDP"):
+        Lb4Key.make(VIP, 53, "SCTP")
+
+
+def test_key_round_trip():
+    """A key decodes back to its VIP, port, slot and frontend text."""
+    key = Lb4Key.from_buffer_copy(bytes(Lb4Key.make(VIP, 8080, "UDP", slot=3)))
+    assert (key.vip, key.port, key.backend_slot, key.frontend) == (VIP, 8080, 3, f"{VIP}:8080/UDP")
+    assert str(key) == f"{VIP}:8080/UDP slot 3"
+    assert key.with_slot(0).ident == key.ident and key.with_slot(0).backend_slot == 0
+
+
+def test_service_head_and_slot_bytes():
+    """The head keeps count and backend_id (affinity timeout) in host order and rev_nat_index in network order."""
+    head = Lb4Service.head(count=2, rev_nat_index=0x0102, affinity_timeout=300, flags=ServiceFlags.AFFINITY)
+    raw = bytes(head)
+    assert raw[0:4] == (300).to_bytes(4, "little")
+    assert raw[4:6] == (2).to_bytes(2, "little")
+    assert raw[6:8] == bytes([0x01, 0x02])
+    assert raw[8] == 0x10
+    assert (head.rev_nat, head.affinity_timeout) == (0x0102, 300)
+    slot = Lb4Service.slot(backend_id=7, rev_nat_index=1)
+    assert bytes(slot)[0:4] == (7).to_bytes(4, "little") and slot.count == 0 and bytes(slot)[6:8] == b"\x00\x01"
+
+
+def test_backend_bytes():
+    """A backend stores address and port in network order, the protocol number and its state."""
+    be = Lb4Backend.make("198.18.2.11", 8080, "TCP", BackendState.TERMINATING)
+    raw = bytes(be)
+    assert raw[0:4] == socket.inet_aton("198.18.2.11") and raw[4:6] == (8080).to_bytes(2, "big")
+    assert (raw[6], raw[7]) == (6, 1)
+    assert (be.ip, be.host_port, be.state, be.l4addr) == ("198.18.2.11", 8080, "terminating", "198.18.2.11:8080/TCP")
+    assert str(be) == "198.18.2.11:8080/TCP (terminating)"
+
+
+def test_backend_key_is_host_order():
+    """The backends map key is the backend id as a host-order u32."""
+    assert bytes(Lb4BackendKey(258)) == (258).to_bytes(4, "little")
+
+
+def test_revnat_key_is_network_order():
+    """The reverse NAT key is the service id as a u16 in network order (Cilium's RevNat4Key)."""
+    assert bytes(Lb4RevNatKey.make(1)) == b"\x00\x01"
+    assert bytes(Lb4RevNatKey.make(0x0203)) == b"\x02\x03"
+    assert Lb4RevNatKey.from_buffer_copy(b"\x00\x05").rev_nat == 5
+
+
+def test_reverse_nat_value():
+    """A reverse NAT entry is VIP and port in network order, packed into 6 bytes."""
+    rn = Lb4ReverseNat.make(VIP, 80)
+    assert bytes(rn) == socket.inet_aton(VIP) + b"\x00\x50"
+    assert str(rn) == f"{VIP}:80"
+
+
+def test_affinity_key_bytes():
+    """The affinity key holds the client's be32 address in client_id's low bytes and rev_nat_id in network order."""
+    key = Lb4AffinityKey.make("198.18.1.11", 1)
+    raw = bytes(key)
+    assert raw[0:4] == socket.inet_aton("198.18.1.11") and raw[4:8] == b"\0\0\0\0"
+    assert raw[8:10] == b"\x00\x01" and raw[10:] == b"\0" * 6
+    assert key.rev_nat == 1 and str(key) == "client 198.18.1.11 rev_nat 1"
+
+
+def test_socket_revnat_bytes():
+    """The socket LB tuple and entry keep addresses, ports and the rev NAT index in network order."""
+    t = Ipv4RevnatTuple.make(0x1122, "198.18.2.11", 8080)
+    assert bytes(t)[0:8] == (0x1122).to_bytes(8, "little") and bytes(t)[12:14] == (8080).to_bytes(2, "big")
+    e = Ipv4RevnatEntry.make(VIP, 80, 3)
+    assert bytes(e) == socket.inet_aton(VIP) + b"\x00\x50" + b"\x00\x03"
+
+
+# -- flags -----------------------------------------------------------------------
+def test_flag_values():
+    """Service flag bits have Cilium's values in both bytes."""
+    assert {f.name: int(f) for f in ServiceFlags} == {
+        "EXTERNAL_IP": 0x01, "NODEPORT": 0x02, "EXT_LOCAL_SCOPE": 0x04, "HOSTPORT": 0x08,
+        "AFFINITY": 0x10, "LOADBALANCER": 0x20, "ROUTABLE": 0x40, "SOURCE_RANGE": 0x80}
+    assert {f.name: int(f) for f in ServiceFlags2} == {
+        "LOCALREDIRECT": 0x01, "NAT_46X64": 0x02, "L7LOADBALANCER": 0x04, "LOOPBACK": 0x08,
+        "INT_LOCAL_SCOPE": 0x10, "TWO_SCOPES": 0x20}
+
+
+@pytest.mark.parametrize("flags,flags2,words", [
+    (0, 0, ["ClusterIP", "non-routable"]),
+    (ServiceFlags.AFFINITY, 0, ["ClusterIP", "sessionAffinity", "non-routable"]),
+    (ServiceFlags.NODEPORT | ServiceFlags.ROUTABLE, 0, ["NodePort"]),
+    (ServiceFlags.LOADBALANCER | ServiceFlags.ROUTABLE | ServiceFlags.SOURCE_RANGE, 0,
+     ["LoadBalancer", "check source-range"]),
+    (ServiceFlags.HOSTPORT | ServiceFlags.ROUTABLE, ServiceFlags2.LOOPBACK, ["HostPort", "loopback"]),
+    (ServiceFlags.ROUTABLE, ServiceFlags2.TWO_SCOPES | 0x80, ["ClusterIP", "two-scopes", "Unknown=0x80"]),
+])
+def test_flag_names_in_cilium_order(flags, flags2, words):
+    """flag_names reads the two bytes as Cilium's SvcFlag.String() does, unknown bits last."""
+    assert lb.flag_names(flags, flags2) == words
+
+
+def test_backend_state_labels():
+    """BackendState labels are what `cilium service list` prints in parentheses."""
+    assert [s.label for s in BackendState] == ["active", "terminating", "quarantined", "maintenance"]
+    assert BackendState.of(7) == "unknown(7)"
+
+
+# -- the views -------------------------------------------------------------------
+def _snapshot(**kw) -> LbSnapshot:
+    return LbSnapshot.build(VIP, 80, "TCP", 1, [(1, "198.18.2.11", 8080), (2, "198.18.2.12", 8080)], **kw)
+
+
+def test_service_list_lines():
+    """lb list prints Cilium's tabwriter columns, one line per backend, numbered from 1."""
+    assert _snapshot().lines() == [
+        "ID   Frontend             Service Type   Backend",
+        "1    198.19.0.10:80/TCP   ClusterIP      1 => 198.18.2.11:8080/TCP (active)",
+        "                                         2 => 198.18.2.12:8080/TCP (active)",
+    ]
+
+
+def test_terminating_after_count():
+    """A backend in a slot after the head's count is listed as terminating, after the active ones."""
+    rows = _snapshot(active=1).rows()
+    assert [(b.slot, b.state) for b in rows[0].backends] == [(1, "active"), (2, "terminating")]
+    assert rows[0].count == 1
+
+
+def test_walk_stops_at_missing_slot():
+    """Reading a service follows slots 1, 2, ... and stops at the first slot that is missing."""
+    snap = _snapshot()
+    services = [(k, v) for k, v in snap.services if k.backend_slot != 1]
+    rows = LbSnapshot.of(services, snap.backends, snap.revnat).rows()
+    assert rows[0].backends == ()
+
+
+def test_walk_reads_past_count():
+    """Slots after count are read too (Cilium keeps terminating backends there)."""
+    snap = _snapshot()
+    services = [(k, Lb4Service.head(0, 1) if k.backend_slot == 0 else v) for k, v in snap.services]
+    rows = LbSnapshot.of(services, snap.backends, snap.revnat).rows()
+    assert [b.backend_id for b in rows[0].backends] == [1, 2]
+    assert all(b.state == "terminating" for b in rows[0].backends)
+
+
+def test_missing_backend_is_shown():
+    """A slot naming a backend id absent from the backends map is shown, not hidden."""
+    snap = _snapshot()
+    rows = LbSnapshot.of(snap.services, snap.backends[:1], snap.revnat).rows()
+    assert rows[0].backends[1].state == "missing"
+    assert "missing from cilium_lb4_backends_v3" in rows[0].backends[1].text(2)
+
+
+def test_slots_without_head_are_not_services():
+    """Only slot 0 heads start a service; orphan slots show up in the raw view only."""
+    snap = _snapshot()
+    services = [(k, v) for k, v in snap.services if k.backend_slot != 0]
+    fixed = LbSnapshot.of(services, snap.backends, snap.revnat)
+    assert fixed.rows() == [] and fixed.lines() == ["ID   Frontend   Service Type   Backend"]
+    assert any("slot 1 → backend 1" in line for line in fixed.raw_lines())
+
+
+def test_raw_lines():
+    """The raw view lists every slot with its key, then backends by id and reverse NAT by id."""
+    assert _snapshot(active=1).raw_lines() == [
+        "# cilium_lb4_services_v2",
+        "198.19.0.10:80/TCP slot 0 head: count=1 rev_nat=1 flags=[ClusterIP, non-routable]",
+        "198.19.0.10:80/TCP slot 1 → backend 1 [198.18.2.11:8080/TCP (active)] rev_nat=1",
+        "198.19.0.10:80/TCP slot 2 → backend 2 [198.18.2.12:8080/TCP (terminating)] rev_nat=1",
+        "# cilium_lb4_backends_v3",
+        "backend 1 → 198.18.2.11:8080/TCP (active)",
+        "backend 2 → 198.18.2.12:8080/TCP (terminating)",
+        "# cilium_lb4_reverse_nat",
+        "rev_nat 1 → 198.19.0.10:80",
+    ]
+
+
+def test_json_views():
+    """--json gives services with backends; --raw --json gives the entries of each map."""
+    data = _snapshot().to_json()
+    assert data[0]["id"] == 1 and data[0]["frontend"] == "198.19.0.10:80/TCP" and data[0]["count"] == 2
+    assert data[0]["flags"] == ["ClusterIP", "non-routable"] and data[0]["rev_nat"] == "198.19.0.10:80"
+    assert [b["address"] for b in data[0]["backends"]] == ["198.18.2.11", "198.18.2.12"]
+    raw = _snapshot().raw_json()
+    assert [e["slot"] for e in raw["cilium_lb4_services_v2"]] == [0, 1, 2]
+    assert raw["cilium_lb4_reverse_nat"] == [{"rev_nat": 1, "address": VIP, "port": 80}]
+
+
+def test_services_sorted_by_id():
+    """Several services are listed by service id."""
+    a = LbSnapshot.build("198.19.0.11", 53, "UDP", 2, [(3, "198.18.1.11", 53)])
+    b = _snapshot()
+    snap = LbSnapshot.of(a.services + b.services, a.backends + b.backends, a.revnat + b.revnat)
+    assert [r.id for r in snap.rows()] == [1, 2]
+    assert snap.lines()[3].startswith("2    198.19.0.11:53/UDP   ClusterIP      1 => 198.18.1.11:53/UDP")
+
+
+def test_doctests():
+    """The examples in labkit.maps.lb run and give what they show."""
+    result = doctest.testmod(lb, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,532 @@
+"""The Service agent (labkit.services) without a kernel: checks before any write,
+the order in which maps are written, ids, rollback, the shared service list,
+and the `service`/`lb` commands. Maps are labkit.services.MemoryMaps, which
+records every update and delete in order."""
+from __future__ import annotations
+
+import copy
+import doctest
+import errno
+import json
+
+import pytest
+
+from labkit import cli, ledger
+from labkit import services as services_mod
+from labkit.config import DatapathConfig
+from labkit.errors import ConfigError, DatapathError, NotFoundError
+from labkit.maps.lb import (
+    AFFINITY_MAP,
+    BACKENDS_MAP,
+    REVNAT_MAP,
+    SERVICES_MAP,
+    BackendState,
+    Lb4AffinityKey,
+    Lb4BackendKey,
+    Lb4Key,
+    Lb4RevNatKey,
+    LbAffinityVal,
+    ServiceFlags,
+)
+from labkit.services import Backend, JsonStore, MemoryMaps, MemoryStore, Service, Services
+from labkit.topology import Topology
+
+NODES = ("node-a", "node-b")
+VIP = "198.19.0.10"
+
+
+@pytest.fixture
+def svcs() -> Services:
+    """An agent for the default topology writing into memory."""
+    return Services.in_memory(Topology.default("demo"))
+
+
+def ops(s: Services, node: str = "node-a") -> list[str]:
+    """The writes to ``node``, shortened to ``verb map-suffix key``."""
+    short = {SERVICES_MAP: "svc", BACKENDS_MAP: "be", REVNAT_MAP: "revnat", AFFINITY_MAP: "aff"}
+    out = []
+    for line in s.maps.ops:
+        verb, n, map_name, key = line.split(" ", 3)
+        if n == node:
+            out.append(f"{verb} {short[map_name]} {key}")
+    return out
+
+
+def snapshot(s: Services) -> dict:
+    return copy.deepcopy(s.maps.data)
+
+
+def head(s: Services, node: str, vip: str = VIP, port: int = 80, proto: str = "TCP"):
+    return s.maps.get(node, SERVICES_MAP, Lb4Key.make(vip, port, proto))
+
+
+def slot(s: Services, node: str, n: int, vip: str = VIP, port: int = 80, proto: str = "TCP"):
+    return s.maps.get(node, SERVICES_MAP, Lb4Key.make(vip, port, proto, slot=n))
+
+
+# -- adding --------------------------------------------------------------------
+def test_add_returns_the_service(svcs):
+    """add() allocates VIP 198.19.0.10 and id 1, and returns a frozen Service with its backends."""
+    web = svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    assert web == Service("web", VIP, 80, "TCP", (Backend("b1", 8080), Backend("b2", 8080)), 0, 1, "ClusterIP")
+    assert [b.id for b in web.backends] == [1, 2]
+    assert svcs.get("web") == web and svcs.list() == [web] and "web" in svcs and len(svcs) == 1
+    with pytest.raises(AttributeError):
+        web.port = 81
+
+
+def test_add_writes_every_node_in_safe_order(svcs):
+    """Adding writes backends, then slots 1..n, then reverse NAT, and the slot 0 head last, on every node."""
+    svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    expected = [
+        "update be backend 1",
+        "update be backend 2",
+        f"update svc {VIP}:80/TCP slot 1",
+        f"update svc {VIP}:80/TCP slot 2",
+        "update revnat rev_nat 1",
+        f"update svc {VIP}:80/TCP slot 0",
+    ]
+    assert ops(svcs, "node-a") == expected
+    assert ops(svcs, "node-b") == expected
+    assert svcs.maps.ops[0].split()[1] == "node-a" and svcs.maps.ops[-1].split()[1] == "node-b"
+
+
+def test_add_row_contents(svcs):
+    """Head: count and rev_nat (network order); slots: backend ids; backends: pod address and port; revnat: VIP:port."""
+    svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    for node in NODES:
+        h = head(svcs, node)
+        assert (h.count, h.rev_nat, bytes(h)[6:8], h.flags, h.backend_id) == (2, 1, b"\x00\x01", 0, 0)
+        assert [slot(svcs, node, i).backend_id for i in (1, 2)] == [1, 2]
+        assert all(slot(svcs, node, i).rev_nat == 1 for i in (1, 2))
+        assert slot(svcs, node, 3) is None
+        be = svcs.maps.get(node, BACKENDS_MAP, Lb4BackendKey(1))
+        assert (be.ip, be.host_port, be.proto, be.flags) == ("198.18.2.11", 8080, 6, BackendState.ACTIVE)
+        assert svcs.maps.get(node, BACKENDS_MAP, Lb4BackendKey(2)).ip == "198.18.2.12"
+        assert str(svcs.maps.get(node, REVNAT_MAP, Lb4RevNatKey.make(1))) == f"{VIP}:80"
+
+
+def test_add_udp_and_affinity(svcs):
+    """UDP keys carry proto 17; affinity sets SVC_FLAG_AFFINITY and the timeout in the head's backend_id."""
+    svcs.add("dns", 53, ["a1:5353"], protocol="udp", affinity=300)
+    h = head(svcs, "node-a", port=53, proto="UDP")
+    assert h.flags == ServiceFlags.AFFINITY and h.affinity_timeout == 300 and h.count == 1
+    assert slot(svcs, "node-a", 1, port=53, proto="UDP").flags == ServiceFlags.AFFINITY
+    assert svcs.get("dns").protocol == "UDP"
+
+
+def test_service_without_backends(svcs):
+    """A service with no backends gets a head with count 0 (the datapath drops its traffic)."""
+    svcs.add("empty", 80)
+    assert head(svcs, "node-b").count == 0 and slot(svcs, "node-b", 1) is None
+
+
+def test_vip_allocation(svcs):
+    """VIPs are handed out from 198.19.0.10 on, skipping taken ones; a freed VIP is reused."""
+    assert svcs.add("a", 80).vip == "198.19.0.10"
+    assert svcs.add("b", 80, vip="198.19.0.11").vip == "198.19.0.11"
+    assert svcs.add("c", 80).vip == "198.19.0.12"
+    svcs.remove("a")
+    assert svcs.add("d", 80).vip == "198.19.0.10"
+    assert svcs.add("e", 81, vip="198.19.0.10").frontend == "198.19.0.10:81/TCP"  # another port, same VIP
+
+
+def test_service_ids_are_not_reused_at_once(svcs):
+    """Service ids count up (a removed id is not handed out again until they wrap); flush starts at 1."""
+    assert svcs.add("a", 80).id == 1
+    assert svcs.add("b", 80).id == 2
+    svcs.remove("a")
+    assert svcs.add("c", 80).id == 3
+    svcs.flush()
+    assert svcs.add("d", 80).id == 1
+
+
+def test_backend_ids_shared_and_freed(svcs):
+    """One address:port/protocol has one backend id for every service; it is freed with its last user."""
+    web = svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    api = svcs.add("api", 81, ["b2:8080", "a1:8080"])
+    assert [b.id for b in web.backends] == [1, 2] and [b.id for b in api.backends] == [2, 3]
+    udp = svcs.add("u", 82, ["b2:8080"], protocol="UDP")
+    assert udp.backends[0].id == 4  # another protocol, another backend
+    svcs.remove("web")
+    assert svcs.maps.get("node-a", BACKENDS_MAP, Lb4BackendKey(1)) is None  # b1: nobody uses it
+    assert svcs.maps.get("node-a", BACKENDS_MAP, Lb4BackendKey(2)) is not None  # b2: api still does
+    assert svcs.add("web2", 83, ["b1:8080"]).backends[0].id == 5
+
+
+# -- shrinking, growing, removing ---------------------------------------------
+def test_remove_backend_shrinks_head_first(svcs):
+    """Taking a backend out writes the head (new count) first, then slots, then deletes the unused backend."""
+    svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    svcs.maps.ops.clear()
+    web = svcs.remove_backend("web", "b1:8080")
+    assert [b.ref for b in web.backends] == ["b2:8080"]
+    assert ops(svcs) == [
+        f"update svc {VIP}:80/TCP slot 0",
+        f"update svc {VIP}:80/TCP slot 1",
+        f"delete svc {VIP}:80/TCP slot 2",
+        "delete be backend 1",
+    ]
+    assert head(svcs, "node-b").count == 1 and slot(svcs, "node-b", 1).backend_id == 2
+
+
+def test_terminating_moves_after_count(svcs):
+    """A terminating backend leaves the count: head first, then the slots reordered, active ones first."""
+    svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    svcs.maps.ops.clear()
+    web = svcs.set_backend_state("web", "b1:8080", "terminating")
+    assert [str(b) for b in web.backends] == ["b1:8080 (terminating)", "b2:8080"]
+    assert ops(svcs)[0] == f"update svc {VIP}:80/TCP slot 0"
+    for node in NODES:
+        assert head(svcs, node).count == 1
+        assert [slot(svcs, node, i).backend_id for i in (1, 2)] == [2, 1]
+        assert svcs.maps.get(node, BACKENDS_MAP, Lb4BackendKey(1)).flags == BackendState.TERMINATING
+    assert [(b.slot, b.state) for b in svcs.lb("node-a").rows()[0].backends] == [(1, "active"), (2, "terminating")]
+
+
+def test_back_to_active_grows_head_last(svcs):
+    """A backend made active again: backend and slots are written before the head's larger count."""
+    svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    svcs.set_backend_state("web", "b1:8080", "terminating")
+    svcs.maps.ops.clear()
+    svcs.set_backend_state("web", "b1:8080", "active")
+    written = ops(svcs)
+    assert written[-1] == f"update svc {VIP}:80/TCP slot 0"
+    assert written[0] == "update be backend 1"
+    assert head(svcs, "node-a").count == 2
+
+
+def test_same_state_writes_nothing(svcs):
+    """Setting the state a backend already has touches no map."""
+    svcs.add("web", 80, ["b1:8080"])
+    svcs.maps.ops.clear()
+    svcs.set_backend_state("web", "b1:8080", "active")
+    assert svcs.maps.ops == []
+
+
+def test_add_backend_grows_head_last(svcs):
+    """Adding a backend writes it and its slot before the head's new count."""
+    svcs.add("web", 80, ["b1:8080"])
+    svcs.maps.ops.clear()
+    svcs.add_backend("web", "a2:8080")
+    assert ops(svcs) == ["update be backend 2", f"update svc {VIP}:80/TCP slot 2", f"update svc {VIP}:80/TCP slot 0"]
+    svcs.maps.ops.clear()
+    svcs.add_backend("web", "a1:8080", state="terminating")
+    assert ops(svcs) == ["update be backend 3", f"update svc {VIP}:80/TCP slot 3"]  # count unchanged
+    assert head(svcs, "node-a").count == 2
+
+
+def test_remove_order(svcs):
+    """Removing a service deletes its head first, then slots, reverse NAT and backends."""
+    svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    svcs.maps.ops.clear()
+    svcs.remove("web")
+    assert ops(svcs) == [
+        f"delete svc {VIP}:80/TCP slot 0",
+        f"delete svc {VIP}:80/TCP slot 2",
+        f"delete svc {VIP}:80/TCP slot 1",
+        "delete revnat rev_nat 1",
+        "delete be backend 1",
+        "delete be backend 2",
+    ]
+    assert all(not t for node in NODES for t in svcs.maps.data[node].values())
+    assert svcs.list() == []
+
+
+def test_removing_a_backend_forgets_its_affinity(svcs):
+    """Clients stuck to a backend that left an affinity service lose that entry; others keep theirs."""
+    svcs.add("web", 80, ["b1:8080", "b2:8080"], affinity=60)
+    for node in NODES:
+        svcs.maps.update(node, AFFINITY_MAP, Lb4AffinityKey.make("198.18.1.11", 1), LbAffinityVal(5, 1))
+        svcs.maps.update(node, AFFINITY_MAP, Lb4AffinityKey.make("198.18.1.12", 1), LbAffinityVal(5, 2))
+    svcs.remove_backend("web", "b1:8080")
+    left = [(str(k), v.backend_id) for k, v in svcs.maps.items("node-a", AFFINITY_MAP)]
+    assert left == [("client 198.18.1.12 rev_nat 1", 2)]
+
+
+def test_flush_clears_everything(svcs):
+    """flush() removes every service, clears stray entries of all five maps and resets the ids."""
+    svcs.add("web", 80, ["b1:8080"])
+    svcs.add("api", 81, ["a1:8080"], affinity=10)
+    svcs.maps.update("node-b", AFFINITY_MAP, Lb4AffinityKey.make("198.18.1.11", 2), LbAffinityVal(1, 2))
+    svcs.maps.update("node-a", BACKENDS_MAP, Lb4BackendKey(99), svcs.maps.get("node-a", BACKENDS_MAP, Lb4BackendKey(1)))
+    svcs.flush()
+    assert svcs.list() == []
+    assert all(not t for node in NODES for t in svcs.maps.data[node].values())
+    assert svcs.store.data["next_service_id"] == 1 and svcs.store.data["next_backend_id"] == 1
+
+
+def test_flush_of_nothing_saves_nothing():
+    """Flushing a lab that never had a service creates no service list, and skips maps a datapath lacks."""
+    topo = Topology.default("demo")
+    store = MemoryStore()
+    maps = MemoryMaps([n.name for n in topo.nodes], maps=[SERVICES_MAP])  # the others "not pinned"
+    Services("demo", topo, maps, store).flush()
+    assert store.saves == 0 and store.data == {}
+
+
+# -- checks before writing -------------------------------------------------------
+BAD_ADDS = [
+    (dict(name="web", port=0), ConfigError, "service 'web': port 0 is out of range; expected 1-65535"),
+    (dict(name="web", port=65536), ConfigError, "service 'web': port 65536 is out of range; expected 1-65535"),
+    (dict(name="web", port="80"), ConfigError, "service 'web': port '80' is not a whole number"),
+    (dict(name="web", port=80, backends=["b9:8080"]), NotFoundError,
+     "service 'web': backend 'b9:8080': pod 'b9' not found in lab 'demo'"),
+    (dict(name="web", port=80, backends=["b1:0"]), ConfigError,
+     "service 'web': backend 'b1:0' port 0 is out of range; expected 1-65535"),
+    (dict(name="web", port=80, backends=["b1:70000"]), ConfigError,
+     "service 'web': backend 'b1:70000' port 70000 is out of range; expected 1-65535"),
+    (dict(name="web", port=80, backends=["b1"]), ConfigError, "service 'web': backend 'b1': expected POD:PORT"),
+    (dict(name="web", port=80, backends=["b1:8080", "b1:8080"]), ConfigError,
+     "service 'web': backend 'b1:8080' is listed twice"),
+    (dict(name="web", port=80, vip="10.0.0.1"), ConfigError,
+     "service 'web': VIP 10.0.0.1 is outside the ClusterIP range 198.19.0.0/16"),
+    (dict(name="web", port=80, vip="198.19.0.300"), ConfigError, "service 'web': VIP '198.19.0.300' is not an IPv4"),
+    (dict(name="web", port=80, vip="198.19.255.255"), ConfigError, "network or broadcast address"),
+    (dict(name="web", port=80, affinity=-1), ConfigError,
+     "service 'web': session affinity timeout -1 s; expected 0 (off) to 86400 seconds"),
+    (dict(name="web", port=80, affinity=86401), ConfigError, "expected 0 (off) to 86400 seconds"),
+    (dict(name="web", port=80, protocol="SCTP"), ConfigError, "service 'web': protocol 'SCTP'; expected one of TCP, UDP"),
+    (dict(name="Web_1", port=80), ConfigError, "service name 'Web_1': expected a DNS label"),
+]
+
+
+@pytest.mark.parametrize("kw,exc,message", BAD_ADDS, ids=[m[:40] for _, _, m in BAD_ADDS])
+def test_bad_add_touches_nothing(svcs, kw, exc, message):
+    """Each bad add raises its error class with a message naming the object, and writes no map or state."""
+    svcs.add("api", 8080, ["a1:8080"])
+    before, saves = snapshot(svcs), svcs.store.saves
+    svcs.maps.ops.clear()
+    with pytest.raises(exc) as info:
+        svcs.add(**kw)
+    assert message in str(info.value)
+    assert svcs.maps.ops == [] and snapshot(svcs) == before and svcs.store.saves == saves
+
+
+def test_duplicate_name_and_frontend(svcs):
+    """A second service of the same name, or on the same VIP:port/protocol, is refused untouched."""
+    svcs.add("web", 80, ["b1:8080"])
+    before = snapshot(svcs)
+    with pytest.raises(ConfigError, match=r"service 'web' already exists in lab 'demo' \(198.19.0.10:80/TCP\)"):
+        svcs.add("web", 81)
+    with pytest.raises(ConfigError, match=r"service 'web2': frontend 198.19.0.10:80/TCP is already service 'web'"):
+        svcs.add("web2", 80, vip=VIP)
+    assert snapshot(svcs) == before
+    assert svcs.add("web3", 80, vip=VIP, protocol="UDP").frontend == "198.19.0.10:80/UDP"  # other protocol: fine
+
+
+def test_unknown_service_and_backend(svcs):
+    """Unknown services and backends are NotFoundErrors listing what exists; bad states are ConfigErrors."""
+    svcs.add("web", 80, ["b1:8080"])
+    before = snapshot(svcs)
+    with pytest.raises(NotFoundError, match=r"service 'nope' not found in lab 'demo' \(services: web\)"):
+        svcs.remove("nope")
+    with pytest.raises(NotFoundError, match="service 'nope' not found"):
+        svcs.get("nope")
+    with pytest.raises(NotFoundError, match=r"service 'web': backend 'b2:8080' not found \(backends: b1:8080\)"):
+        svcs.set_backend_state("web", "b2:8080", "terminating")
+    with pytest.raises(NotFoundError, match="backend 'b1:9090' not found"):
+        svcs.remove_backend("web", "b1:9090")
+    with pytest.raises(ConfigError, match="backend state 'gone'; expected one of active, terminating"):
+        svcs.set_backend_state("web", "b1:8080", "gone")
+    with pytest.raises(ConfigError, match="backend 'b1:8080' is already one of its backends"):
+        svcs.add_backend("web", "b1:8080")
+    with pytest.raises(NotFoundError, match="pod 'zz' not found"):
+        svcs.add_backend("web", "zz:8080")
+    assert snapshot(svcs) == before
+
+
+def test_no_services_message(svcs):
+    """With no services the NotFoundError says so."""
+    with pytest.raises(NotFoundError, match=r"\(services: none\)"):
+        svcs.get("web")
+
+
+# -- rollback --------------------------------------------------------------------
+def _fail_on(node: str, map_name: str, slot_no: int | None = None, op: str = "update"):
+    def fail(verb, n, m, key):
+        if verb == op and n == node and m == map_name and (slot_no is None or key.backend_slot == slot_no):
+            raise OSError(errno.E2BIG, "map update: Argument list too long")
+    return fail
+
+
+def test_add_rolls_back_on_kernel_error(svcs):
+    """An OSError on node-b's head write undoes every write of the call on both nodes and saves nothing."""
+    svcs.add("api", 8080, ["b1:8080"])
+    before, saves = snapshot(svcs), svcs.store.saves
+    svcs.maps.fail = _fail_on("node-b", SERVICES_MAP, slot_no=0)
+    with pytest.raises(DatapathError) as info:
+        svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    svcs.maps.fail = None
+    assert snapshot(svcs) == before and svcs.store.saves == saves
+    assert [s.name for s in svcs.list()] == ["api"]
+    msg = str(info.value)
+    assert "adding service 'web'" in msg and "cilium_lb4_services_v2 on node 'node-b'" in msg
+    assert "every map is as it was" in msg
+    # the head was written last, so the rollback deletes it before anything it points at
+    undo = [o for o in svcs.maps.ops if o.startswith("delete node-a")]
+    assert undo[0].endswith("slot 0")
+
+
+def test_shrink_rolls_back_on_kernel_error(svcs):
+    """A failing delete while removing a service restores the rows already deleted, head included."""
+    svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    before = snapshot(svcs)
+    svcs.maps.fail = _fail_on("node-b", REVNAT_MAP, op="delete")
+    with pytest.raises(DatapathError, match="removing service 'web'"):
+        svcs.remove("web")
+    svcs.maps.fail = None
+    assert snapshot(svcs) == before and svcs.get("web").id == 1
+
+
+def test_missing_map_rolls_back(svcs):
+    """A node without the LB maps (NotFoundError) rolls back the nodes already written and re-raises."""
+    del svcs.maps.data["node-b"][REVNAT_MAP]
+    before = snapshot(svcs)
+    with pytest.raises(NotFoundError, match="does not exist"):
+        svcs.add("web", 80, ["b1:8080"])
+    assert snapshot(svcs) == before
+
+
+# -- the shared service list ------------------------------------------------------
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    """A private /run/labkit with a lab 'demo' ledger."""
+    monkeypatch.setattr(ledger, "RUN_DIR", tmp_path)
+    ledger.Ledger("demo").start()
+    return tmp_path
+
+
+def test_json_store_shared_between_agents(run_dir):
+    """Two agents on the same services.json (two processes) see each other's services."""
+    topo = Topology.default("demo")
+    maps = MemoryMaps(n.name for n in topo.nodes)
+    one = Services("demo", topo, maps, JsonStore("demo"))
+    two = Services("demo", topo, maps, JsonStore("demo"))
+    one.add("web", 80, ["b1:8080"])
+    assert two.get("web").vip == VIP
+    assert two.add("api", 81).id == 2
+    data = json.loads((run_dir / "demo" / "services.json").read_text())
+    assert [s["name"] for s in data["services"]] == ["web", "api"]
+
+
+def test_json_store_in_ledger_once(run_dir):
+    """services.json (and its temporary twin) are recorded in the ledger before the first write, once."""
+    topo = Topology.default("demo")
+    s = Services("demo", topo, MemoryMaps(n.name for n in topo.nodes), JsonStore("demo"))
+    s.add("web", 80)
+    s.add("api", 81)
+    s.flush()
+    paths = [e["path"] for e in ledger.Ledger("demo").entries("file")]
+    assert paths.count(str(run_dir / "demo" / "services.json")) == 1
+    assert paths.count(str(run_dir / "demo" / "services.tmp")) == 1
+    assert not (run_dir / "demo" / "services.tmp").exists()
+
+
+def test_lab_services_property(run_dir):
+    """Lab.services is one lazily built agent on the lab's pins and services.json."""
+    from labkit.lab import Lab
+
+    topo = Topology.default("demo")
+    state = {"pin_dirs": {n.name: f"/sys/fs/bpf/labkit/demo/{n.name}" for n in topo.nodes}}
+    lab = Lab("demo", topo, DatapathConfig(), state)
+    assert lab.services is lab.services
+    assert isinstance(lab.services.store, JsonStore) and lab.services.store.path == run_dir / "demo" / "services.json"
+    assert lab.services.lb_command("node-a")[0] == \
+        "bpftool map dump pinned /sys/fs/bpf/labkit/demo/node-a/cilium_lb4_services_v2"
+
+
+def test_doctests():
+    """The examples in labkit.services run and give what they show."""
+    result = doctest.testmod(services_mod, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+# -- the command line --------------------------------------------------------------
+class _FakeLab:
+    def __init__(self):
+        self.name = "demo"
+        self.topology = Topology.default("demo")
+        self.services = Services.in_memory(self.topology)
+
+
+@pytest.fixture
+def fake_lab(monkeypatch):
+    """`labkit` commands attach to an in-memory lab."""
+    monkeypatch.delenv("LABKIT_LAB", raising=False)
+    lab = _FakeLab()
+    monkeypatch.setattr(cli, "_attach", lambda args: lab)
+    return lab
+
+
+def test_cli_service_add_and_list(fake_lab, capsys):
+    """`service add` writes the service; `service list` shows it as a table and as JSON."""
+    assert cli.main(["service", "add", "web", "--port", "80", "--backend", "b1:8080", "--backend", "b2:8080"]) == 0
+    out = capsys.readouterr().out
+    assert "service web added on every node: 198.19.0.10:80/TCP id 1" in out and "lb list node-a" in out
+    assert cli.main(["service", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "TYPE", "VIP", "PORT", "PROTOCOL", "ID", "BACKENDS"]
+    assert lines[1].split()[:6] == ["web", "ClusterIP", VIP, "80", "TCP", "1"]
+    assert cli.main(["service", "list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data[0]["backends"][0] == {"pod": "b1", "port": 8080, "state": "active", "backend_id": 1,
+                                      "address": "198.18.2.11"}
+    assert (data[0]["id"], data[0]["type"], data[0]["protocol"]) == (1, "ClusterIP", "TCP")
+
+
+def test_cli_service_backend_and_del(fake_lab, capsys):
+    """`service backend --state terminating` moves it after the count; `service del` removes the service."""
+    cli.main(["service", "add", "web", "--port", "80", "--backend", "b1:8080", "--backend", "b2:8080",
+              "--protocol", "udp", "--vip", "198.19.1.1", "--affinity", "30"])
+    assert cli.main(["service", "backend", "web", "b1:8080", "--state", "terminating"]) == 0
+    assert "b1:8080 (terminating)" in capsys.readouterr().out
+    assert fake_lab.services.lb("node-a").rows()[0].count == 1
+    assert cli.main(["service", "del", "web"]) == 0
+    assert "service web (198.19.1.1:80/UDP, id 1) removed from every node" in capsys.readouterr().out
+    assert fake_lab.services.list() == []
+
+
+def test_cli_lb_list(fake_lab, capsys):
+    """`lb list NODE` prints cilium service list; --raw every entry; --json plain data."""
+    cli.main(["service", "add", "web", "--port", "80", "--backend", "b1:8080", "--backend", "b2:8080"])
+    capsys.readouterr()
+    assert cli.main(["lb", "list", "node-a"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "ID   Frontend             Service Type   Backend",
+        "1    198.19.0.10:80/TCP   ClusterIP      1 => 198.18.2.11:8080/TCP (active)",
+        "                                         2 => 198.18.2.12:8080/TCP (active)",
+    ]
+    assert cli.main(["lb", "list", "node-b", "--raw"]) == 0
+    raw = capsys.readouterr().out.splitlines()
+    assert raw[0] == "# cilium_lb4_services_v2" and raw[1].startswith("198.19.0.10:80/TCP slot 0 head: count=2")
+    assert cli.main(["lb", "list", "node-a", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["count"] == 2
+    assert cli.main(["lb", "list", "node-a", "--raw", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["cilium_lb4_services_v2"]) == 3
+
+
+def test_cli_errors(fake_lab, capsys):
+    """Agent errors exit 1 with `labkit: error: …`; bad ports and protocols are usage errors (2)."""
+    assert cli.main(["service", "add", "web", "--port", "80", "--backend", "b9:8080"]) == 1
+    assert "labkit: error: service 'web': backend 'b9:8080': pod 'b9' not found" in capsys.readouterr().err
+    assert cli.main(["service", "del", "web"]) == 1
+    assert "service 'web' not found" in capsys.readouterr().err
+    assert cli.main(["lb", "list", "node-z"]) == 1
+    assert "node-z" in capsys.readouterr().err
+    assert cli.main(["service", "add", "web", "--port", "0"]) == 2
+    assert cli.main(["service", "add", "web", "--port", "80", "--protocol", "sctp"]) == 2
+    capsys.readouterr()
+
+
+def test_failed_save_rolls_back_maps(svcs):
+    """If the service list cannot be saved, the maps written for the call are put back too."""
+    before = snapshot(svcs)
+
+    def refuse(data):
+        raise OSError(errno.ENOSPC, "No space left on device", "/run/labkit/demo/services.tmp")
+
+    svcs.store.save = refuse
+    with pytest.raises(DatapathError, match=r"writing the service list \(/run/labkit/demo/services.tmp\) failed"):
+        svcs.add("web", 80, ["b1:8080"])
+    assert snapshot(svcs) == before
