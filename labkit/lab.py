@@ -381,13 +381,17 @@ class Lab:
 
     # -- steps ----------------------------------------------------------------
     def address_of(self, target: str) -> str:
-        """The address of a pod, node or external client by name; an address passes through."""
+        """The address of a pod, node, external client or Service (its VIP) by name; an address passes through."""
         import ipaddress
 
         try:
             return str(ipaddress.IPv4Address(target))
         except ValueError:
             pass
+        if target not in self.topology.names():
+            for svc in self.services.list():
+                if svc.name == target:
+                    return svc.vip
         kind = self.topology.kind_of(target)
         if kind == "pod":
             return self.topology.pod(target).ip

@@ -27,15 +27,29 @@ def lab_name() -> str:
     return os.environ.get("LABKIT_LAB", "demo")
 
 
-def start(routing: str | None = None, **options):
-    """Bring up (or attach to) this notebook's lab, reset it, and make it the current one."""
+def start(routing: str | None = None, socket_lb: str | None = None, variant: str | None = None):
+    """Bring up (or attach to) this notebook's lab, reset it, and make it the current one.
+
+    ``variant`` names a second lab beside the main one (``<name>-<variant>``), for
+    side-by-side comparisons such as tunnel vs native or socket LB vs per-packet LB.
+    """
     global _CURRENT
+    from .config import DatapathConfig
     from .lab import Lab
 
     _inline_figures()
-    _CURRENT = Lab.up(lab_name(), routing=routing, **options)
-    _CURRENT.reset()  # every notebook starts from empty CT maps and the clock at offset 0
-    return _CURRENT
+    config = DatapathConfig()
+    if routing is not None:
+        config = config.with_options(routing=routing)
+    if socket_lb is not None:
+        config = config.with_options(socket_lb=socket_lb)
+    name = f"{lab_name()}-{variant}" if variant else lab_name()
+    lab = Lab.up(name, config=config)
+    lab.reset()
+    if variant:
+        return lab
+    _CURRENT = lab
+    return _CURRENT  # reset: every notebook starts from empty maps and the clock at offset 0
 
 
 def current_lab():

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from .constants import Hook
+from .constants import Hook, Verdict
 from .errors import LabkitError, LabTimeoutError, NotFoundError
 from .maps.ct import CtDiff, CtRow, TcpFlags, diff_rows
 from .trace import Flow
@@ -49,13 +49,13 @@ class Journey:
     """A packet a step waits for, matched by addresses, protocol, ports and TCP flags.
 
     Its journey ends where the trace shows it delivered into a pod
-    (to-container), dropped, or leaving a node for the fabric towards a
-    non-pod address.
+    (to-container, or from-container handing a hairpin reply straight back),
+    dropped, or leaving a node for the fabric towards a non-pod address.
     """
 
     label: str
-    src: str
-    dst: str
+    src: str | None  #: None: any address (a Service VIP's flow changes addresses on the way)
+    dst: str | None
     proto: int
     sport: int | None = None
     dport: int | None = None
@@ -63,7 +63,11 @@ class Journey:
     flags_none: int = 0  #: TCP flags that must be clear
 
     def matches(self, t) -> bool:
-        if (t.saddr, t.daddr, t.proto) != (_be32(self.src), _be32(self.dst), self.proto):
+        if t.proto != self.proto:
+            return False
+        if self.src is not None and t.saddr != _be32(self.src):
+            return False
+        if self.dst is not None and t.daddr != _be32(self.dst):
             return False
         if self.sport is not None and socket.ntohs(t.sport) != self.sport:
             return False
@@ -78,6 +82,8 @@ class Journey:
             return False
         if flow.dropped or ev.hook == Hook.TO_CONTAINER:
             return True
+        if ev.hook == Hook.FROM_CONTAINER and flow.verdict == Verdict.REDIRECTED and not ev.tunnel_endpoint:
+            return True  # a hairpin reply handed straight back into its pod
         return ev.hook == Hook.TO_NETDEV and not ev.inner.proto and ev.after.daddr not in pod_ips
 
 
@@ -228,9 +234,13 @@ class TcpConn:
         return self.lab._podclient(self.pod).call({"op": op, "id": self.id, **kw})
 
     def _j(self, label: str, reply: bool = False, **kw) -> Journey:
+        # To a Service the addresses change on the way (DNAT, hairpin SNAT, socket LB): follow the
+        # client's port instead, which no translation here touches.
+        direct = self.lab.topology.owner_of(self.dst) is not None
+        src, dst = (self.src, self.dst) if direct else (None, None)
         if reply:
-            return Journey(label, self.dst, self.src, _TCP, self.port, self.sport, **kw)
-        return Journey(label, self.src, self.dst, _TCP, self.sport, self.port, **kw)
+            return Journey(label, dst, src, _TCP, self.port if direct else None, self.sport, **kw)
+        return Journey(label, src, dst, _TCP, self.sport, self.port if direct else None, **kw)
 
     def open(self) -> Step:
         """connect(): SYN, SYN-ACK, ACK (or the RST of a closed port)."""
@@ -337,8 +347,12 @@ def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = 
         return res
 
     def expect(res: dict) -> list[Journey]:
-        out = [Journey("datagram", src, dst, _UDP, res.get("sport"), port)]
-        return out + [Journey("answer", dst, src, _UDP, port, res.get("sport"))] if res["ok"] else out
+        if lab.topology.owner_of(dst) is not None:
+            out = [Journey("datagram", src, dst, _UDP, res.get("sport"), port)]
+            return out + [Journey("answer", dst, src, _UDP, port, res.get("sport"))] if res["ok"] else out
+        # A Service: follow the client's port through the translations.
+        out = [Journey("datagram", None, None, _UDP, res.get("sport"), None)]
+        return out + [Journey("answer", None, None, _UDP, None, res.get("sport"))] if res["ok"] else out
 
     return run_step(lab, f"{pod} → {target}:{port} UDP", act, expect)
 
