@@ -81,13 +81,14 @@ class DatapathConfig:
     timeouts: CtTimeouts = field(default_factory=CtTimeouts)
     ct_tcp_size: int = 524288  #: cilium_ct4_global max entries (Cilium's default)
     ct_any_size: int = 262144  #: cilium_ct_any4_global max entries (Cilium's default)
+    lb_map_size: int = 65536  #: max entries of each cilium_lb4_* map (Cilium's --bpf-lb-map-max)
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
             raise ConfigError(f"routing mode: expected one of {', '.join(ROUTING_MODES)}, got {self.routing!r}")
         if self.socket_lb not in SOCKET_LB_MODES:
             raise ConfigError(f"socket LB: expected one of {', '.join(SOCKET_LB_MODES)}, got {self.socket_lb!r}")
-        for name in ("ct_tcp_size", "ct_any_size"):
+        for name in ("ct_tcp_size", "ct_any_size", "lb_map_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 16 <= value <= 16_777_216:
                 raise ConfigError(f"{name}: expected 16 to 16777216 entries, got {value!r}")

@@ -22,7 +22,9 @@
 #define ENDPOINTS_MAP_SIZE 256
 #define IPCACHE_MAP_SIZE 4096
 #define EVENTS_RING_PAGES 256 /* 1 MiB of trace records per node */
+#ifndef LB_MAP_SIZE
 #define LB_MAP_SIZE 65536
+#endif
 
 /* TCP connections. */
 BPF_F_TABLE("lru_hash", struct ipv4_ct_tuple, struct ct_entry, cilium_ct4_global, CT_MAP_SIZE_TCP, 0);

@@ -131,6 +131,7 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
         "NODE_ID": n.node_id,
         "CT_MAP_SIZE_TCP": config.ct_tcp_size,
         "CT_MAP_SIZE_ANY": config.ct_any_size,
+        "LB_MAP_SIZE": config.lb_map_size,
         "VXLAN_PORT": VXLAN_PORT,
         "LB_LOOPBACK_IPV4": int.from_bytes(ipaddress.IPv4Address(LOOPBACK_SNAT_ADDR).packed, "little"),
         **config.timeouts.macros(),

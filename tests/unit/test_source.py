@@ -38,6 +38,7 @@ def test_tunnel_macros(topo):
         "LB_LOOPBACK_IPV4": LOOPBACK_MACRO,
         "CT_MAP_SIZE_TCP": 4096,
         "CT_MAP_SIZE_ANY": 2048,
+        "LB_MAP_SIZE": 65536,
         "CT_CONNECTION_LIFETIME_TCP": 8000,
         "CT_CONNECTION_LIFETIME_NONTCP": 60,
         "CT_SERVICE_LIFETIME_TCP": 8000,
