@@ -33,6 +33,23 @@ __all__ = ["main"]
 TIMEOUT = 3.0
 
 
+def _kernel_peer(sport: int) -> str | None:
+    """The remote address the kernel really uses for our TCP socket on ``sport`` (from /proc/net/tcp),
+    which socket LB's getpeername hook would otherwise hide."""
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f)
+            for line in f:
+                local, remote = line.split()[1:3]
+                if int(local.split(":")[1], 16) == sport:
+                    ip_hex, port_hex = remote.split(":")
+                    ip = socket.inet_ntoa(struct.pack("<I", int(ip_hex, 16)))
+                    return f"{ip}:{int(port_hex, 16)}"
+    except OSError:
+        return None
+    return None
+
+
 def _error(exc: OSError) -> dict:
     name = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
     return {"ok": False, "error": name, "message": str(exc)}
@@ -56,7 +73,8 @@ class _Client:
             return {**_error(exc), "sport": sport}
         self.socks[cmd["id"]] = s
         peer = s.getpeername()
-        return {"ok": True, "sport": s.getsockname()[1], "peer": f"{peer[0]}:{peer[1]}"}
+        sport = s.getsockname()[1]
+        return {"ok": True, "sport": sport, "peer": f"{peer[0]}:{peer[1]}", "real_peer": _kernel_peer(sport)}
 
     def tcp_send(self, cmd: dict) -> dict:
         s = self.socks[cmd["id"]]
@@ -77,6 +95,10 @@ class _Client:
     def tcp_close(self, cmd: dict) -> dict:
         s = self.socks.pop(cmd["id"])
         try:
+            try:  # has the peer closed first (e.g. after answering an HTTP request)?
+                peer_closed = s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                peer_closed = False
             s.shutdown(socket.SHUT_WR)
             while s.recv(65536):
                 pass
@@ -85,7 +107,7 @@ class _Client:
             s.close()
             return _error(exc)
         s.close()
-        return {"ok": True}
+        return {"ok": True, "peer_closed_first": peer_closed}
 
     def tcp_reset(self, cmd: dict) -> dict:
         s = self.socks.pop(cmd["id"])

@@ -226,6 +226,7 @@ class TcpConn:
         self.sport = sport
         self.id = next(_ids)
         self.state = "new"
+        self.loopback = False
 
     def __repr__(self) -> str:
         return f"TcpConn({self.pod} {self.src}:{self.sport or '?'} -> {self.target} {self.dst}:{self.port}, {self.state})"
@@ -251,9 +252,15 @@ class TcpConn:
             res = self._call("tcp_open", host=self.dst, port=self.port, sport=self.sport)
             self.sport = res.get("sport")
             self.state = "open" if res["ok"] else "failed"
+            real = (res.get("real_peer") or "").split(":")[0]
+            self.loopback = real == self.src  # socket LB chose this very pod: the kernel's loopback, no hooks
+            if self.loopback:
+                res["note"] = "socket LB connected the pod to itself: the packets stay on its loopback device"
             return res
 
         def expect(res: dict) -> list[Journey]:
+            if self.loopback:
+                return []
             syn = self._j("SYN", flags_all=TcpFlags.SYN, flags_none=TcpFlags.ACK)
             if res["ok"]:
                 return [syn, self._j("SYN-ACK", True, flags_all=TcpFlags.SYN | TcpFlags.ACK),
@@ -271,7 +278,8 @@ class TcpConn:
             self.lab, f"{self.pod} → {self.target}:{self.port} TCP send {len(data)} bytes",
             lambda: self._call("tcp_send", data=bytes(data).hex()),
             lambda res: [self._j("data", flags_all=TcpFlags.PSH), self._j("echo", True, flags_all=TcpFlags.PSH),
-                         self._j("ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)] if res["ok"] else [],
+                         self._j("ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)]
+            if res["ok"] and not self.loopback else [],
         )
 
     def close(self) -> Step:
@@ -281,17 +289,24 @@ class TcpConn:
         return run_step(
             self.lab, f"{self.pod} → {self.target}:{self.port} TCP close",
             lambda: self._call("tcp_close"),
-            lambda res: [self._j("FIN", flags_all=TcpFlags.FIN), self._j("FIN", True, flags_all=TcpFlags.FIN),
-                         self._j("last ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)]
-            if res["ok"] else [],
+            self._close_journeys,
         )
+
+    def _close_journeys(self, res: dict) -> list[Journey]:
+        if not res["ok"] or self.loopback:
+            return []
+        fin = self._j("FIN", flags_all=TcpFlags.FIN)
+        if res.get("peer_closed_first"):  # their FIN came earlier: ours is answered by a plain ACK
+            return [fin, self._j("ACK", True, flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)]
+        return [fin, self._j("FIN", True, flags_all=TcpFlags.FIN),
+                self._j("last ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)]
 
     def reset(self) -> Step:
         """Abort: close with SO_LINGER 0, so the kernel sends RST."""
         self._need_open("reset")
         self.state = "reset"
-        return run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP reset",
-                        lambda: self._call("tcp_reset"), lambda res: [self._j("RST", flags_all=TcpFlags.RST)])
+        return run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP reset", lambda: self._call("tcp_reset"),
+                        lambda res: [] if self.loopback else [self._j("RST", flags_all=TcpFlags.RST)])
 
     def _need_open(self, what: str) -> None:
         if self.state != "open":

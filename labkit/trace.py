@@ -60,7 +60,8 @@ class TraceTuple(ctypes.LittleEndianStructure):
         return (self.saddr, self.daddr, self.sport, self.dport, self.proto)
 
 
-_ICMP_TYPES = {0: "EchoReply", 3: "DestUnreachable", 8: "EchoRequest", 11: "TimeExceeded", 12: "ParameterProblem"}
+_ICMP_TYPES = {0: "EchoReply", 3: "DestUnreachable", 5: "Redirect", 8: "EchoRequest", 11: "TimeExceeded",
+               12: "ParameterProblem"}
 
 
 class TraceEvent(ctypes.LittleEndianStructure):

@@ -220,3 +220,26 @@ def test_socket_lb_hostns_leaves_pods_per_packet_and_serves_nodes(lab):
             % (svc.vip, VIP_PORT))
     r = lab.node("node-b").exec(sys.executable, "-c", code)
     assert r.stdout.split()[0] == svc.vip and "pod=b1" in r.stdout, r.stdout + r.stderr
+
+
+def test_close_after_the_server_closed_first(lab):
+    """close() after an HTTP answer (the server's FIN came first) ends on the server's ACK."""
+    conn = lab.pod("a1").tcp("b1", 8080)
+    conn.open()
+    answer = conn._call("tcp_send", data=b"GET / HTTP/1.0\r\n\r\n".hex())  # the server answers, then closes
+    assert answer["ok"] and bytes.fromhex(answer["reply"]).startswith(b"HTTP/1.0 200")
+    closed = conn.close()
+    assert closed.result["peer_closed_first"] is True
+
+
+def test_socket_lb_to_itself_stays_on_loopback(socklb_lab):
+    """With socket LB full, a pod reaching its own Service is connected to itself over loopback: the
+    step completes with no packets at the hooks and says so."""
+    lab = socklb_lab
+    lab.reset()
+    lab.services.add("self", VIP_PORT, ["a1:8080"])
+    conn = lab.pod("a1").tcp("self", VIP_PORT)
+    step = conn.open()
+    assert step.ok and conn.loopback and not step.flows and "loopback" in step.result["note"]
+    assert conn.send(b"me").result["reply"] == b"me".hex()
+    conn.close()

@@ -29,7 +29,8 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[2]
 LABS_DIR = REPO / "labs"
 #: Lab id → learner notebook file in labs/.
-NOTEBOOKS = {"01": "01-tour.ipynb", "02": "02-tcp-conntrack.ipynb", "03": "03-pod-to-pod.ipynb"}
+NOTEBOOKS = {"01": "01-tour.ipynb", "02": "02-tcp-conntrack.ipynb", "03": "03-pod-to-pod.ipynb",
+             "04": "04-clusterip.ipynb", "05": "05-hairpin.ipynb", "06": "06-socket-lb.ipynb"}
 CELL_TIMEOUT = 120
 
 
