@@ -352,6 +352,7 @@ def cmd_status(args) -> int:
     head = [
         ["lab", f"{st['lab']} ({st['status']})"],
         ["routing", st["routing"]],
+        ["socket LB", st.get("socket_lb", "-")],
         ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
         ["faults", ", ".join(st["faults"]) or "none"],
         ["CT timeouts", " ".join(f"{k}={v}" for k, v in timeouts.items()) + " (seconds)"],
