@@ -1,0 +1,311 @@
+"""Maglev consistent hashing: how Cilium (pkg/maglev, v1.16) turns a service's
+backends into a lookup table of M slots, so that every node sends a flow to the
+same backend and a backend change moves as few flows as possible.
+
+The idea, in three steps:
+
+1. Each backend gets its own *preference order* over the M slots: hash its name
+   with MurmurHash3 into ``offset`` and ``skip`` and visit ``offset``,
+   ``offset + skip``, ``offset + 2*skip``, ... (mod M). M is prime, so that walk
+   touches every slot exactly once.
+2. The backends, sorted by name, take turns (round robin): on its turn a backend
+   claims the first slot of its preference order that nobody holds yet. After M
+   turns the table is full, and each backend holds M/N slots, give or take one.
+3. A new flow picks ``slot = hash(flow) % M`` and goes to the backend stored
+   there (:func:`slot_for`). The table depends only on the backend *names*, so
+   every node computes the same one; when a backend goes away, its slots are
+   handed out again and the other backends keep almost all of theirs.
+
+    >>> backends = {"198.18.2.11:8080": 1, "198.18.2.12:8080": 2, "198.18.3.11:8080": 3}
+    >>> table = lookup_table(backends)               # M = LAB_DEFAULT_M = 251
+    >>> len(table), sorted(shares(table))
+    (251, [1, 2, 3])
+    >>> sorted(table.count(i) for i in (1, 2, 3))    # 251 = 84 + 84 + 83
+    [83, 84, 84]
+    >>> del backends["198.18.3.11:8080"]
+    >>> after = lookup_table(backends)
+    >>> moved = [s for s in range(251) if table[s] != after[s]]
+    >>> len(moved), sum(table[s] == 3 for s in moved)  # backend 3's 83 slots, and one more
+    (84, 83)
+
+How labkit differs from Cilium: Cilium hashes its own string for a backend (built
+from the backend's address and port) with a seed taken from the first four bytes
+of ``--bpf-lb-maglev-hash-seed`` (see :func:`cilium_seed`); labkit hashes the
+``"ip:port"`` string you give it, with seed 0 unless told otherwise. Backend ids
+are the node-local ids of ``cilium_lb4_backends_v3``; names, not ids, decide the
+table, which is why all nodes agree.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Iterable
+
+from .errors import ConfigError
+
+__all__ = [
+    "murmur3_x64_128",
+    "PRIMES",
+    "DEFAULT_M",
+    "LAB_DEFAULT_M",
+    "CILIUM_DEFAULT_HASH_SEED",
+    "cilium_seed",
+    "offset_skip",
+    "permutation",
+    "lookup_table",
+    "disruption",
+    "shares",
+    "slot_for",
+]
+
+#: The table sizes Cilium accepts for ``--bpf-lb-maglev-table-size`` (all prime).
+#: Cilium recommends M larger than 100 × the number of backends.
+PRIMES = (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071)
+#: Cilium's default table size.
+DEFAULT_M = 16381
+#: labkit's default: small enough to print in a notebook.
+LAB_DEFAULT_M = 251
+#: Cilium's default ``--bpf-lb-maglev-hash-seed`` (12 random bytes, base64).
+CILIUM_DEFAULT_HASH_SEED = "JLfvgnHc2kaSUFaI"
+_SIZES = ", ".join(map(str, PRIMES))
+
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+_C1, _C2 = 0x87C37B91114253D5, 0x4CF5AD432745937F
+_MAX_BACKEND_ID = 0xFFFFFFFF  # the backend id is a __u32 in the backends map and the Maglev table
+_MAX_WEIGHT = 0xFFFF  # Cilium's backend weight is a uint16
+
+
+def _rotl64(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _MASK64
+
+
+def _fmix64(k: int) -> int:
+    k ^= k >> 33
+    k = (k * 0xFF51AFD7ED558CCD) & _MASK64
+    k ^= k >> 33
+    k = (k * 0xC4CEB9FE1A85EC53) & _MASK64
+    return k ^ (k >> 33)
+
+
+def murmur3_x64_128(data: bytes, seed: int = 0) -> tuple[int, int]:
+    """MurmurHash3_x64_128 (Austin Appleby's reference; what Cilium's pkg/murmur3
+    computes): ``(h1, h2)``, two unsigned 64-bit halves. ``seed`` is 32-bit.
+
+    >>> murmur3_x64_128(b"")
+    (0, 0)
+    >>> [hex(h) for h in murmur3_x64_128(b"hello")]
+    ['0xcbd8a7b341bd9b02', '0x5b1e906a48ae1d19']
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ConfigError(f"murmur3 data: expected bytes, got {type(data).__name__} {data!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 0xFFFFFFFF:
+        raise ConfigError(f"murmur3 seed: expected an integer from 0 to 2^32-1, got {seed!r}")
+    data = bytes(data)
+    n = len(data)
+    h1 = h2 = seed
+    nblocks = n // 16
+    for i in range(nblocks):
+        k1 = int.from_bytes(data[16 * i : 16 * i + 8], "little")
+        k2 = int.from_bytes(data[16 * i + 8 : 16 * i + 16], "little")
+        h1 ^= (_rotl64((k1 * _C1) & _MASK64, 31) * _C2) & _MASK64
+        h1 = (((_rotl64(h1, 27) + h2) & _MASK64) * 5 + 0x52DCE729) & _MASK64
+        h2 ^= (_rotl64((k2 * _C2) & _MASK64, 33) * _C1) & _MASK64
+        h2 = (((_rotl64(h2, 31) + h1) & _MASK64) * 5 + 0x38495AB5) & _MASK64
+    tail = data[16 * nblocks :]
+    if len(tail) > 8:  # bytes 8..14 of the tail feed k2, little-endian
+        k2 = int.from_bytes(tail[8:], "little")
+        h2 ^= (_rotl64((k2 * _C2) & _MASK64, 33) * _C1) & _MASK64
+    if tail:  # bytes 0..7 feed k1
+        k1 = int.from_bytes(tail[:8], "little")
+        h1 ^= (_rotl64((k1 * _C1) & _MASK64, 31) * _C2) & _MASK64
+    h1, h2 = h1 ^ n, h2 ^ n
+    h1 = (h1 + h2) & _MASK64
+    h2 = (h2 + h1) & _MASK64
+    h1, h2 = _fmix64(h1), _fmix64(h2)
+    h1 = (h1 + h2) & _MASK64
+    h2 = (h2 + h1) & _MASK64
+    return h1, h2
+
+
+def cilium_seed(hash_seed: str = CILIUM_DEFAULT_HASH_SEED) -> int:
+    """The Murmur seed Cilium derives from ``--bpf-lb-maglev-hash-seed``: the first
+    four of its twelve bytes, big-endian (the other eight seed the datapath's jhash).
+
+    >>> hex(cilium_seed())
+    '0x24b7ef82'
+    """
+    try:
+        raw = base64.b64decode(hash_seed, validate=True)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise ConfigError(f"Maglev hash seed: expected base64 of 12 bytes, got {hash_seed!r} ({exc})") from None
+    if len(raw) != 12:
+        raise ConfigError(f"Maglev hash seed {hash_seed!r}: expected 12 bytes once decoded, got {len(raw)}")
+    return int.from_bytes(raw[:4], "big")
+
+
+def _is_prime(m: int) -> bool:
+    return m >= 2 and all(m % d for d in range(2, int(m**0.5) + 1))
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"Maglev backend name: expected a non-empty 'ip:port' string, got {name!r}")
+    return name
+
+
+def offset_skip(name: str, m: int, seed: int = 0) -> tuple[int, int]:
+    """Where ``name``'s preference order starts, and its stride: ``h1 % m`` and
+    ``h2 % (m - 1) + 1`` of its Murmur hash. ``m`` must be prime.
+
+    >>> offset_skip("198.18.2.11:8080", 251)
+    (232, 87)
+    """
+    if isinstance(m, bool) or not isinstance(m, int) or not _is_prime(m):
+        raise ConfigError(f"Maglev table size: expected a prime (Cilium takes {_SIZES}), got {m!r}")
+    h1, h2 = murmur3_x64_128(_check_name(name).encode(), seed)
+    return h1 % m, h2 % (m - 1) + 1
+
+
+def permutation(name: str, m: int, seed: int = 0) -> list[int]:
+    """``name``'s preference order over the ``m`` slots: row j is
+    ``(offset + j * skip) % m``, a permutation of ``range(m)`` because ``m`` is prime.
+
+    >>> permutation("198.18.2.11:8080", 7)
+    [5, 1, 4, 0, 3, 6, 2]
+    """
+    offset, skip = offset_skip(name, m, seed)
+    return [(offset + j * skip) % m for j in range(m)]
+
+
+def _backend_pairs(backends: object) -> list[tuple[str, int]]:
+    if isinstance(backends, dict):
+        pairs = list(backends.items())
+    elif isinstance(backends, (list, tuple)):
+        pairs = list(backends)
+        for p in pairs:
+            if not (isinstance(p, tuple) and len(p) == 2):
+                raise ConfigError(f"Maglev backends: expected (name, id) pairs, got {p!r}")
+    else:
+        raise ConfigError(f"Maglev backends: expected a dict or list of (name, id), got {type(backends).__name__}")
+    if not pairs:
+        raise ConfigError("Maglev backends: expected at least one backend, got none (the datapath drops instead)")
+    names: set[str] = set()
+    ids: set[int] = set()
+    for name, bid in pairs:
+        _check_name(name)
+        if name in names:
+            raise ConfigError(f"Maglev backend {name!r}: expected unique names, got it twice")
+        if isinstance(bid, bool) or not isinstance(bid, int) or not 1 <= bid <= _MAX_BACKEND_ID:
+            raise ConfigError(f"Maglev backend {name!r}: expected an id from 1 to 2^32-1, got {bid!r}")
+        if bid in ids:
+            raise ConfigError(f"Maglev backend {name!r}: expected a unique id, got {bid} (already used)")
+        names.add(name)
+        ids.add(bid)
+    return pairs
+
+
+def _check_weights(weights: object, names: Iterable[str]) -> dict[str, int]:
+    if not isinstance(weights, dict):
+        raise ConfigError(f"Maglev weights: expected a dict of name -> weight, got {type(weights).__name__}")
+    names = set(names)
+    missing, unknown = sorted(names - weights.keys()), sorted(set(weights) - names)
+    if missing or unknown:
+        raise ConfigError(f"Maglev weights: expected one weight per backend, got missing {missing}, unknown {unknown}")
+    for name, w in weights.items():
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= _MAX_WEIGHT:
+            raise ConfigError(f"Maglev weight of {name!r}: expected an integer from 0 to 65535, got {w!r}")
+    if not any(weights.values()):
+        raise ConfigError("Maglev weights: expected a backend with weight > 0, got all 0 (the datapath drops)")
+    return dict(weights)
+
+
+def lookup_table(
+    backends: dict[str, int] | list[tuple[str, int]],
+    m: int = LAB_DEFAULT_M,
+    seed: int = 0,
+    weights: dict[str, int] | None = None,
+) -> list[int]:
+    """The M-slot table of backend ids for ``backends`` (name -> id), as Cilium's
+    ``GetLookupTable`` fills it: names sorted, round-robin turns, each turn claiming
+    the backend's next free preferred slot.
+
+    ``weights`` (name -> 0..65535, one per backend) follows Cilium exactly: a
+    weight-0 backend is left out (Cilium puts it in maintenance); then a backend
+    skips its turn while ``(n + 1) * weight`` is below its counter, which starts
+    at ``weight / N`` and grows by ``sum(weights)`` per slot taken. Cilium only
+    applies this when ``sum(weights) // N > 1`` -- its default weight is 100 --
+    so tiny weights such as 2 and 1 for two backends are treated as equal.
+
+    >>> t = lookup_table({"10.0.0.1:80": 7, "10.0.0.2:80": 9}, weights={"10.0.0.1:80": 300, "10.0.0.2:80": 100})
+    >>> t[:8], t.count(7), t.count(9)
+    ([7, 7, 7, 7, 7, 9, 7, 7], 188, 63)
+    """
+    if isinstance(m, bool) or m not in PRIMES:
+        raise ConfigError(f"Maglev table size: expected one of {_SIZES}, got {m!r}")
+    pairs = _backend_pairs(backends)
+    if weights is not None:
+        weights = _check_weights(weights, (name for name, _ in pairs))
+        pairs = [(name, bid) for name, bid in pairs if weights[name] > 0]
+    pairs.sort()
+    n_backends = len(pairs)
+    rows = [offset_skip(name, m, seed) for name, _ in pairs]
+    ws = [weights[name] for name, _ in pairs] if weights is not None else [1] * n_backends
+    weight_sum = sum(ws)
+    weighted = weight_sum // n_backends > 1
+    counter = [w / n_backends for w in ws]  # a float64 in Cilium too
+    nxt = [0] * n_backends
+    entry = [0] * m  # 0 = free: backend ids are >= 1
+    for n in range(m):
+        i = n % n_backends
+        if weighted:
+            while (n + 1) * ws[i] < int(counter[i]):
+                i = (i + 1) % n_backends
+            counter[i] += float(weight_sum)
+        offset, skip = rows[i]
+        c = (offset + nxt[i] * skip) % m
+        while entry[c]:
+            nxt[i] += 1
+            c = (offset + nxt[i] * skip) % m
+        entry[c] = pairs[i][1]
+        nxt[i] += 1
+    return entry
+
+
+def disruption(old: list[int], new: list[int]) -> float:
+    """Fraction of slots whose backend changed between two tables of one size.
+
+    >>> disruption([1, 2, 3, 1], [1, 2, 2, 1])
+    0.25
+    """
+    if len(old) != len(new) or not old:
+        raise ConfigError(f"Maglev disruption: expected two non-empty tables of one size, got {len(old)}, {len(new)}")
+    return sum(a != b for a, b in zip(old, new)) / len(old)
+
+
+def shares(table: list[int]) -> dict[int, float]:
+    """Each backend id's fraction of the slots (= of new flows), by id.
+
+    >>> shares([1, 2, 1, 1])
+    {1: 0.75, 2: 0.25}
+    """
+    if not table:
+        raise ConfigError("Maglev shares: expected a non-empty table, got 0 slots")
+    counts: dict[int, int] = {}
+    for bid in table:
+        counts[bid] = counts.get(bid, 0) + 1
+    return {bid: counts[bid] / len(table) for bid in sorted(counts)}
+
+
+def slot_for(hash_value: int, m: int) -> int:
+    """The slot a flow reads: ``hash_value % m``. In Cilium the hash is a jhash of
+    the packet's source address, ports and protocol -- not its destination, which
+    is the service anyway -- seeded from the rest of the Maglev hash seed.
+
+    >>> slot_for(1000, 251)
+    247
+    """
+    if isinstance(hash_value, bool) or not isinstance(hash_value, int) or hash_value < 0:
+        raise ConfigError(f"Maglev flow hash: expected an integer >= 0, got {hash_value!r}")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ConfigError(f"Maglev table size: expected an integer >= 1, got {m!r}")
+    return hash_value % m
