@@ -207,11 +207,11 @@ class Lab:
         ledger.write_state(state)
         try:
             cls._realise(name, topology, config, ledger, state)
-        except BaseException:
+        except BaseException as exc:
             try:
-                teardown(ledger)
-            finally:
-                pass
+                teardown(ledger)  # nothing half-built stays behind
+            except Exception as cleanup:  # report both: what failed, and what could not be undone
+                raise cleanup from exc
             raise
         state["status"] = "up"
         state["timings"]["up_seconds"] = round(time.monotonic() - t0, 3)
@@ -484,12 +484,7 @@ class Lab:
 
                 hint = "; remove by hand with `ip netns del <name>` after checking nothing else uses it"
                 raise CleanupError(f"lab '{name}': still present after teardown (not in its ledger): {'; '.join(left)}{hint}")
-            for parent in (BPFFS_ROOT, RUN_DIR):
-                try:
-                    if parent.exists() and not any(parent.iterdir()) and parent != RUN_DIR:
-                        parent.rmdir()
-                except OSError:
-                    pass
+            _remove_shared_parents()
         finally:
             lock.release(remove=True)
         try:
@@ -645,6 +640,22 @@ class Lab:
             "lab_differences": list(LAB_DIFFERENCES),
             "health": self.health(),
         }
+
+
+def _remove_shared_parents() -> None:
+    """Remove the parents all labs share (pins, cgroups) once no lab uses them."""
+    from ._build import cgroup_root
+
+    cg = cgroup_root()
+    for parent, in_use in (
+        (BPFFS_ROOT, lambda p: any(p.iterdir())),
+        (cg / "labkit" if cg else None, lambda p: any(c.is_dir() for c in p.iterdir())),
+    ):
+        try:
+            if parent is not None and parent.exists() and not in_use(parent):
+                parent.rmdir()
+        except OSError:
+            pass
 
 
 class _U32(ctypes.c_uint32):
