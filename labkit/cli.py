@@ -14,6 +14,7 @@ Examples::
     labkit ct list node-a                           # like `cilium-dbg bpf ct list global`
     labkit ct list node-a -d                        # ... with the remaining lifetime
     labkit ct list node-a --json --show-command     # ... as JSON / with the bpftool commands
+    labkit nat list node-a                          # like `cilium-dbg bpf nat list` (SNAT/DNAT entries)
     labkit service add web --port 80 --backend b1:8080 --backend b2:8080   # a ClusterIP service
     labkit service list                             # services, their VIPs and backends
     labkit service backend web b1:8080 --state terminating
@@ -29,8 +30,8 @@ Exit status: 0 on success, 1 when labkit reports an error (``labkit: error: …`
 on stderr), 2 for a usage error; ``exec`` passes the command's own status
 through (127 when the command does not exist).
 
-``ct list`` imports :mod:`labkit.lab` only (no pyroute2, no BCC), so it stays
-quick enough to run in a loop.
+``ct list`` and ``nat list`` import :mod:`labkit.lab` only (no pyroute2, no
+BCC), so they stay quick enough to run in a loop.
 """
 from __future__ import annotations
 
@@ -168,6 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-command", action="store_true",
                    help="first print the bpftool commands that dump the same maps, as '# ' lines")
     p.set_defaults(func=cmd_ct_list)
+
+    nat = add("nat", "the NAT table of a node (SNAT/DNAT for NodePort and DSR)").add_subparsers(
+        dest="nat_command", metavar="COMMAND", required=True)
+    p = nat.add_parser("list", help="the entries of a node's NAT map, as `cilium-dbg bpf nat list` prints them",
+                       description="The entries of NODE's NAT map, cilium_snat_v4_external, in cilium-dbg's "
+                                   "grammar (Created= in lab-clock seconds).")
+    p.add_argument("node", metavar="NODE", help="the node whose map to read (node-a, node-b, ...)")
+    p.add_argument("--json", action="store_true", help="a JSON list of entries")
+    p.add_argument("--show-command", action="store_true",
+                   help="first print the bpftool command that dumps the same map, as a '# ' line")
+    p.set_defaults(func=cmd_nat_list)
 
     svc = add("service", "ClusterIP services: what the agent writes into every node's LB maps").add_subparsers(
         dest="service_command", metavar="COMMAND", required=True)
@@ -442,6 +454,21 @@ def cmd_ct_list(args) -> int:
     now = lab.clock.now() if args.remaining else None
     out = [f"# {command}" for command in lab.ct_command(args.node)] if args.show_command else []
     out += [row.line(now) for row in rows]
+    if out:
+        sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+
+def cmd_nat_list(args) -> int:
+    lab = _attach(args)
+    rows = lab.nat(args.node)
+    commands = [f"# {command}" for command in lab.nat_command(args.node)] if args.show_command else []
+    if args.json:
+        for command in commands:
+            print(command, file=sys.stderr)
+        _print_json([row.to_json() for row in rows])
+        return 0
+    out = commands + [row.line() for row in rows]
     if out:
         sys.stdout.write("\n".join(out) + "\n")
     return 0

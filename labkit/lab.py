@@ -32,6 +32,7 @@ from .ledger import RUN_DIR, LabLock, Ledger, lab_dir
 from .maps.base import PinnedMap
 from .maps.config import IMPLEMENTED_FAULTS, Fault, LabConfig, TraceMode
 from .maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
+from .maps.nat import NAT_MAP, NatEntry, NatKey4, NatRow
 from .topology import Topology
 from .trace import EventLog
 
@@ -109,6 +110,10 @@ class NodeHandle(_Member):
     def ct(self) -> list[CtRow]:
         """Rows of both CT maps of this node."""
         return self.lab.ct(self.name)
+
+    def nat(self) -> list[NatRow]:
+        """Rows of this node's NAT map."""
+        return self.lab.nat(self.name)
 
     def pin(self, map_name: str) -> str:
         """Path of one of its pinned maps."""
@@ -495,13 +500,15 @@ class Lab:
         return removed
 
     def reset(self) -> None:
-        """Remove every Service, flush CT state, switch faults off and set the lab clock back; topology kept."""
+        """Remove every Service, flush CT and NAT state, switch faults off and set the lab clock back; topology kept."""
         self.services.flush()
         for node in self.topology.nodes:
             pin = self.pin_dir(node.name)
             for map_name in CT_MAPS:
                 with PinnedMap(f"{pin}/{map_name}", CtKey4, CtEntry) as m:
                     m.clear()
+            with PinnedMap(f"{pin}/{NAT_MAP}", NatKey4, NatEntry) as m:
+                m.clear()
             with PinnedMap(f"{pin}/labkit_config", _U32, LabConfig) as m:
                 m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
         self._after_step()  # live tables show the flush
@@ -510,8 +517,13 @@ class Lab:
         """What is wrong with this lab (empty when healthy)."""
         from ._teardown import leftovers
 
+        from .datapath.source import MAP_NAMES
+
         problems = []
         entries = Ledger(self.name).entries()
+        for node in self.topology.nodes:  # a lab built by an older labkit may lack a map this one needs
+            pin = self._state["pin_dirs"][node.name]
+            problems += [f"pinned map {pin}/{m} is missing" for m in MAP_NAMES if not os.path.exists(f"{pin}/{m}")]
         for e in entries:
             if e["kind"] == "netns" and not _netns.exists(e["name"]):
                 problems.append(f"network namespace {e['name']} is gone")
@@ -589,6 +601,15 @@ class Lab:
     def ct_command(self, node: str) -> list[str]:
         """The real commands that show the same rows."""
         return [f"bpftool map dump pinned {self.pin_dir(node)}/{m}" for m in CT_MAPS]
+
+    def nat(self, node: str) -> list[NatRow]:
+        """Every row of ``node``'s NAT map, ``cilium_snat_v4_external`` (empty until the datapath uses it)."""
+        with PinnedMap(f"{self.pin_dir(node)}/{NAT_MAP}", NatKey4, NatEntry) as m:
+            return [NatRow.of(k, v) for k, v in m.items()]
+
+    def nat_command(self, node: str) -> list[str]:
+        """The real command that shows the same rows."""
+        return [f"bpftool map dump pinned {self.pin_dir(node)}/{NAT_MAP}"]
 
     def _config_map(self, node: str) -> PinnedMap:
         return PinnedMap(f"{self.pin_dir(node)}/labkit_config", _U32, LabConfig)

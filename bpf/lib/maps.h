@@ -12,6 +12,7 @@
 #include "config_types.h"
 #include "trace_types.h"
 #include "lb_types.h"
+#include "nat_types.h"
 
 #ifndef CT_MAP_SIZE_TCP
 #define CT_MAP_SIZE_TCP 524288
@@ -44,6 +45,9 @@ BPF_F_TABLE("hash", __be16, struct lb4_reverse_nat, cilium_lb4_reverse_nat, LB_M
 BPF_F_TABLE("lru_hash", struct lb4_affinity_key, struct lb_affinity_val, cilium_lb4_affinity, LB_MAP_SIZE, 0);
 /* Socket LB: socket → the VIP its connect() asked for. */
 BPF_F_TABLE("lru_hash", struct ipv4_revnat_tuple, struct ipv4_revnat_entry, cilium_lb4_reverse_sk, LB_MAP_SIZE, 0);
+/* SNAT/DNAT state for NodePort, masquerading and DSR (nat_types.h); key = CT tuple, ports not
+ * swapped. Pinned, but no program uses it yet. */
+BPF_F_TABLE("lru_hash", struct ipv4_ct_tuple, struct ipv4_nat_entry, cilium_snat_v4_external, NAT_MAP_SIZE, 0);
 /* Lab clock offset, faults, trace mode. */
 BPF_ARRAY(labkit_config, struct lab_config, 1);
 /* One struct trace_event per packet per hook. */

@@ -41,6 +41,7 @@ MAP_NAMES = (
     "cilium_lb4_reverse_nat",
     "cilium_lb4_affinity",
     "cilium_lb4_reverse_sk",
+    "cilium_snat_v4_external",
     "labkit_config",
     "labkit_events",
 )

@@ -9,7 +9,7 @@ import pytest
 from labkit import config as labconfig
 from labkit.constants import DropReason, Hook, Verdict
 from labkit.maps import config as mconfig
-from labkit.maps import ct, eps, lb
+from labkit.maps import ct, eps, lb, nat
 
 BPF_LIB = Path(__file__).resolve().parents[2] / "bpf" / "lib"
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)[ \t]+(-?(?:0[xX][0-9a-fA-F]+|\d+))\b", re.M)
@@ -38,6 +38,7 @@ def test_parser_reads_known_values():
     assert ctd["CT_NONE"] == 255 and ctd["CT_F_FROM_TUNNEL"] == 1024
     assert defines("trace_types.h")["DROP_NO_SERVICE"] == -158
     assert "LABKIT_CT_TYPES_H" not in ctd  # header guards have no value
+    assert defines("nat_types.h")["NAT_MAP_SIZE"] == 524288  # a default inside #ifndef is read too
 
 
 def test_hooks():
@@ -132,3 +133,15 @@ def test_backend_states():
 def test_lookup_scopes():
     """LookupScope mirrors LB_LOOKUP_SCOPE_* both ways."""
     assert members(lb.LookupScope) == group("lb_types.h", "LB_LOOKUP_SCOPE_")
+
+
+def test_nat_dirs():
+    """NatDir mirrors NAT_DIR_* both ways, and EGRESS/INGRESS are TUPLE_F_OUT/TUPLE_F_IN."""
+    assert members(nat.NatDir) == group("nat_types.h", "NAT_DIR_")
+    flags = group("ct_types.h", "TUPLE_F_")
+    assert (nat.NatDir.EGRESS, nat.NatDir.INGRESS) == (flags["OUT"], flags["IN"])
+
+
+def test_nat_map_size():
+    """NAT_MAP_SIZE is the same in nat_types.h and labkit.maps.nat: Cilium's --bpf-nat-global-max default."""
+    assert defines("nat_types.h")["NAT_MAP_SIZE"] == nat.NAT_MAP_SIZE == 524288

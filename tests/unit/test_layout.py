@@ -1,6 +1,6 @@
 """The ctypes mirrors in labkit have exactly the layout of the C structs the
 BPF programs use, as clang lays them out (read back from the object's BTF),
-and the CT structs have Cilium v1.16's layout."""
+and the CT, service and NAT structs have Cilium v1.16's layout."""
 from __future__ import annotations
 
 import ctypes
@@ -15,11 +15,11 @@ import pytest
 
 from labkit import trace
 from labkit.maps import config as mconfig
-from labkit.maps import ct, eps, lb
+from labkit.maps import ct, eps, lb, nat
 
 ROOT = Path(__file__).resolve().parents[2]
 BPF_LIB = ROOT / "bpf" / "lib"
-HEADERS = ("ct_types.h", "eps_types.h", "config_types.h", "trace_types.h", "lb_types.h")
+HEADERS = ("ct_types.h", "eps_types.h", "config_types.h", "trace_types.h", "lb_types.h", "nat_types.h")
 
 #: Python class ↔ C struct name.
 PAIRS = [
@@ -40,7 +40,12 @@ PAIRS = [
     (lb.LbAffinityVal, "lb_affinity_val"),
     (lb.Ipv4RevnatTuple, "ipv4_revnat_tuple"),
     (lb.Ipv4RevnatEntry, "ipv4_revnat_entry"),
+    (nat.NatKey4, "ipv4_ct_tuple"),  # the NAT map's key is the CT key (ports not swapped)
+    (nat.NatEntry, "ipv4_nat_entry"),
 ]
+#: Test ids: the C name, plus the Python class where a C struct has a second mirror.
+_C_NAMES = [c for _, c in PAIRS]
+IDS = [c if _C_NAMES.index(c) == i else f"{c}-{p.__name__}" for i, (p, c) in enumerate(PAIRS)]
 #: Python field name → C member name where they differ (none today: the
 #: mirrors use the C names verbatim; an entry here documents a deliberate rename).
 RENAMES: dict[str, dict[str, str]] = {}
@@ -64,6 +69,18 @@ CILIUM_CT_ENTRY = {
     "src_sec_id": (44, 4),
     "last_tx_report": (48, 4),
     "last_rx_report": (52, 4),
+}
+
+# Cilium v1.16 (bpf/lib/nat.h): struct ipv4_nat_entry, 40 bytes. Cilium's union of to_saddr/to_sport
+# (OUT) and to_daddr/to_dport (IN) is to_addr/to_port here; pad3 names Cilium's 2 bytes of tail padding.
+CILIUM_NAT_ENTRY = {
+    "created": (0, 8),
+    "needs_ct": (8, 8),
+    "pad1": (16, 8),
+    "pad2": (24, 8),
+    "to_addr": (32, 4),
+    "to_port": (36, 2),
+    "pad3": (38, 2),
 }
 
 
@@ -108,7 +125,7 @@ def btf(tmp_path_factory) -> dict:
     src = d / "layout.c"
     lines = ["#include <linux/types.h>"]
     lines += [f'#include "{BPF_LIB / h}"' for h in HEADERS]
-    lines += [f"struct {c_name} lk_layout_{c_name};" for _, c_name in PAIRS]
+    lines += [f"struct {c_name} lk_layout_{c_name};" for c_name in dict.fromkeys(c for _, c in PAIRS)]
     src.write_text("\n".join(lines) + "\n")
     obj = d / "layout.o"
     cc = subprocess.run(
@@ -161,7 +178,7 @@ def _py_members(cls) -> dict[str, tuple[int, int]]:
     return out
 
 
-@pytest.mark.parametrize("cls,c_name", PAIRS, ids=[c for _, c in PAIRS])
+@pytest.mark.parametrize("cls,c_name", PAIRS, ids=IDS)
 def test_python_mirror_matches_btf_layout(btf, cls, c_name):
     """Each ctypes mirror has the C struct's size and every member at the same offset with the same size."""
     assert c_name in btf, f"struct {c_name} missing from BTF of the compiled headers"
@@ -171,11 +188,11 @@ def test_python_mirror_matches_btf_layout(btf, cls, c_name):
     assert [m["name"] for m in btf[c_name]["members"]] == list(_py_members(cls))
 
 
-@pytest.mark.parametrize("cls,c_name", PAIRS, ids=[c for _, c in PAIRS])
+@pytest.mark.parametrize("cls,c_name", PAIRS, ids=IDS)
 def test_python_mirror_matches_btf_types(btf, cls, c_name):
     """Integer members agree in signedness, nested structs map to their mirror and arrays to ctypes arrays."""
     types = btf["_types"]
-    by_c = {c: p for p, c in PAIRS}
+    by_c = {c: p for p, c in reversed(PAIRS)}  # a struct's first mirror
     py_types = {RENAMES.get(cls.__name__, {}).get(n, n): t for n, t in cls._fields_}
     checked = 0
     for m in btf[c_name]["members"]:
@@ -200,6 +217,23 @@ def test_btf_ct_structs_have_cilium_layout(btf):
     assert btf["ct_entry"]["size"] == 56
     assert _c_members(btf, "ipv4_ct_tuple") == CILIUM_CT_TUPLE
     assert _c_members(btf, "ct_entry") == CILIUM_CT_ENTRY
+
+
+def test_btf_nat_entry_has_cilium_layout(btf):
+    """The compiled ipv4_nat_entry is 40 bytes with to_addr at 32 and to_port at 36, as Cilium v1.16 has them."""
+    assert btf["ipv4_nat_entry"]["size"] == 40
+    assert _c_members(btf, "ipv4_nat_entry") == CILIUM_NAT_ENTRY
+
+
+def test_python_nat_mirrors_have_cilium_layout():
+    """NatKey4 is the 14-byte CT tuple and NatEntry Cilium's 40-byte ipv4_nat_entry, even without clang."""
+    def layout(cls):
+        return {n: (getattr(cls, n).offset, getattr(cls, n).size) for n, _ in cls._fields_}
+
+    assert ctypes.sizeof(nat.NatKey4) == 14 and nat.NatKey4._fields_ == ct.CtKey4._fields_
+    assert layout(nat.NatKey4) == CILIUM_CT_TUPLE
+    assert ctypes.sizeof(nat.NatEntry) == 40
+    assert layout(nat.NatEntry) == CILIUM_NAT_ENTRY
 
 
 @pytest.mark.parametrize("c_name", list(CILIUM_LB))
