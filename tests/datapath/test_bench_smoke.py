@@ -1,0 +1,19 @@
+"""`make bench` cannot rot: one small run of every measurement on the real kernel (no timing asserted here)."""
+from __future__ import annotations
+
+import json
+
+from labkit import bench
+from labkit import _netns
+
+
+def test_bench_measures_every_target(tmp_path, monkeypatch):
+    """One run of the bench produces a positive figure for every target and writes both reports."""
+    monkeypatch.setattr(bench, "SERVICES_AT_SCALE", 2000)  # the scale run itself is `make bench`'s job
+    assert bench.main(["--runs", "1", "--out", str(tmp_path)]) in (0, 1)  # 1: a target missed on a busy machine
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert set(bench.TARGETS) <= set(result["median"])
+    assert all(result["median"][k] > 0 for k in bench.TARGETS)
+    table = (tmp_path / "bench.md").read_text()
+    assert all((k[:-2] if k.endswith("_s") else k) in table for k in bench.TARGETS)
+    assert not _netns.exists("lk-bench-node-a")
