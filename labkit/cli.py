@@ -181,11 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first print the bpftool command that dumps the same map, as a '# ' line")
     p.set_defaults(func=cmd_nat_list)
 
-    svc = add("service", "ClusterIP services: what the agent writes into every node's LB maps").add_subparsers(
+    svc = add("service", "services (ClusterIP, NodePort, LoadBalancer): what the agent writes into every "
+                         "node's LB maps").add_subparsers(
         dest="service_command", metavar="COMMAND", required=True)
-    p = svc.add_parser("add", help="add a ClusterIP service and write it to every node",
-                       description="Add a ClusterIP service NAME with its backends and write it to every node's "
-                                   "cilium_lb4_* maps (backends, slots, reverse NAT, then the head).")
+    p = svc.add_parser("add", help="add a service and write it to every node",
+                       description="Add a service NAME (ClusterIP, NodePort or LoadBalancer) with its backends "
+                                   "and write every frontend to every node's cilium_lb4_* maps (backends, slots, reverse NAT, then the head).")
     p.add_argument("name", metavar="NAME", help="the service name (a DNS label: web, api, ...)")
     p.add_argument("--port", type=_port, required=True, metavar="P", help="the service port (1-65535)")
     p.add_argument("--backend", action="append", default=[], metavar="POD:PORT",
@@ -194,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--protocol", type=str.upper, choices=("TCP", "UDP"), default="TCP", help="L4 protocol (default TCP)")
     p.add_argument("--affinity", type=_count, default=0, metavar="SECONDS",
                    help="session affinity (ClientIP) timeout in seconds (default 0: none)")
+    p.add_argument("--type", dest="svc_type", default="ClusterIP", choices=("ClusterIP", "NodePort", "LoadBalancer"),
+                   help="ClusterIP (default); NodePort adds a frontend NODE-IP:NODE-PORT per node; "
+                        "LoadBalancer adds to those LB-VIP:PORT")
+    p.add_argument("--node-port", type=int, metavar="N",
+                   help="NodePort/LoadBalancer: the node port, 30000-32767 (default: the next free from 30000)")
+    p.add_argument("--lb-vip", metavar="IP",
+                   help="LoadBalancer: the VIP, from 203.0.113.0/24 (default: the next free from 203.0.113.10)")
     p.set_defaults(func=cmd_service_add)
     p = svc.add_parser("del", help="remove a service from every node",
                        description="Remove service NAME from every node (head first, then slots, reverse NAT, backends).")
@@ -537,8 +545,11 @@ def _service_line(svc) -> str:
 def cmd_service_add(args) -> int:
     lab = _attach(args)
     svc = lab.services.add(args.name, args.port, args.backend, vip=args.vip, protocol=args.protocol,
-                           affinity=args.affinity)
+                           affinity=args.affinity, type=args.svc_type, node_port=args.node_port,
+                           lb_vip=args.lb_vip)
     print(f"service {svc.name} added on every node: {_service_line(svc)}")
+    for fe in svc.frontends[1:]:
+        print(f"  {fe.type} frontend {fe.l4(svc.protocol)} id {fe.id}")
     if svc.affinity_timeout:
         print(f"session affinity: {svc.affinity_timeout} s")
     node = lab.topology.nodes[0].name
@@ -552,7 +563,8 @@ def cmd_service_del(args) -> int:
     lab = _attach(args)
     svc = lab.services.get(args.name)
     lab.services.remove(args.name)
-    print(f"service {svc.name} ({svc.frontend}, id {svc.id}) removed from every node")
+    more = f", and {len(svc.frontends) - 1} more frontends" if len(svc.frontends) > 1 else ""
+    print(f"service {svc.name} ({svc.frontend}, id {svc.id}{more}) removed from every node")
     return 0
 
 
@@ -566,10 +578,11 @@ def cmd_service_list(args) -> int:
         print(f"no services in lab {lab.name}; add one with `labkit --lab {lab.name} service add NAME --port P "
               f"--backend POD:PORT`")
         return 0
-    rows = [["NAME", "TYPE", "VIP", "PORT", "PROTOCOL", "ID", "BACKENDS"]]
+    rows = [["NAME", "TYPE", "VIP", "PORT", "PROTOCOL", "ID", "NODEPORT", "LB-VIP", "BACKENDS"]]
     for s in services:
         bes = ", ".join(f"{b.ref} ({b.state})" for b in s.backends) or "none"
-        rows.append([s.name, s.type, s.vip, str(s.port), s.protocol, str(s.id), bes])
+        rows.append([s.name, s.type, s.vip, str(s.port), s.protocol, str(s.id), str(s.node_port or "-"),
+                     s.lb_vip or "-", bes])
     for row in _table(rows):
         print(row)
     return 0

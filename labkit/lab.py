@@ -404,6 +404,17 @@ class Lab:
             return self.topology.node(target).ip
         return self.topology.external(target).ip
 
+    def is_direct(self, address: str, port: int, protocol: str = "TCP") -> bool:
+        """True if a connection to address:port reaches that address itself: it belongs to a pod,
+        node or external client and is not a Service frontend (a NodePort on a node address is one)."""
+        if self.topology.owner_of(address) is None:
+            return False
+        for svc in self.services.list():
+            for fe in getattr(svc, "frontends", ()):
+                if (fe.address, fe.port) == (address, port) and svc.protocol == protocol:
+                    return False
+        return True
+
     def _podclient(self, pod: str):
         from .steps import PodClient
 

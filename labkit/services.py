@@ -17,7 +17,14 @@ head **last**; a shrinking one gets its head (the new count) **first**, then
 slots, then loses the backends nothing uses any more. A packet never sees a
 count that points at a slot not yet written.
 
-Service ids (1, 2, ...) and backend ids are allocated per lab, the same on
+A NodePort service is its ClusterIP frontend plus one frontend per node address,
+``nodeIP:nodePort`` (flags NODEPORT and ROUTABLE); a LoadBalancer one is a NodePort
+plus ``lbVIP:port`` from 203.0.113.0/24 (LOADBALANCER, ROUTABLE). As in Cilium,
+every frontend has its own head and slots, its own service id and reverse NAT
+entry (back to that frontend's address:port), and they all share the backends.
+The write order above holds across all of a service's frontends at once.
+
+Service ids (1, 2, ...; one per frontend) and backend ids are allocated per lab, the same on
 every node; a backend id belongs to one address:port/protocol and is shared by
 every service that uses it (as in Cilium), and freed when the last one stops.
 The list of services lives in ``/run/labkit/<lab>/services.json`` so every
@@ -69,10 +76,11 @@ from .maps.lb import (
     LbSnapshot,
     ServiceFlags,
 )
-from .topology import CLUSTERIP_RANGE, Topology
+from .topology import CLUSTERIP_RANGE, LB_RANGE, Topology
 
 __all__ = [
     "Backend",
+    "Frontend",
     "Service",
     "Services",
     "MapWriter",
@@ -82,11 +90,20 @@ __all__ = [
     "JsonStore",
     "MemoryStore",
     "FIRST_VIP",
+    "FIRST_LB_VIP",
+    "NODE_PORT_RANGE",
+    "SERVICE_TYPES",
     "STATES",
 ]
 
 #: Where automatic VIPs start (the low ten addresses are left for hand-picked ones).
 FIRST_VIP = ipaddress.IPv4Address("198.19.0.10")
+#: Where automatic LoadBalancer VIPs start, in the LoadBalancer range.
+FIRST_LB_VIP = ipaddress.IPv4Address("203.0.113.10")
+#: Kubernetes' default --service-node-port-range.
+NODE_PORT_RANGE = range(30000, 32768)
+#: Service types the agent can add; each adds frontends to the one before it.
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 #: Backend states a service can give a backend.
 STATES = ("active", "terminating")
 PROTOCOLS = ("TCP", "UDP")
@@ -131,8 +148,55 @@ class Backend:
 
 
 @dataclass(frozen=True)
+class Frontend:
+    """One frontend of a service: an address:port with its own service id (``rev_nat_index``).
+
+    Cilium gives every frontend of a Kubernetes service its own id and reverse NAT
+    entry (mapping back to that frontend), and its own head and slots, all
+    pointing at the same backends.
+
+    >>> fe = Frontend("198.51.100.11", 30080, "NodePort", 2)
+    >>> fe.flags(0) == ServiceFlags.NODEPORT | ServiceFlags.ROUTABLE, fe.l4("TCP")
+    (True, '198.51.100.11:30080/TCP')
+    """
+
+    address: str
+    port: int
+    type: str = "ClusterIP"  #: 'ClusterIP', 'NodePort' or 'LoadBalancer'
+    id: int = 0  #: rev_nat_index: the id of this frontend in cilium_lb4_services_v2 / reverse_nat
+
+    def flags(self, affinity_timeout: int = 0) -> ServiceFlags:
+        """``lb4_service.flags``: a ClusterIP sets no type bit (and no ROUTABLE: ``non-routable``);
+        a NodePort frontend NODEPORT, a LoadBalancer one LOADBALANCER, both ROUTABLE; AFFINITY with a timeout."""
+        flags = ServiceFlags(0)
+        if self.type == "NodePort":
+            flags |= ServiceFlags.NODEPORT | ServiceFlags.ROUTABLE
+        elif self.type == "LoadBalancer":
+            flags |= ServiceFlags.LOADBALANCER | ServiceFlags.ROUTABLE
+        if affinity_timeout:
+            flags |= ServiceFlags.AFFINITY
+        return flags
+
+    def l4(self, protocol: str) -> str:
+        return f"{self.address}:{self.port}/{protocol}"
+
+    def to_json(self, protocol: str) -> dict:
+        return {"address": self.address, "port": self.port, "type": self.type, "id": self.id,
+                "frontend": self.l4(protocol)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Frontend":
+        return cls(data["address"], int(data["port"]), data.get("type", "ClusterIP"), int(data["id"]))
+
+
+@dataclass(frozen=True)
 class Service:
-    """A ClusterIP service as the agent knows it. ``id`` is its ``rev_nat_index``."""
+    """A service as the agent knows it: a ClusterIP, a NodePort or a LoadBalancer.
+
+    ``frontends`` are its frontends, the ClusterIP one (``vip:port``) first, then for a
+    NodePort one per node address (``nodeIP:node_port``), then for a LoadBalancer
+    ``lb_vip:port``; each has its own id. ``id`` is the ClusterIP frontend's id.
+    """
 
     name: str
     vip: str
@@ -142,11 +206,23 @@ class Service:
     affinity_timeout: int = 0  #: seconds; 0: no session affinity
     id: int = 0
     type: str = "ClusterIP"
+    node_port: int = 0  #: 0 for a ClusterIP
+    lb_vip: str | None = None  #: LoadBalancer only
+    frontends: tuple[Frontend, ...] = ()  #: empty: just the ClusterIP frontend (vip, port, id)
+
+    def __post_init__(self):
+        if not self.frontends:
+            object.__setattr__(self, "frontends", (Frontend(self.vip, self.port, "ClusterIP", self.id),))
 
     @property
     def frontend(self) -> str:
-        """``198.19.0.10:80/TCP``"""
+        """``198.19.0.10:80/TCP``: the ClusterIP frontend."""
         return f"{self.vip}:{self.port}/{self.protocol}"
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The ids of every frontend (``rev_nat_index`` values)."""
+        return tuple(fe.id for fe in self.frontends)
 
     @property
     def active(self) -> tuple[Backend, ...]:
@@ -163,7 +239,8 @@ class Service:
 
     @property
     def flags(self) -> ServiceFlags:
-        """``lb4_service.flags``: none for a ClusterIP (non-routable), AFFINITY with a timeout."""
+        """``lb4_service.flags`` of the ClusterIP frontend: no type bit (non-routable), AFFINITY with a timeout.
+        Each frontend's own flags: :meth:`Frontend.flags`."""
         return ServiceFlags.AFFINITY if self.affinity_timeout else ServiceFlags(0)
 
     def backend(self, ref: "str | Backend") -> Backend:
@@ -176,7 +253,8 @@ class Service:
         raise NotFoundError(f"service '{self.name}': backend '{want.ref}' not found (backends: {have})")
 
     def to_json(self, topology: Topology | None = None) -> dict:
-        """Plain data: name, type, vip, port, protocol, id, affinity_timeout, frontend, backends."""
+        """Plain data: name, type, vip, port, protocol, id, affinity_timeout, frontend, node_port,
+        lb_vip, frontends, backends."""
         bes = []
         for b in self.backends:
             d = {"pod": b.pod, "port": b.port, "state": b.state, "backend_id": b.id}
@@ -185,7 +263,8 @@ class Service:
             bes.append(d)
         return {"name": self.name, "type": self.type, "vip": self.vip, "port": self.port,
                 "protocol": self.protocol, "id": self.id, "affinity_timeout": self.affinity_timeout,
-                "frontend": self.frontend, "backends": bes}
+                "frontend": self.frontend, "node_port": self.node_port, "lb_vip": self.lb_vip,
+                "frontends": [fe.to_json(self.protocol) for fe in self.frontends], "backends": bes}
 
     @classmethod
     def from_json(cls, data: dict) -> "Service":
@@ -194,12 +273,15 @@ class Service:
             backends=tuple(Backend(b["pod"], int(b["port"]), b["state"], int(b.get("backend_id", 0)))
                            for b in data["backends"]),
             affinity_timeout=int(data.get("affinity_timeout", 0)), id=int(data["id"]),
-            type=data.get("type", "ClusterIP"),
+            type=data.get("type", "ClusterIP"), node_port=int(data.get("node_port") or 0),
+            lb_vip=data.get("lb_vip"),
+            frontends=tuple(Frontend.from_json(f) for f in data.get("frontends", ())),
         )
 
     def __str__(self) -> str:
         bes = ", ".join(str(b) for b in self.backends) or "no backends"
-        return f"{self.name} ({self.type} {self.frontend}, id {self.id}): {bes}"
+        extra = "".join(f", {fe.type} {fe.l4(self.protocol)} id {fe.id}" for fe in self.frontends[1:])
+        return f"{self.name} ({self.type} {self.frontend}, id {self.id}{extra}): {bes}"
 
 
 # -- where maps are written --------------------------------------------------------
@@ -469,17 +551,20 @@ def _entries(state: _State, topo: Topology) -> _Entries:
     out: _Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}}
     backends: dict[int, tuple[str, int, str, bool]] = {}
     for svc in state.services.values():
-        head_key = Lb4Key.make(svc.vip, svc.port, svc.protocol)
-        head = Lb4Service.head(len(svc.active), svc.id, svc.flags, 0, svc.affinity_timeout)
-        out[SERVICES_MAP][bytes(head_key)] = (head_key, head)
-        for slot, b in enumerate(svc.slots, start=1):
-            key = head_key.with_slot(slot)
-            out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, svc.id, svc.flags))
+        for fe in svc.frontends:  # each its own head, slots and reverse NAT; the same backends
+            flags = fe.flags(svc.affinity_timeout)
+            head_key = Lb4Key.make(fe.address, fe.port, svc.protocol)
+            head = Lb4Service.head(len(svc.active), fe.id, flags, 0, svc.affinity_timeout)
+            out[SERVICES_MAP][bytes(head_key)] = (head_key, head)
+            for slot, b in enumerate(svc.slots, start=1):
+                key = head_key.with_slot(slot)
+                out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, fe.id, flags))
+            rn_key = Lb4RevNatKey.make(fe.id)
+            out[REVNAT_MAP][bytes(rn_key)] = (rn_key, Lb4ReverseNat.make(fe.address, fe.port))
+        for b in svc.slots:
             ip = topo.pod(b.pod).ip
             was_active = backends.get(b.id, (ip, b.port, svc.protocol, False))[3]
             backends[b.id] = (ip, b.port, svc.protocol, was_active or b.state == "active")
-        rn_key = Lb4RevNatKey.make(svc.id)
-        out[REVNAT_MAP][bytes(rn_key)] = (rn_key, Lb4ReverseNat.make(svc.vip, svc.port))
     for bid, (ip, port, proto, active) in backends.items():
         # Shared by several services: active while any of them still counts it.
         state_ = BackendState.ACTIVE if active else BackendState.TERMINATING
@@ -636,19 +721,35 @@ class Services:
 
     # -- changing ------------------------------------------------------------------
     def add(self, name: str, port: int, backends: Sequence["str | Backend"] = (), vip: str | None = None,
-            protocol: str = "TCP", affinity: int = 0) -> Service:
-        """Add a ClusterIP service ``name`` on ``port`` with ``backends`` (``'pod:port'``).
+            protocol: str = "TCP", affinity: int = 0, type: str = "ClusterIP", node_port: int | None = None,
+            lb_vip: str | None = None) -> Service:
+        """Add a service ``name`` on ``port`` with ``backends`` (``'pod:port'``).
 
         ``vip`` defaults to the next free address from 198.19.0.10; ``affinity`` is
-        the session affinity timeout in seconds (0: none).
+        the session affinity timeout in seconds (0: none). ``type`` is ``'ClusterIP'``,
+        ``'NodePort'`` (also a frontend ``nodeIP:node_port`` per node, ``node_port``
+        defaulting to the next free one from 30000) or ``'LoadBalancer'`` (a NodePort
+        plus ``lb_vip:port``, ``lb_vip`` defaulting to the next free one from 203.0.113.10).
+        Every frontend gets its own service id; ``Service.id`` is the ClusterIP one's.
         """
         _check_name(name)
+        type = _check_type(name, type)
         protocol = _check_protocol(name, protocol)
         _check_port(f"service '{name}': port", port)
         _check_affinity(name, affinity)
         parsed = self._check_backends(name, backends)
         if vip is not None:
             vip = _check_vip(name, vip)
+        if node_port is not None:
+            if type == "ClusterIP":
+                raise ConfigError(f"service '{name}': node port {node_port!r} given for a ClusterIP service; "
+                                  f"expected type NodePort or LoadBalancer")
+            _check_node_port(name, node_port)
+        if lb_vip is not None:
+            if type != "LoadBalancer":
+                raise ConfigError(f"service '{name}': LoadBalancer VIP {lb_vip!r} given for a {type} service; "
+                                  f"expected type LoadBalancer")
+            lb_vip = _check_lb_vip(name, lb_vip)
         with self.store.lock():
             state = self._state()
             if name in state.services:
@@ -657,14 +758,37 @@ class Services:
                                   f"expected a new name (`labkit service del {name}` removes it)")
             if vip is None:
                 vip = self._free_vip(state)
-            frontend = _l4(vip, port, protocol)
-            for other in state.services.values():
-                if other.frontend == frontend:
-                    raise ConfigError(f"service '{name}': frontend {frontend} is already service '{other.name}'; "
+            if type != "ClusterIP":
+                if node_port is None:
+                    node_port = self._free_node_port(state, protocol)
+                else:
+                    for other in state.services.values():
+                        if other.node_port == node_port and other.protocol == protocol:
+                            raise ConfigError(f"service '{name}': node port {node_port}/{protocol} is already "
+                                              f"service '{other.name}'; expected a node port no other "
+                                              f"{protocol} service uses")
+            if type == "LoadBalancer" and lb_vip is None:
+                lb_vip = self._free_lb_vip(state)
+            wanted = [("ClusterIP", vip, port)]
+            if type != "ClusterIP":
+                wanted += [("NodePort", n.ip, node_port) for n in self.topology.nodes]
+            if type == "LoadBalancer":
+                wanted.append(("LoadBalancer", lb_vip, port))
+            taken = {fe.l4(other.protocol): other.name for other in state.services.values() for fe in other.frontends}
+            for _, address, p in wanted:
+                frontend = _l4(address, p, protocol)
+                if frontend in taken:
+                    raise ConfigError(f"service '{name}': frontend {frontend} is already service '{taken[frontend]}'; "
                                       f"expected a VIP:port/protocol no other service uses")
-            sid, next_sid = _allocate(state.next_service_id, {s.id for s in state.services.values()},
-                                      MAX_SERVICE_ID, "service id")
-            svc = Service(name, vip, port, protocol, tuple(parsed), affinity, sid)
+            used = {i for s in state.services.values() for i in s.ids}
+            next_sid = state.next_service_id
+            frontends = []
+            for fe_type, address, p in wanted:
+                sid, next_sid = _allocate(next_sid, used, MAX_SERVICE_ID, "service id")
+                used.add(sid)
+                frontends.append(Frontend(address, p, fe_type, sid))
+            svc = Service(name, vip, port, protocol, tuple(parsed), affinity, frontends[0].id, type,
+                          node_port or 0, lb_vip, tuple(frontends))
             new, svc = state.with_service(svc, self.topology)
             new = replace(new, next_service_id=next_sid)
             self._commit(state, new, name, f"adding service '{name}'")
@@ -774,7 +898,7 @@ class Services:
         try:
             for node in self.topology.nodes:
                 for key, value in self.maps.items(node.name, AFFINITY_MAP):
-                    if key.rev_nat == svc.id and value.backend_id in backend_ids:
+                    if key.rev_nat in svc.ids and value.backend_id in backend_ids:
                         self.maps.delete(node.name, AFFINITY_MAP, key)
         except (OSError, LabkitError):
             pass
@@ -798,6 +922,22 @@ class Services:
             out.append(be)
         return out
 
+    def _free_node_port(self, state: _State, protocol: str) -> int:
+        used = {s.node_port for s in state.services.values() if s.protocol == protocol}
+        for p in NODE_PORT_RANGE:
+            if p not in used:
+                return p
+        raise ConfigError(f"no free {protocol} node port left in {NODE_PORT_RANGE.start}-{NODE_PORT_RANGE.stop - 1}")
+
+    def _free_lb_vip(self, state: _State) -> str:
+        used = {s.lb_vip for s in state.services.values()}
+        ip = FIRST_LB_VIP
+        while ip in LB_RANGE and ip != LB_RANGE.broadcast_address:
+            if str(ip) not in used:
+                return str(ip)
+            ip += 1
+        raise ConfigError(f"no free LoadBalancer VIP left in {LB_RANGE} from {FIRST_LB_VIP}")
+
     def _free_vip(self, state: _State) -> str:
         used = {s.vip for s in state.services.values()}
         ip = FIRST_VIP
@@ -813,6 +953,35 @@ def _check_name(name: str) -> None:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"service name {name!r}: expected a DNS label: lower-case letters, digits and '-', "
                           f"starting with a letter, at most 63 characters")
+
+
+def _check_type(name: str, type_: str) -> str:
+    for t in SERVICE_TYPES:
+        if str(type_).lower() == t.lower():
+            return t
+    raise ConfigError(f"service '{name}': type {type_!r}; expected one of {', '.join(SERVICE_TYPES)}")
+
+
+def _check_node_port(name: str, port) -> None:
+    lo, hi = NODE_PORT_RANGE.start, NODE_PORT_RANGE.stop - 1
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise ConfigError(f"service '{name}': node port {port!r} is not a whole number; expected {lo}-{hi}")
+    if port not in NODE_PORT_RANGE:
+        raise ConfigError(f"service '{name}': node port {port} is outside the node port range; expected {lo}-{hi}")
+
+
+def _check_lb_vip(name: str, vip: str) -> str:
+    try:
+        ip = ipaddress.IPv4Address(str(vip).strip())
+    except ValueError:
+        raise ConfigError(f"service '{name}': LoadBalancer VIP {vip!r} is not an IPv4 address; "
+                          f"expected one from the LoadBalancer range {LB_RANGE}") from None
+    if ip not in LB_RANGE:
+        raise ConfigError(f"service '{name}': LoadBalancer VIP {ip} is outside the LoadBalancer range {LB_RANGE}")
+    if ip in (LB_RANGE.network_address, LB_RANGE.broadcast_address):
+        raise ConfigError(f"service '{name}': LoadBalancer VIP {ip} is the LoadBalancer range's network or "
+                          f"broadcast address; expected a host address of {LB_RANGE}")
+    return str(ip)
 
 
 def _check_protocol(name: str, protocol: str) -> str:

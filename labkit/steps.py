@@ -237,7 +237,7 @@ class TcpConn:
     def _j(self, label: str, reply: bool = False, **kw) -> Journey:
         # To a Service the addresses change on the way (DNAT, hairpin SNAT, socket LB): follow the
         # client's port instead, which no translation here touches.
-        direct = self.lab.topology.owner_of(self.dst) is not None
+        direct = self.lab.is_direct(self.dst, self.port, "TCP")
         src, dst = (self.src, self.dst) if direct else (None, None)
         if reply:
             return Journey(label, dst, src, _TCP, self.port if direct else None, self.sport, **kw)
@@ -362,7 +362,7 @@ def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = 
         return res
 
     def expect(res: dict) -> list[Journey]:
-        if lab.topology.owner_of(dst) is not None:
+        if lab.is_direct(dst, port, "UDP"):
             out = [Journey("datagram", src, dst, _UDP, res.get("sport"), port)]
             return out + [Journey("answer", dst, src, _UDP, port, res.get("sport"))] if res["ok"] else out
         # A Service: follow the client's port through the translations.

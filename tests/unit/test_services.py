@@ -466,8 +466,8 @@ def test_cli_service_add_and_list(fake_lab, capsys):
     assert "service web added on every node: 198.19.0.10:80/TCP id 1" in out and "lb list node-a" in out
     assert cli.main(["service", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "TYPE", "VIP", "PORT", "PROTOCOL", "ID", "BACKENDS"]
-    assert lines[1].split()[:6] == ["web", "ClusterIP", VIP, "80", "TCP", "1"]
+    assert lines[0].split() == ["NAME", "TYPE", "VIP", "PORT", "PROTOCOL", "ID", "NODEPORT", "LB-VIP", "BACKENDS"]
+    assert lines[1].split()[:8] == ["web", "ClusterIP", VIP, "80", "TCP", "1", "-", "-"]
     assert cli.main(["service", "list", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data[0]["backends"][0] == {"pod": "b1", "port": 8080, "state": "active", "backend_id": 1,
@@ -530,3 +530,167 @@ def test_failed_save_rolls_back_maps(svcs):
     with pytest.raises(DatapathError, match=r"writing the service list \(/run/labkit/demo/services.tmp\) failed"):
         svcs.add("web", 80, ["b1:8080"])
     assert snapshot(svcs) == before
+
+
+# -- NodePort and LoadBalancer ------------------------------------------------------
+NODE_IPS = ("198.51.100.11", "198.51.100.12")
+NP_FLAGS = ServiceFlags.NODEPORT | ServiceFlags.ROUTABLE
+LB_FLAGS = ServiceFlags.LOADBALANCER | ServiceFlags.ROUTABLE
+
+
+def revnat(s: Services, node: str, rev_nat: int) -> str | None:
+    value = s.maps.get(node, REVNAT_MAP, Lb4RevNatKey.make(rev_nat))
+    return None if value is None else str(value)
+
+
+def test_nodeport_frontends_flags_and_ids(svcs):
+    """A NodePort is its ClusterIP frontend plus nodeIP:nodePort per node, each with its own id and reverse NAT."""
+    svc = svcs.add("web", 80, ["b1:8080", "b2:8080"], type="NodePort", node_port=30080)
+    assert (svc.type, svc.node_port, svc.lb_vip, svc.id) == ("NodePort", 30080, None, 1)
+    assert [(f.type, f.address, f.port, f.id) for f in svc.frontends] == [
+        ("ClusterIP", VIP, 80, 1), ("NodePort", NODE_IPS[0], 30080, 2), ("NodePort", NODE_IPS[1], 30080, 3)]
+    for node in NODES:
+        assert head(svcs, node).flags == 0 and head(svcs, node).rev_nat == 1
+        for fe in svc.frontends[1:]:
+            h = head(svcs, node, fe.address, 30080)
+            assert (h.count, h.rev_nat, h.flags) == (2, fe.id, NP_FLAGS)
+            slots = [svcs.maps.get(node, SERVICES_MAP, Lb4Key.make(fe.address, 30080, "TCP").with_slot(i))
+                     for i in (1, 2)]
+            assert [(v.backend_id, v.rev_nat, v.flags) for v in slots] == [(1, fe.id, NP_FLAGS), (2, fe.id, NP_FLAGS)]
+            assert revnat(svcs, node, fe.id) == f"{fe.address}:30080"
+        assert len(svcs.maps.data[node][BACKENDS_MAP]) == 2  # shared by every frontend
+    rows = svcs.lb("node-a").rows()
+    assert [(r.id, r.frontend, r.type, r.count) for r in rows] == [
+        (1, f"{VIP}:80/TCP", "ClusterIP", 2), (2, f"{NODE_IPS[0]}:30080/TCP", "NodePort", 2),
+        (3, f"{NODE_IPS[1]}:30080/TCP", "NodePort", 2)]
+    assert "non-routable" not in rows[1].to_json()["flags"] and "non-routable" in rows[0].to_json()["flags"]
+
+
+def test_loadbalancer_frontends_and_allocation(svcs):
+    """A LoadBalancer adds lbVIP:port (LOADBALANCER, ROUTABLE); node ports and LB VIPs are allocated in turn."""
+    svcs.add("api", 8080, ["a2:8080"])
+    lb1 = svcs.add("web", 80, ["b1:8080"], type="LoadBalancer", affinity=30)
+    lb2 = svcs.add("web2", 80, ["b2:8080"], type="loadbalancer")
+    assert (lb1.node_port, lb1.lb_vip, lb1.id, lb1.ids) == (30000, "203.0.113.10", 2, (2, 3, 4, 5))
+    assert (lb2.node_port, lb2.lb_vip, lb2.ids) == (30001, "203.0.113.11", (6, 7, 8, 9))
+    assert [f.type for f in lb1.frontends] == ["ClusterIP", "NodePort", "NodePort", "LoadBalancer"]
+    h = head(svcs, "node-b", "203.0.113.10", 80)
+    assert (h.rev_nat, h.flags, h.affinity_timeout) == (5, LB_FLAGS | ServiceFlags.AFFINITY, 30)
+    assert revnat(svcs, "node-b", 5) == "203.0.113.10:80"
+    assert head(svcs, "node-a", NODE_IPS[0], 30000).flags == NP_FLAGS | ServiceFlags.AFFINITY
+    types = {r.frontend: r.type for r in svcs.lb("node-a").rows()}
+    assert types["203.0.113.11:80/TCP"] == "LoadBalancer" and types[f"{NODE_IPS[1]}:30001/TCP"] == "NodePort"
+    given = svcs.add("udp", 53, ["b1:5353"], protocol="udp", type="LoadBalancer", node_port=30000,
+                     lb_vip="203.0.113.10")  # same node port and LB VIP as web, another protocol: fine
+    assert given.frontends[-1].l4("UDP") == "203.0.113.10:53/UDP"
+
+
+def test_nodeport_write_order_heads_last(svcs):
+    """Every frontend's slots come after the backends, reverse NAT after the slots, every head last."""
+    svcs.add("web", 80, ["b1:8080"], type="NodePort", node_port=30080)
+    assert ops(svcs) == [
+        "update be backend 1",
+        f"update svc {VIP}:80/TCP slot 1",
+        f"update svc {NODE_IPS[0]}:30080/TCP slot 1",
+        f"update svc {NODE_IPS[1]}:30080/TCP slot 1",
+        "update revnat rev_nat 1", "update revnat rev_nat 2", "update revnat rev_nat 3",
+        f"update svc {VIP}:80/TCP slot 0",
+        f"update svc {NODE_IPS[0]}:30080/TCP slot 0",
+        f"update svc {NODE_IPS[1]}:30080/TCP slot 0",
+    ]
+    svcs.maps.ops.clear()
+    svcs.add_backend("web", "b2:8080")
+    assert [o for o in ops(svcs) if "slot 0" in o][-3:] == ops(svcs)[-3:]  # heads (new counts) last
+
+
+def test_remove_nodeport_removes_every_frontend(svcs):
+    """Removing a LoadBalancer takes all its heads (first), slots, reverse NAT entries and backends away."""
+    svcs.add("web", 80, ["b1:8080"], type="LoadBalancer")
+    svcs.maps.ops.clear()
+    svcs.remove("web")
+    for node in NODES:
+        assert all(not svcs.maps.data[node][m] for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP))
+    got = ops(svcs)
+    assert all("slot 0" in o for o in got[:4]) and got[-1] == "delete be backend 1"
+    again = svcs.add("web", 80, ["b1:8080"], type="NodePort")
+    assert again.node_port == 30000 and again.ids == (5, 6, 7)  # ids go on from where they were
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(type="ExternalName"), r"type 'ExternalName'; expected one of ClusterIP, NodePort, LoadBalancer"),
+    (dict(node_port=30080), r"node port 30080 given for a ClusterIP service"),
+    (dict(type="NodePort", node_port=80), r"node port 80 is outside the node port range; expected 30000-32767"),
+    (dict(type="NodePort", node_port=32768), r"outside the node port range"),
+    (dict(type="NodePort", node_port="30080"), r"node port '30080' is not a whole number"),
+    (dict(type="NodePort", lb_vip="203.0.113.10"), r"LoadBalancer VIP '203.0.113.10' given for a NodePort service"),
+    (dict(type="LoadBalancer", lb_vip="198.19.0.50"), r"LoadBalancer VIP 198.19.0.50 is outside the LoadBalancer range 203.0.113.0/24"),
+    (dict(type="LoadBalancer", lb_vip="203.0.113.255"), r"network or broadcast address"),
+    (dict(type="LoadBalancer", lb_vip="nope"), r"LoadBalancer VIP 'nope' is not an IPv4 address"),
+])
+def test_nodeport_loadbalancer_refusals(svcs, kwargs, match):
+    """Bad types, node ports and LB VIPs are ConfigErrors before any map is touched."""
+    before = snapshot(svcs)
+    with pytest.raises(ConfigError, match=match):
+        svcs.add("web", 80, ["b1:8080"], **kwargs)
+    assert snapshot(svcs) == before and svcs.list() == []
+
+
+def test_node_port_and_lb_frontend_conflicts(svcs):
+    """A node port is unique per protocol, an LB VIP:port/protocol per lab; refusals write nothing."""
+    svcs.add("web", 80, ["b1:8080"], type="LoadBalancer", node_port=30080, lb_vip="203.0.113.20")
+    before = snapshot(svcs)
+    with pytest.raises(ConfigError, match=r"node port 30080/TCP is already service 'web'"):
+        svcs.add("api", 81, ["b1:8080"], type="NodePort", node_port=30080)
+    with pytest.raises(ConfigError, match=r"frontend 203.0.113.20:80/TCP is already service 'web'"):
+        svcs.add("api", 80, ["b1:8080"], type="LoadBalancer", lb_vip="203.0.113.20")
+    assert snapshot(svcs) == before
+    other = svcs.add("api", 81, ["b1:8080"], type="LoadBalancer", lb_vip="203.0.113.20")  # other port: fine
+    assert (other.node_port, other.lb_vip) == (30000, "203.0.113.20")
+
+
+def test_loadbalancer_rollback_on_kernel_error(svcs):
+    """An OSError writing node-b's LoadBalancer head undoes every frontend on both nodes and saves nothing."""
+    svcs.add("api", 8080, ["b1:8080"], type="NodePort")
+    before, saves = snapshot(svcs), svcs.store.saves
+
+    def fail(verb, n, m, key):
+        if verb == "update" and n == "node-b" and m == SERVICES_MAP and key.vip == "203.0.113.10" \
+                and key.backend_slot == 0:
+            raise OSError(errno.E2BIG, "map update: Argument list too long")
+
+    svcs.maps.fail = fail
+    with pytest.raises(DatapathError, match=r"adding service 'web'.*every map is as it was"):
+        svcs.add("web", 80, ["b1:8080", "b2:8080"], type="LoadBalancer")
+    svcs.maps.fail = None
+    assert snapshot(svcs) == before and svcs.store.saves == saves
+    assert [s.name for s in svcs.list()] == ["api"]
+
+
+def test_frontends_survive_the_service_list(svcs):
+    """Frontends, node port and LB VIP round-trip through the saved list; an old ClusterIP entry still loads."""
+    svc = svcs.add("web", 80, ["b1:8080"], type="LoadBalancer", node_port=31000)
+    again = Services(svcs.lab, svcs.topology, svcs.maps, MemoryStore(svcs.store.data))
+    assert again.get("web") == svc
+    assert svc.to_json()["frontends"][3] == {"address": "203.0.113.10", "port": 80, "type": "LoadBalancer",
+                                             "id": 4, "frontend": "203.0.113.10:80/TCP"}
+    old = Service.from_json({"name": "old", "vip": VIP, "port": 80, "protocol": "TCP", "id": 7, "backends": []})
+    assert (old.type, old.node_port, old.ids, old.frontends[0].type) == ("ClusterIP", 0, (7,), "ClusterIP")
+
+
+def test_cli_nodeport_and_loadbalancer(fake_lab, capsys):
+    """`service add --type LoadBalancer --node-port --lb-vip`; `service list` shows them; `lb list` every frontend."""
+    assert cli.main(["service", "add", "web", "--port", "80", "--backend", "b1:8080", "--type", "LoadBalancer",
+                     "--node-port", "30080", "--lb-vip", "203.0.113.50"]) == 0
+    out = capsys.readouterr().out
+    assert "LoadBalancer frontend 203.0.113.50:80/TCP id 4" in out and f"NodePort frontend {NODE_IPS[1]}:30080/TCP id 3" in out
+    assert cli.main(["service", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:8] == ["web", "LoadBalancer", VIP, "80", "TCP", "1", "30080", "203.0.113.50"]
+    assert cli.main(["lb", "list", "node-a"]) == 0
+    got = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert got == [["1", f"{VIP}:80/TCP", "ClusterIP"], ["2", f"{NODE_IPS[0]}:30080/TCP", "NodePort"],
+                   ["3", f"{NODE_IPS[1]}:30080/TCP", "NodePort"], ["4", "203.0.113.50:80/TCP", "LoadBalancer"]]
+    assert cli.main(["service", "add", "np", "--port", "80", "--type", "NodePort", "--node-port", "80"]) == 1
+    assert "outside the node port range" in capsys.readouterr().err
+    assert cli.main(["service", "add", "np", "--port", "80", "--type", "External"]) == 2
+    capsys.readouterr()
