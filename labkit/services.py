@@ -971,17 +971,7 @@ def _check_node_port(name: str, port) -> None:
 
 
 def _check_lb_vip(name: str, vip: str) -> str:
-    try:
-        ip = ipaddress.IPv4Address(str(vip).strip())
-    except ValueError:
-        raise ConfigError(f"service '{name}': LoadBalancer VIP {vip!r} is not an IPv4 address; "
-                          f"expected one from the LoadBalancer range {LB_RANGE}") from None
-    if ip not in LB_RANGE:
-        raise ConfigError(f"service '{name}': LoadBalancer VIP {ip} is outside the LoadBalancer range {LB_RANGE}")
-    if ip in (LB_RANGE.network_address, LB_RANGE.broadcast_address):
-        raise ConfigError(f"service '{name}': LoadBalancer VIP {ip} is the LoadBalancer range's network or "
-                          f"broadcast address; expected a host address of {LB_RANGE}")
-    return str(ip)
+    return _check_address_in(name, vip, "LoadBalancer VIP", "LoadBalancer", LB_RANGE)
 
 
 def _check_protocol(name: str, protocol: str) -> str:
@@ -1012,14 +1002,19 @@ def _check_state(name: str, state: str) -> None:
 
 
 def _check_vip(name: str, vip: str) -> str:
+    return _check_address_in(name, vip, "VIP", "ClusterIP", CLUSTERIP_RANGE)
+
+
+def _check_address_in(name: str, vip: str, what: str, range_name: str, network) -> str:
+    """A host address of ``network``, or a ConfigError naming the service and the range."""
     try:
         ip = ipaddress.IPv4Address(str(vip).strip())
     except ValueError:
-        raise ConfigError(f"service '{name}': VIP {vip!r} is not an IPv4 address; "
-                          f"expected one from the ClusterIP range {CLUSTERIP_RANGE}") from None
-    if ip not in CLUSTERIP_RANGE:
-        raise ConfigError(f"service '{name}': VIP {ip} is outside the ClusterIP range {CLUSTERIP_RANGE}")
-    if ip in (CLUSTERIP_RANGE.network_address, CLUSTERIP_RANGE.broadcast_address):
-        raise ConfigError(f"service '{name}': VIP {ip} is the ClusterIP range's network or broadcast address; "
-                          f"expected a host address of {CLUSTERIP_RANGE}")
+        raise ConfigError(f"service '{name}': {what} {vip!r} is not an IPv4 address; "
+                          f"expected one from the {range_name} range {network}") from None
+    if ip not in network:
+        raise ConfigError(f"service '{name}': {what} {ip} is outside the {range_name} range {network}")
+    if ip in (network.network_address, network.broadcast_address):
+        raise ConfigError(f"service '{name}': {what} {ip} is the {range_name} range's network or "
+                          f"broadcast address; expected a host address of {network}")
     return str(ip)

@@ -365,8 +365,9 @@ _DIFF_FIELDS = (
 )
 
 
-def diff_rows(before: Iterable[CtRow], after: Iterable[CtRow]) -> CtDiff:
-    """Rows added, removed and changed between two snapshots (keyed by map and key).
+def diff_rows(before: Iterable[CtRow], after: Iterable[CtRow], fields: tuple[str, ...] = _DIFF_FIELDS) -> CtDiff:
+    """Rows added, removed and changed between two snapshots (keyed by ``ident``); ``fields`` are
+    the ones compared (other row families, e.g. NAT rows, pass their own).
 
     >>> k = CtKey4.make("198.18.1.11", "198.18.2.11", 1, 2, 17, 0)
     >>> a, b = CtRow.of(k, CtEntry(packets=1)), CtRow.of(k, CtEntry(packets=2))
@@ -380,7 +381,7 @@ def diff_rows(before: Iterable[CtRow], after: Iterable[CtRow]) -> CtDiff:
     changed = []
     for k in new:
         if k in old:
-            fields_ = tuple(f for f in _DIFF_FIELDS if getattr(old[k], f) != getattr(new[k], f))
+            fields_ = tuple(f for f in fields if getattr(old[k], f) != getattr(new[k], f))
             if fields_:
                 changed.append((old[k], new[k], fields_))
     return CtDiff(added, removed, tuple(changed))

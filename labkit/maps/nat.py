@@ -30,7 +30,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from .ct import CtDiff, CtKey4, TupleFlags, proto_name
+from .ct import CtDiff, CtKey4, TupleFlags, diff_rows, proto_name
 
 __all__ = [
     "NatKey4",
@@ -208,14 +208,4 @@ def diff_nat_rows(before: Iterable[NatRow], after: Iterable[NatRow]) -> CtDiff:
     >>> diff_nat_rows([a], []).lines()[0][:2], bool(diff_nat_rows([a], [a]))
     ('- ', False)
     """
-    old = {r.ident: r for r in before}
-    new = {r.ident: r for r in after}
-    added = tuple(new[k] for k in new if k not in old)
-    removed = tuple(old[k] for k in old if k not in new)
-    changed = []
-    for k in new:
-        if k in old:
-            moved = tuple(f for f in _NAT_DIFF_FIELDS if getattr(old[k], f) != getattr(new[k], f))
-            if moved:
-                changed.append((old[k], new[k], moved))
-    return CtDiff(added, removed, tuple(changed))
+    return diff_rows(before, after, _NAT_DIFF_FIELDS)
