@@ -2,19 +2,25 @@
  * device").
  *
  *   cil_from_netdev  tc ingress: everything arriving from the fabric.
+ *                    Malformed headers and IP fragments are dropped here;
+ *                    VXLAN packets are reported with their inner packet;
+ *                    replies to SNATed NodePort flows are translated back
+ *                    and returned to the client; the DSR option is read on
+ *                    the backend's node; packets to NodePort and
+ *                    LoadBalancer frontends are load-balanced (nodeport.h).
  *   cil_to_netdev    tc egress: everything the node sends to the fabric.
+ *                    Replies to outside clients leave with the frontend as
+ *                    their source.
  *
- * Pod-to-pod traffic needs no state here (Cilium tracks it at the pods), so
- * both hooks report the packet, including the inner packet of VXLAN
- * traffic, and hand it to the kernel. NodePort, LoadBalancer and SNAT arrive
- * here in later labs.
+ * Pod-to-pod traffic needs no state here (Cilium tracks it at the pods).
  */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/parse.h"
+#include "lib/nodeport.h"
 #include "lib/trace.h"
 
-static __always_inline int handle_netdev(struct __sk_buff *skb, __u8 hook)
+int cil_from_netdev(struct __sk_buff *skb)
 {
 	struct trace_event ev = {};
 	struct pkt4 inner = {};
@@ -24,22 +30,77 @@ static __always_inline int handle_netdev(struct __sk_buff *skb, __u8 hook)
 	ret = parse_eth_ipv4(skb, &p);
 	if (ret == PARSE_NOT_IPV4)
 		return TC_ACT_OK;
-	trace_init(&ev, skb, hook, &p);
-	if (ret == 0 && parse_vxlan_inner(skb, &p, &inner) == 0) {
-		trace_tuple_set(&ev.inner, &inner);
-		ev.tunnel_endpoint = hook == HOOK_FROM_NETDEV ? p.saddr : p.daddr;
+	trace_init(&ev, skb, HOOK_FROM_NETDEV, &p);
+	if (ret < 0)
+		goto drop;
+	if (p.is_frag) {
+		ret = DROP_FRAG_NOSUPPORT;
+		goto drop;
 	}
-	/* A malformed header is the kernel's to judge here: report, then pass. */
-	trace_emit(&ev, VERDICT_FORWARDED, ret < 0 ? ret : 0);
-	return TC_ACT_OK;
-}
+	if (parse_vxlan_inner(skb, &p, &inner) == 0) {
+		trace_tuple_set(&ev.inner, &inner);
+		ev.tunnel_endpoint = p.saddr;
+		trace_emit(&ev, VERDICT_FORWARDED, 0);
+		return TC_ACT_OK;
+	}
 
-int cil_from_netdev(struct __sk_buff *skb)
-{
-	return handle_netdev(skb, HOOK_FROM_NETDEV);
+	ret = nodeport_rev_snat4(skb, &p, &ev);
+	if (ret < 0)
+		goto drop;
+	if (ret == NP_FORWARD)
+		return nodeport_fwd(skb, &p, &ev);
+
+	ret = nodeport_dsr_ingress4(skb, &p, &ev);
+	if (ret < 0)
+		goto drop;
+	if (ret > 0) {
+		trace_tuple_set(&ev.after, &p);
+		trace_emit(&ev, VERDICT_FORWARDED, 0);
+		return TC_ACT_OK;
+	}
+
+	ret = nodeport_lb4(skb, &p, &ev);
+	if (ret < 0)
+		goto drop;
+	if (ret == NP_FORWARD)
+		return nodeport_fwd(skb, &p, &ev);
+	trace_emit(&ev, VERDICT_FORWARDED, 0);
+	return TC_ACT_OK;
+drop:
+	trace_emit(&ev, VERDICT_DROPPED, ret);
+	return TC_ACT_SHOT;
 }
 
 int cil_to_netdev(struct __sk_buff *skb)
 {
-	return handle_netdev(skb, HOOK_TO_NETDEV);
+	struct trace_event ev = {};
+	struct pkt4 inner = {};
+	struct pkt4 p = {};
+	int ret;
+
+	ret = parse_eth_ipv4(skb, &p);
+	if (ret == PARSE_NOT_IPV4)
+		return TC_ACT_OK;
+	trace_init(&ev, skb, HOOK_TO_NETDEV, &p);
+	if (ret < 0) {
+		/* The node's own malformed packet is the kernel's to judge: report, then pass. */
+		trace_emit(&ev, VERDICT_FORWARDED, ret);
+		return TC_ACT_OK;
+	}
+	if (parse_vxlan_inner(skb, &p, &inner) == 0) {
+		trace_tuple_set(&ev.inner, &inner);
+		ev.tunnel_endpoint = p.daddr;
+		trace_emit(&ev, VERDICT_FORWARDED, 0);
+		return TC_ACT_OK;
+	}
+	if (!p.is_frag) {
+		ret = nodeport_rev_egress4(skb, &p, &ev);
+		if (ret < 0) {
+			trace_emit(&ev, VERDICT_DROPPED, ret);
+			return TC_ACT_SHOT;
+		}
+		trace_tuple_set(&ev.after, &p);
+	}
+	trace_emit(&ev, VERDICT_FORWARDED, 0);
+	return TC_ACT_OK;
 }

@@ -27,54 +27,20 @@
 static __always_inline int lb4_from_container(struct __sk_buff *skb, struct pkt4 *p, struct trace_event *ev,
 					      __be16 *rev_nat, bool *loopback)
 {
-	struct ipv4_ct_tuple tuple = {};
-	struct ct_state st = {};
+	struct lb4_backend *backend;
 	struct lb4_service *svc;
-	struct lb4_backend *backend = NULL;
-	__u32 backend_id = 0, now;
+	struct ct_state st = {};
+	__u8 scope;
 	int ret;
 
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return 0;
-	svc = lb4_lookup_service(p->daddr, p->dport, p->proto, 0);
+	svc = lb4_lookup_frontend(p, true, &scope);
 	if (!svc)
 		return 0;
-	ret = ct_lookup4(&tuple, p, skb->len, CT_SERVICE, &st);
+	ret = lb4_local(skb, p, svc, scope, 0, &st, &backend);
 	if (ret < 0)
 		return ret;
-	if (ret == CT_ESTABLISHED) {
-		backend_id = st.backend_id;
-		backend = lb4_lookup_backend(backend_id);
-	}
-	if (!backend) {
-		/* A new flow, or its backend is gone: choose one. */
-		if (svc->count == 0)
-			return DROP_NO_SERVICE;
-		now = lab_now();
-		backend_id = 0;
-		if (svc->flags & SVC_FLAG_AFFINITY)
-			backend_id = lb4_affinity_backend(p->saddr, svc, now);
-		if (!backend_id)
-			backend_id = lb4_select_backend_id(p, svc);
-		backend = lb4_lookup_backend(backend_id);
-		if (!backend)
-			return DROP_NO_SERVICE;
-		if (svc->flags & SVC_FLAG_AFFINITY)
-			lb4_affinity_update(p->saddr, svc, backend_id, now);
-		st.backend_id = backend_id;
-		st.rev_nat_index = svc->rev_nat_index;
-		if (ret == CT_NEW) {
-			ret = ct_create4(&tuple, skb->len, CT_SERVICE, &st);
-			if (ret < 0)
-				return ret;
-			ret = CT_NEW;
-		} else {
-			struct ct_entry *entry = ct_map_lookup(&tuple);
-
-			if (entry)
-				entry->backend_id = backend_id;
-		}
-	}
 	ev->svc_ct_result = ret;
 	*rev_nat = svc->rev_nat_index;
 	/* Hairpin: the pod reached itself. Without a different source, Linux

@@ -4,7 +4,9 @@
  *   cil_from_overlay  tc ingress: packets just decapsulated. Their inner
  *                     Ethernet header still carries the sending pod's
  *                     gateway MAC, so mark them for this host before the
- *                     kernel routes them to the pod.
+ *                     kernel routes them to the pod. A Service request
+ *                     another node load-balanced in dsr mode carries the
+ *                     DSR option: read and remove it (nodeport.h).
  *   cil_to_overlay    tc egress: packets about to be encapsulated. Those the
  *                     node's own stack routed here carry no tunnel key yet:
  *                     take the endpoint from cilium_ipcache.
@@ -13,6 +15,7 @@
 #include "lib/maps.h"
 #include "lib/parse.h"
 #include "lib/encap.h"
+#include "lib/nodeport.h"
 #include "lib/trace.h"
 
 int cil_from_overlay(struct __sk_buff *skb)
@@ -32,6 +35,11 @@ int cil_from_overlay(struct __sk_buff *skb)
 	}
 	if (ret < 0)
 		goto drop;
+	ret = nodeport_dsr_ingress4(skb, &p, &ev);
+	if (ret < 0)
+		goto drop;
+	if (ret > 0)
+		trace_tuple_set(&ev.after, &p);
 	bpf_skb_change_type(skb, PACKET_HOST);
 	trace_emit(&ev, VERDICT_FORWARDED, 0);
 	return TC_ACT_OK;

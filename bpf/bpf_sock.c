@@ -31,11 +31,16 @@ int cil_sock4_connect(struct bpf_sock_addr *ctx)
 	__be32 vip = ctx->user_ip4;
 	__be16 vport = (__be16)ctx->user_port;
 	__u8 proto = ctx->protocol;
+	__u8 scope = LB_LOOKUP_SCOPE_EXT;
 	__u16 n;
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return SYS_PROCEED;
-	svc = lb4_lookup_service(vip, vport, proto, 0);
+	svc = lb4_lookup_service(vip, vport, proto, 0, scope);
+	if (svc && (svc->flags2 & SVC_FLAG_TWO_SCOPES)) {
+		scope = LB_LOOKUP_SCOPE_INT; /* eTP=Local lists only local backends outside; sockets are inside */
+		svc = lb4_lookup_service(vip, vport, proto, 0, scope);
+	}
 	if (!svc)
 		return SYS_PROCEED;
 	if (svc->count == 0) {
@@ -43,7 +48,7 @@ int cil_sock4_connect(struct bpf_sock_addr *ctx)
 		return SYS_REJECT;
 	}
 	n = (bpf_get_prandom_u32() % svc->count) + 1;
-	slot = lb4_lookup_service(vip, vport, proto, n);
+	slot = lb4_lookup_service(vip, vport, proto, n, scope);
 	if (!slot)
 		return SYS_PROCEED;
 	backend = lb4_lookup_backend(slot->backend_id);

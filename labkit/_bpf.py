@@ -22,6 +22,8 @@ __all__ = [
     "obj_get",
     "obj_pin",
     "prog_detach",
+    "map_create",
+    "map_fd_by_id",
     "map_info",
     "lookup",
     "update",
@@ -40,7 +42,10 @@ _SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine(), 321)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
+BPF_MAP_CREATE = 0
 BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 2, 3, 4
+BPF_MAP_GET_FD_BY_ID = 14
+BPF_MAP_TYPE_ARRAY = 2
 BPF_PROG_DETACH = 9
 BPF_OBJ_PIN, BPF_OBJ_GET, BPF_OBJ_GET_INFO_BY_FD = 6, 7, 15
 BPF_MAP_LOOKUP_BATCH, BPF_MAP_DELETE_BATCH = 24, 27
@@ -76,6 +81,18 @@ def obj_pin(fd: int, path: str) -> None:
     """Pin an object at ``path`` on bpffs (``BPF_OBJ_PIN``)."""
     p = ctypes.create_string_buffer(os.fsencode(path))
     _sys(BPF_OBJ_PIN, _attr("=QII", ctypes.addressof(p), fd, 0), f"pin at {path}")
+
+
+def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str = "") -> int:
+    """``BPF_MAP_CREATE`` of an unpinned map; returns its fd (the map lives while something holds it)."""
+    raw = name.encode()[:15]
+    return _sys(BPF_MAP_CREATE, _attr("=IIIIIII16s", map_type, key_size, value_size, max_entries, 0, 0, 0, raw),
+                f"create map {name or '(unnamed)'}")
+
+
+def map_fd_by_id(map_id: int) -> int:
+    """``BPF_MAP_GET_FD_BY_ID``: an fd for the map with kernel id ``map_id`` (an inner map, say)."""
+    return _sys(BPF_MAP_GET_FD_BY_ID, _attr("=III", map_id, 0, 0), f"open map id {map_id}")
 
 
 def prog_detach(target_fd: int, prog_fd: int, attach_type: int) -> None:

@@ -12,6 +12,9 @@ retype by hand):
   address, forwarding on, rp_filter off, IPv6 off; tunnel mode adds
   ``cilium_vxlan`` (``type vxlan external dstport 8472``) and routes the other
   nodes' pod CIDRs into it, native mode routes them via the other node;
+- external client: its eth0 address and ``ip route add 203.0.113.0/24 via
+  <first node>``: the LoadBalancer VIPs are announced by the first node (one
+  fixed choice standing in for the ECMP router in front of a real cluster);
 - pod: ``ip link add lxc-<pod> type veth peer name eth0 netns lk-<lab>-<pod>``,
   a /32 address, ``default via <gateway>`` with a permanent neighbour entry
   for the gateway (the host veth's MAC), and on the node a /32 route to the
@@ -32,7 +35,7 @@ from .agent import EndpointFacts
 from .config import VXLAN_PORT, DatapathConfig
 from .errors import NetnsError
 from .ledger import Ledger
-from .topology import Topology
+from .topology import LB_RANGE, Topology
 
 __all__ = ["build_network", "start_pod_servers", "cgroup_root", "POD_PORT"]
 
@@ -141,6 +144,8 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
                 eth0 = _idx(ipr, "eth0")
                 ipr.addr("add", index=eth0, address=e.ip, prefixlen=24)
                 ipr.link("set", index=eth0, state="up")
+            with _nl(f"{e.name}: route {LB_RANGE} via {topo.nodes[0].ip}"):
+                ipr.route("add", dst=str(LB_RANGE), gateway=topo.nodes[0].ip, oif=eth0)
         finally:
             ipr.close()
     return {"endpoints": endpoints, "devices": devices}

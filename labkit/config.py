@@ -19,11 +19,16 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import ConfigError
 
-__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LAB_DIFFERENCES", "VXLAN_PORT"]
+__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LB_MODES", "LAB_DIFFERENCES",
+           "VXLAN_PORT"]
 
 ROUTING_MODES = ("tunnel", "native")
 #: Socket LB: none; only the nodes' own processes (Cilium's socketLB.hostNamespaceOnly); pods too.
 SOCKET_LB_MODES = ("off", "hostns", "full")
+#: --bpf-lb-mode: how a node forwards outside traffic to a backend on another node.
+LB_MODES = ("snat", "dsr", "hybrid")
+#: --bpf-lb-maglev-table-size choices (prime); labkit's default is the smallest, to fit on screen.
+MAGLEV_TABLE_SIZES = (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071)
 VXLAN_PORT = 8472  # Cilium's default tunnel port
 LAB_DIFFERENCES = (
     "CT lifetimes are absolute seconds of CLOCK_MONOTONIC plus a lab clock offset (labkit_config map), "
@@ -35,6 +40,14 @@ LAB_DIFFERENCES = (
     "a pod reaches its gateway through a permanent neighbour entry for the host veth's MAC; Cilium's bpf_lxc "
     "answers the pod's ARP instead",
     "the node's cilium_host is a veth paired with cilium_net that only holds the pods' gateway address",
+    "the SVC entry a node creates for an outside client carries the NodePort flag, so the CT table shows which "
+    "SVC rows came from outside",
+    "in dsr mode the backend's node removes the DSR IPv4 option before the pod sees the packet, and drops packets "
+    "to its pods that carry any other IP option (DROP_INVALID)",
+    "a service uses Maglev when the agent wrote a table for its id into cilium_lb4_maglev (per service, "
+    "`--algorithm maglev`), else random; Cilium chooses per agent (--bpf-lb-algorithm) or by annotation",
+    "dsr dispatch is the IPv4 option only, in both routing modes (Cilium wants Geneve dispatch with tunnels); "
+    "the reply is SNATed to the frontend at to-netdev of the backend's node",
 )
 
 
@@ -82,12 +95,19 @@ class DatapathConfig:
     ct_tcp_size: int = 524288  #: cilium_ct4_global max entries (Cilium's default)
     ct_any_size: int = 262144  #: cilium_ct_any4_global max entries (Cilium's default)
     lb_map_size: int = 65536  #: max entries of each cilium_lb4_* map (Cilium's --bpf-lb-map-max)
+    lb_mode: str = "dsr"  #: --bpf-lb-mode: snat, dsr or hybrid (DSR for TCP, SNAT for UDP)
+    maglev_table_size: int = 251  #: --bpf-lb-maglev-table-size (Cilium's default is 16381)
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
             raise ConfigError(f"routing mode: expected one of {', '.join(ROUTING_MODES)}, got {self.routing!r}")
         if self.socket_lb not in SOCKET_LB_MODES:
             raise ConfigError(f"socket LB: expected one of {', '.join(SOCKET_LB_MODES)}, got {self.socket_lb!r}")
+        if self.lb_mode not in LB_MODES:
+            raise ConfigError(f"LB mode: expected one of {', '.join(LB_MODES)}, got {self.lb_mode!r}")
+        if self.maglev_table_size not in MAGLEV_TABLE_SIZES or isinstance(self.maglev_table_size, bool):
+            raise ConfigError(f"Maglev table size: expected one of {', '.join(map(str, MAGLEV_TABLE_SIZES))}, "
+                              f"got {self.maglev_table_size!r}")
         for name in ("ct_tcp_size", "ct_any_size", "lb_map_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 16 <= value <= 16_777_216:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Hook", "Verdict", "DropReason"]
+__all__ = ["Hook", "Verdict", "DropReason", "TraceFlags"]
 
 
 class Hook(enum.IntEnum):
@@ -54,6 +54,8 @@ class DropReason(enum.IntEnum):
     FRAG_NOSUPPORT = -157
     NO_SERVICE = -158
     NO_TUNNEL_ENDPOINT = -160
+    NAT_NO_MAPPING = -167
+    NO_FIB = -169
 
     @classmethod
     def text(cls, code: int) -> str:
@@ -79,4 +81,24 @@ _TEXT = {
     DropReason.FRAG_NOSUPPORT: "IP fragmentation not supported",
     DropReason.NO_SERVICE: "Service backend not found",
     DropReason.NO_TUNNEL_ENDPOINT: "No tunnel/encapsulation endpoint (datapath BUG!)",
+    DropReason.NAT_NO_MAPPING: "No mapping for NAT masquerade",
+    DropReason.NO_FIB: "FIB lookup failed",
 }
+
+
+class TraceFlags(enum.IntFlag):
+    """What a hook did besides translating addresses (``TRACE_F_*``).
+
+    >>> TraceFlags.names(0x05)
+    ['dsr-opt-added', 'snat']
+    """
+
+    DSR_OPT_ADDED = 0x01
+    DSR_OPT_STRIPPED = 0x02
+    SNAT = 0x04
+    REV_SNAT = 0x08
+
+    @classmethod
+    def names(cls, value: int) -> list[str]:
+        """The set flags as short labels, lowest bit first."""
+        return [f.name.lower().replace("_", "-") for f in cls if value & f]

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,40 @@ class PodHandle(_Member):
         """Lines the pod's server logged (what it saw of its clients)."""
         path = lab_dir(self.lab.name) / "pods" / f"{self.name}.log"
         return path.read_text().splitlines() if path.exists() else []
+
+
+@dataclass(frozen=True)
+class ExternalHandle(_Member):
+    """The client outside the cluster (``ext``): an address on the underlay, no datapath.
+
+    It reaches Services the way the world does: a LoadBalancer VIP (routed to the
+    first node) or a NodePort on any node's address::
+
+        lab.external("ext").tcp("web", 80).open()         # the LoadBalancer VIP of 'web'
+        lab.external("ext").tcp("node-b", 30080).open()   # NodePort on node-b
+    """
+
+    @property
+    def ip(self) -> str:
+        return self.lab.topology.external(self.name).ip
+
+    def tcp(self, target: str, port: int = 80, sport: int | None = None):
+        """A TCP connection to ``target`` (a LoadBalancer service by name, a node, an address), not yet open."""
+        from .steps import TcpConn
+
+        return TcpConn(self.lab, self.name, target, port, sport)
+
+    def udp(self, target: str, port: int = 80, data: bytes = b"hello"):
+        """One UDP datagram to ``target`` and its answer: a Step."""
+        from .steps import udp_step
+
+        return udp_step(self.lab, self.name, target, port, data)
+
+    def send(self, packet, title: str | None = None):
+        """Send one crafted IPv4 packet (scapy or bytes) onto the underlay: a Step."""
+        from .steps import raw_step
+
+        return raw_step(self.lab, self.name, packet, title)
 
 
 @dataclass(frozen=True)
@@ -295,13 +330,17 @@ class Lab:
             pin_dir = Path(state["pin_dirs"][n.name])
             ledger.record("pindir", path=str(pin_dir))
             pin_dir.mkdir()
+            # stderr to a file, not a pipe: a verifier log can be far larger than a pipe holds,
+            # and a loader blocked writing it would never report its error.
+            errfile = tempfile.TemporaryFile("w+")
             proc = subprocess.Popen(
                 [sys.executable, "-m", "labkit.datapath.loader"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stderr=errfile,
                 text=True,
             )
+            proc.errfile = errfile
             cgroups = state["cgroups"]
             sock_cgroups = []  # where socket LB applies: the node's own processes, and with "full" its pods
             if config.socket_lb != "off" and n.name in cgroups:
@@ -320,15 +359,15 @@ class Lab:
         while True:
             line = proc.stdout.readline()
             if not line:
-                err = proc.stderr.read()
-                raise DatapathError(f"node '{node}': datapath loader exited before '{until}'\n{err[-4000:]}")
+                proc.wait()
+                raise DatapathError(f"node '{node}': datapath loader exited before '{until}'\n{_stderr_tail(proc)}")
             msg = json.loads(line)
             if "created" in msg:
                 ledger.record(**msg["created"])
             elif "error" in msg:
                 proc.kill()
-                err = proc.stderr.read()
-                raise DatapathError(f"{msg['error']}\n{err[-4000:]}")
+                proc.wait()
+                raise DatapathError(f"{msg['error']}\n{_stderr_tail(proc)}")
             elif until in msg:
                 return msg[until] if isinstance(msg[until], dict) else msg
 
@@ -385,8 +424,11 @@ class Lab:
         type(self).cleanup(self.name)
 
     # -- steps ----------------------------------------------------------------
-    def address_of(self, target: str) -> str:
-        """The address of a pod, node, external client or Service (its VIP) by name; an address passes through."""
+    def address_of(self, target: str, outside: bool = False) -> str:
+        """The address of a pod, node, external client or Service by name; an address passes through.
+
+        A Service is its ClusterIP, or with ``outside`` (the client is the external one) its
+        LoadBalancer VIP: a ClusterIP is not reachable from outside the cluster."""
         import ipaddress
 
         try:
@@ -395,8 +437,16 @@ class Lab:
             pass
         if target not in self.topology.names():
             for svc in self.services.list():
-                if svc.name == target:
+                if svc.name == target and not outside:
                     return svc.vip
+                if svc.name == target:
+                    if svc.lb_vip:
+                        return svc.lb_vip
+                    raise ConfigError(f"service '{target}' is a {svc.type} service: from outside it has no "
+                                      f"LoadBalancer VIP; expected a node name with its node port {svc.node_port}"
+                                      if svc.node_port else
+                                      f"service '{target}' is a ClusterIP service, not reachable from outside; "
+                                      f"expected a NodePort or LoadBalancer service")
         kind = self.topology.kind_of(target)
         if kind == "pod":
             return self.topology.pod(target).ip
@@ -554,6 +604,11 @@ class Lab:
         self.topology.pod(name)
         return PodHandle(self, name)
 
+    def external(self, name: str = "ext") -> ExternalHandle:
+        """The external client by name (NotFoundError lists them)."""
+        self.topology.external(name)
+        return ExternalHandle(self, name)
+
     def node(self, name: str) -> NodeHandle:
         """A node by name (NotFoundError lists the nodes)."""
         self.topology.node(name)
@@ -672,6 +727,15 @@ class Lab:
             "lab_differences": list(LAB_DIFFERENCES),
             "health": self.health(),
         }
+
+
+def _stderr_tail(proc: subprocess.Popen, size: int = 4000) -> str:
+    """The last ``size`` characters a loader wrote to its stderr file."""
+    errfile = getattr(proc, "errfile", None)
+    if errfile is None:
+        return ""
+    errfile.seek(0)
+    return errfile.read()[-size:]
 
 
 def _remove_shared_parents() -> None:

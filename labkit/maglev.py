@@ -56,6 +56,10 @@ __all__ = [
     "disruption",
     "shares",
     "slot_for",
+    "FLOW_HASH_SEED",
+    "jhash_3words",
+    "flow_hash",
+    "flow_slot",
 ]
 
 #: The table sizes Cilium accepts for ``--bpf-lb-maglev-table-size`` (all prime).
@@ -68,6 +72,10 @@ LAB_DEFAULT_M = 251
 #: Cilium's default ``--bpf-lb-maglev-hash-seed`` (12 random bytes, base64).
 CILIUM_DEFAULT_HASH_SEED = "JLfvgnHc2kaSUFaI"
 _SIZES = ", ".join(map(str, PRIMES))
+#: Seed of the datapath's flow hash (LB_FLOW_HASH_SEED in bpf/lib/hash.h): bytes 4-7 of
+#: Cilium's default hash seed, as Cilium seeds its jhash from the rest of that seed.
+FLOW_HASH_SEED = int.from_bytes(base64.b64decode(CILIUM_DEFAULT_HASH_SEED)[4:8], "big")
+_MASK32 = 0xFFFFFFFF
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 _C1, _C2 = 0x87C37B91114253D5, 0x4CF5AD432745937F
@@ -309,3 +317,55 @@ def slot_for(hash_value: int, m: int) -> int:
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ConfigError(f"Maglev table size: expected an integer >= 1, got {m!r}")
     return hash_value % m
+
+
+def _rol32(x: int, k: int) -> int:
+    return ((x << k) | (x >> (32 - k))) & _MASK32
+
+
+def jhash_3words(a: int, b: int, c: int, initval: int) -> int:
+    """The kernel's ``jhash_3words`` (include/linux/jhash.h), as bpf/lib/hash.h computes it.
+
+    >>> hex(jhash_3words(1, 2, 3, 0))
+    '0xa46158f5'
+    """
+    a = (a + initval + 0xDEADBEEF + 12) & _MASK32
+    b = (b + initval + 0xDEADBEEF + 12) & _MASK32
+    c = (c + initval + 0xDEADBEEF + 12) & _MASK32
+    c ^= b; c = (c - _rol32(b, 14)) & _MASK32  # noqa: E702 -- the kernel's __jhash_final, line for line
+    a ^= c; a = (a - _rol32(c, 11)) & _MASK32  # noqa: E702
+    b ^= a; b = (b - _rol32(a, 25)) & _MASK32  # noqa: E702
+    c ^= b; c = (c - _rol32(b, 16)) & _MASK32  # noqa: E702
+    a ^= c; a = (a - _rol32(c, 4)) & _MASK32  # noqa: E702
+    b ^= a; b = (b - _rol32(a, 14)) & _MASK32  # noqa: E702
+    c ^= b; c = (c - _rol32(b, 24)) & _MASK32  # noqa: E702
+    return c
+
+
+def _reg16(port: int) -> int:
+    """A port as a __be16 reads in a little-endian register."""
+    return int.from_bytes(port.to_bytes(2, "big"), "little")
+
+
+def flow_hash(src: str, sport: int, dport: int, proto: int, seed: int = FLOW_HASH_SEED) -> int:
+    """The datapath's hash of a flow (``lb4_flow_hash`` in bpf/lib/lb.h): jhash of the source
+    address, the two ports (source port in the high half) and the protocol -- the fields of
+    Cilium's ``hash_from_tuple_v4``. The destination is left out: every frontend of a service
+    sends a client's flow to the same backend.
+
+    >>> flow_hash("198.51.100.100", 40000, 80, 6) == flow_hash("198.51.100.100", 40000, 80, 6)
+    True
+    """
+    import ipaddress
+
+    saddr = int.from_bytes(ipaddress.IPv4Address(src).packed, "little")
+    return jhash_3words(saddr, (_reg16(sport) << 16) | _reg16(dport), proto, seed)
+
+
+def flow_slot(src: str, sport: int, dport: int, proto: int, m: int = LAB_DEFAULT_M) -> int:
+    """The Maglev slot the datapath reads for this flow: ``flow_hash(...) % m``.
+
+    >>> 0 <= flow_slot("198.51.100.100", 40000, 80, 6) < 251
+    True
+    """
+    return slot_for(flow_hash(src, sport, dport, proto), m)

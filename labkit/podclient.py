@@ -95,10 +95,16 @@ class _Client:
     def tcp_close(self, cmd: dict) -> dict:
         s = self.socks.pop(cmd["id"])
         try:
-            try:  # has the peer closed first (e.g. after answering an HTTP request)?
-                peer_closed = s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            # Has the peer closed first (e.g. after answering an HTTP request)? Ask without
+            # waiting: a socket with a timeout would poll for that long despite MSG_DONTWAIT.
+            timeout = s.gettimeout()
+            s.setblocking(False)
+            try:
+                peer_closed = s.recv(1, socket.MSG_PEEK) == b""
             except BlockingIOError:
                 peer_closed = False
+            finally:
+                s.settimeout(timeout)
             s.shutdown(socket.SHUT_WR)
             while s.recv(65536):
                 pass

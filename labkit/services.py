@@ -60,10 +60,12 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, Protocol, Sequence
 
 from .errors import ConfigError, DatapathError, LabkitError, NotFoundError
+from .maglev import LAB_DEFAULT_M, lookup_table
 from .maps.lb import (
     AFFINITY_MAP,
     BACKENDS_MAP,
     LB_MAPS,
+    MAGLEV_MAP,
     REVNAT_MAP,
     SERVICES_MAP,
     BackendState,
@@ -74,7 +76,11 @@ from .maps.lb import (
     Lb4RevNatKey,
     Lb4Service,
     LbSnapshot,
+    LookupScope,
+    MaglevLut,
+    PinnedMaglev,
     ServiceFlags,
+    ServiceFlags2,
 )
 from .topology import CLUSTERIP_RANGE, LB_RANGE, Topology
 
@@ -94,6 +100,8 @@ __all__ = [
     "NODE_PORT_RANGE",
     "SERVICE_TYPES",
     "STATES",
+    "TRAFFIC_POLICIES",
+    "ALGORITHMS",
 ]
 
 #: Where automatic VIPs start (the low ten addresses are left for hand-picked ones).
@@ -106,6 +114,10 @@ NODE_PORT_RANGE = range(30000, 32768)
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 #: Backend states a service can give a backend.
 STATES = ("active", "terminating")
+#: externalTrafficPolicy: every backend, or only the backends on the node the client reached.
+TRAFFIC_POLICIES = ("Cluster", "Local")
+#: How a new flow picks its backend: Cilium's random slot, or the service's Maglev table.
+ALGORITHMS = ("random", "maglev")
 PROTOCOLS = ("TCP", "UDP")
 MAX_AFFINITY = 86400  # Kubernetes' limit for sessionAffinityConfig.clientIP.timeoutSeconds
 MAX_SERVICE_ID = 0xFFFF  # rev_nat_index is a __u16
@@ -209,6 +221,8 @@ class Service:
     node_port: int = 0  #: 0 for a ClusterIP
     lb_vip: str | None = None  #: LoadBalancer only
     frontends: tuple[Frontend, ...] = ()  #: empty: just the ClusterIP frontend (vip, port, id)
+    etp: str = "Cluster"  #: externalTrafficPolicy of the NodePort and LoadBalancer frontends
+    algorithm: str = "random"  #: 'random' or 'maglev'
 
     def __post_init__(self):
         if not self.frontends:
@@ -264,7 +278,8 @@ class Service:
         return {"name": self.name, "type": self.type, "vip": self.vip, "port": self.port,
                 "protocol": self.protocol, "id": self.id, "affinity_timeout": self.affinity_timeout,
                 "frontend": self.frontend, "node_port": self.node_port, "lb_vip": self.lb_vip,
-                "frontends": [fe.to_json(self.protocol) for fe in self.frontends], "backends": bes}
+                "frontends": [fe.to_json(self.protocol) for fe in self.frontends], "backends": bes,
+                "etp": self.etp, "algorithm": self.algorithm}
 
     @classmethod
     def from_json(cls, data: dict) -> "Service":
@@ -276,12 +291,22 @@ class Service:
             type=data.get("type", "ClusterIP"), node_port=int(data.get("node_port") or 0),
             lb_vip=data.get("lb_vip"),
             frontends=tuple(Frontend.from_json(f) for f in data.get("frontends", ())),
+            etp=data.get("etp", "Cluster"), algorithm=data.get("algorithm", "random"),
         )
 
     def __str__(self) -> str:
         bes = ", ".join(str(b) for b in self.backends) or "no backends"
         extra = "".join(f", {fe.type} {fe.l4(self.protocol)} id {fe.id}" for fe in self.frontends[1:])
+        if self.type != "ClusterIP" and self.etp != "Cluster":
+            extra += f", externalTrafficPolicy {self.etp}"
+        if self.algorithm != "random":
+            extra += f", {self.algorithm}"
         return f"{self.name} ({self.type} {self.frontend}, id {self.id}{extra}): {bes}"
+
+    def local_scope(self, fe: Frontend) -> bool:
+        """True if ``fe`` lists only node-local backends to outside clients (eTP=Local on a
+        NodePort or LoadBalancer frontend)."""
+        return self.etp == "Local" and fe.type != "ClusterIP"
 
 
 # -- where maps are written --------------------------------------------------------
@@ -305,8 +330,9 @@ class PinnedMaps:
     Maps are opened on first use and closed by :meth:`close` (after every agent call).
     """
 
-    def __init__(self, pin_dirs: dict[str, str]):
+    def __init__(self, pin_dirs: dict[str, str], maglev_m: int = LAB_DEFAULT_M):
         self.pin_dirs = dict(pin_dirs)
+        self.maglev_m = maglev_m
         self._open: dict[tuple[str, str], object] = {}
 
     def path(self, node: str, map_name: str) -> str:
@@ -316,6 +342,8 @@ class PinnedMaps:
         from .maps.base import PinnedMap
 
         m = self._open.get((node, map_name))
+        if m is None and map_name == MAGLEV_MAP:
+            m = self._open[(node, map_name)] = PinnedMaglev(self.path(node, map_name), self.maglev_m)
         if m is None:
             key_type, value_type = LB_MAPS[map_name]
             m = self._open[(node, map_name)] = PinnedMap(self.path(node, map_name), key_type, value_type)
@@ -542,25 +570,48 @@ def _allocate(start: int, used: set[int], limit: int, what: str) -> tuple[int, i
 _Entries = dict[str, dict[bytes, tuple]]  # map name -> raw key -> (key, value)
 
 #: Phases of one change; a growing service and a shrinking one take them in different orders.
-_GROW = ("be_new", "be_changed", "slot_put", "revnat_put", "head_put", "head_del", "slot_del", "revnat_del", "be_del")
-_SHRINK = ("be_new", "revnat_put", "head_put", "head_del", "be_changed", "slot_put", "slot_del", "revnat_del", "be_del")
+#: A Maglev table only names backends that exist, and is gone only once no head points at it.
+_GROW = ("be_new", "be_changed", "maglev_put", "slot_put", "revnat_put", "head_put", "head_del", "slot_del",
+         "maglev_del", "revnat_del", "be_del")
+_SHRINK = ("be_new", "revnat_put", "head_put", "head_del", "maglev_put", "be_changed", "slot_put", "slot_del",
+           "maglev_del", "revnat_del", "be_del")
+_PUT = {SERVICES_MAP: "slot_put", BACKENDS_MAP: "be_new", REVNAT_MAP: "revnat_put", MAGLEV_MAP: "maglev_put"}
+_DEL = {SERVICES_MAP: "slot_del", BACKENDS_MAP: "be_del", REVNAT_MAP: "revnat_del", MAGLEV_MAP: "maglev_del"}
 
 
-def _entries(state: _State, topo: Topology) -> _Entries:
-    """Every row the three service maps should hold for ``state`` (the same on every node)."""
-    out: _Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}}
+def _entries(state: _State, topo: Topology, node: str, maglev_m: int = LAB_DEFAULT_M) -> _Entries:
+    """Every row ``node``'s service maps should hold for ``state``.
+
+    Nodes differ only where a frontend has externalTrafficPolicy=Local: its external
+    scope lists the node's own backends (flag Local); its internal scope, read by pods
+    and node processes (flag TWO_SCOPES on the external head), lists them all.
+    A Maglev service gets one table per frontend, over what the external scope lists."""
+    out: _Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}}
     backends: dict[int, tuple[str, int, str, bool]] = {}
     for svc in state.services.values():
         for fe in svc.frontends:  # each its own head, slots and reverse NAT; the same backends
-            flags = fe.flags(svc.affinity_timeout)
-            head_key = Lb4Key.make(fe.address, fe.port, svc.protocol)
-            head = Lb4Service.head(len(svc.active), fe.id, flags, 0, svc.affinity_timeout)
-            out[SERVICES_MAP][bytes(head_key)] = (head_key, head)
-            for slot, b in enumerate(svc.slots, start=1):
-                key = head_key.with_slot(slot)
-                out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, fe.id, flags))
+            flags, flags2 = fe.flags(svc.affinity_timeout), ServiceFlags2(0)
+            slots = svc.slots
+            scopes = [(LookupScope.EXT, slots)]
+            if svc.local_scope(fe):
+                flags |= ServiceFlags.EXT_LOCAL_SCOPE
+                flags2 |= ServiceFlags2.TWO_SCOPES
+                here = tuple(b for b in slots if topo.pod(b.pod).node == node)
+                scopes = [(LookupScope.EXT, here), (LookupScope.INT, slots)]
+            for scope, listed in scopes:
+                active = sum(b.state == "active" for b in listed)
+                head_key = Lb4Key.make(fe.address, fe.port, svc.protocol, scope=scope)
+                head = Lb4Service.head(active, fe.id, flags, flags2, svc.affinity_timeout)
+                out[SERVICES_MAP][bytes(head_key)] = (head_key, head)
+                for slot, b in enumerate(listed, start=1):
+                    key = head_key.with_slot(slot)
+                    out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, fe.id, flags, flags2))
             rn_key = Lb4RevNatKey.make(fe.id)
             out[REVNAT_MAP][bytes(rn_key)] = (rn_key, Lb4ReverseNat.make(fe.address, fe.port))
+            ext_active = [b for b in scopes[0][1] if b.state == "active"]
+            if svc.algorithm == "maglev" and ext_active:
+                table = lookup_table({f"{topo.pod(b.pod).ip}:{b.port}": b.id for b in ext_active}, maglev_m)
+                out[MAGLEV_MAP][bytes(rn_key)] = (rn_key, MaglevLut(table))
         for b in svc.slots:
             ip = topo.pod(b.pod).ip
             was_active = backends.get(b.id, (ip, b.port, svc.protocol, False))[3]
@@ -590,25 +641,21 @@ class _Op:
 def _plan(old: _Entries, new: _Entries, grow: bool) -> list[_Op]:
     """The writes that turn ``old`` into ``new``, in a safe order for the datapath."""
     ops = []
-    for map_name in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP):
+    for map_name in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP, MAGLEV_MAP):
         before, after = old[map_name], new[map_name]
         for raw, (key, value) in after.items():
             if raw in before and bytes(before[raw][1]) == bytes(value):
                 continue
-            if map_name == SERVICES_MAP:
-                phase = "head_put" if key.backend_slot == 0 else "slot_put"
-            elif map_name == BACKENDS_MAP:
-                phase = "be_changed" if raw in before else "be_new"
-            else:
-                phase = "revnat_put"
+            phase = _PUT[map_name]
+            if map_name == SERVICES_MAP and key.backend_slot == 0:
+                phase = "head_put"
+            elif map_name == BACKENDS_MAP and raw in before:
+                phase = "be_changed"
             ops.append(_Op(phase, map_name, key, value))
         for raw, (key, _value) in before.items():
             if raw not in after:
-                if map_name == SERVICES_MAP:
-                    phase = "head_del" if key.backend_slot == 0 else "slot_del"
-                else:
-                    phase = "be_del" if map_name == BACKENDS_MAP else "revnat_del"
-                ops.append(_Op(phase, map_name, key, None))
+                head = map_name == SERVICES_MAP and key.backend_slot == 0
+                ops.append(_Op("head_del" if head else _DEL[map_name], map_name, key, None))
     order = {p: i for i, p in enumerate(_GROW if grow else _SHRINK)}
     return sorted(ops, key=lambda op: (order[op.phase], op.sort_key()))
 
@@ -654,11 +701,13 @@ class Services:
     a datapath-safe order, and rolled back if the kernel refuses a write.
     """
 
-    def __init__(self, lab: str, topology: Topology, maps: MapWriter, store: ServiceStore):
+    def __init__(self, lab: str, topology: Topology, maps: MapWriter, store: ServiceStore,
+                 maglev_m: int = LAB_DEFAULT_M):
         self.lab = lab
         self.topology = topology
         self.maps = maps
         self.store = store
+        self.maglev_m = maglev_m  #: the lab's Maglev table size (its datapath was compiled for it)
 
     def __repr__(self) -> str:
         return f"Services(lab={self.lab!r}, services={[s.name for s in self.list()]})"
@@ -667,7 +716,8 @@ class Services:
     def for_lab(cls, lab) -> "Services":
         """The agent of a running :class:`~labkit.lab.Lab`: its pinned maps, its services.json."""
         pins = {n.name: lab.pin_dir(n.name) for n in lab.topology.nodes}
-        return cls(lab.name, lab.topology, PinnedMaps(pins), JsonStore(lab.name))
+        m = lab.config.maglev_table_size
+        return cls(lab.name, lab.topology, PinnedMaps(pins, m), JsonStore(lab.name), m)
 
     @classmethod
     def in_memory(cls, topology: Topology) -> "Services":
@@ -713,6 +763,23 @@ class Services:
         finally:
             self.maps.close()
 
+    def maglev(self, name: str, node: str) -> dict[int, tuple[MaglevLut | None, MaglevLut | None]]:
+        """Service ``name``'s Maglev tables on ``node``: frontend id → (the table the BPF map
+        holds, the table :func:`labkit.maglev.lookup_table` computes for it). Either may be
+        None: no table in the map, or none expected (random algorithm, no active backend)."""
+        self.topology.node(node)
+        svc = self.get(name)
+        want = _entries(_State(services={svc.name: svc}), self.topology, node, self.maglev_m)[MAGLEV_MAP]
+        try:
+            out = {}
+            for fe in svc.frontends:
+                key = Lb4RevNatKey.make(fe.id)
+                expected = want.get(bytes(key))
+                out[fe.id] = (self.maps.get(node, MAGLEV_MAP, key), expected[1] if expected else None)
+            return out
+        finally:
+            self.maps.close()
+
     def lb_command(self, node: str) -> list[str]:
         """The bpftool commands that show the same maps."""
         if isinstance(self.maps, PinnedMaps):
@@ -722,7 +789,7 @@ class Services:
     # -- changing ------------------------------------------------------------------
     def add(self, name: str, port: int, backends: Sequence["str | Backend"] = (), vip: str | None = None,
             protocol: str = "TCP", affinity: int = 0, type: str = "ClusterIP", node_port: int | None = None,
-            lb_vip: str | None = None) -> Service:
+            lb_vip: str | None = None, etp: str = "Cluster", algorithm: str = "random") -> Service:
         """Add a service ``name`` on ``port`` with ``backends`` (``'pod:port'``).
 
         ``vip`` defaults to the next free address from 198.19.0.10; ``affinity`` is
@@ -731,9 +798,18 @@ class Services:
         defaulting to the next free one from 30000) or ``'LoadBalancer'`` (a NodePort
         plus ``lb_vip:port``, ``lb_vip`` defaulting to the next free one from 203.0.113.10).
         Every frontend gets its own service id; ``Service.id`` is the ClusterIP one's.
+        ``etp`` is the externalTrafficPolicy of the NodePort and LoadBalancer frontends
+        (``'Cluster'``, or ``'Local'``: outside clients only reach backends on the node
+        they reached); ``algorithm`` how a new flow picks its backend (``'random'`` or
+        ``'maglev'``: a Maglev table per frontend in ``cilium_lb4_maglev``).
         """
         _check_name(name)
         type = _check_type(name, type)
+        etp = _check_choice(name, "externalTrafficPolicy", etp, TRAFFIC_POLICIES)
+        algorithm = _check_choice(name, "algorithm", algorithm, ALGORITHMS)
+        if etp == "Local" and type == "ClusterIP":
+            raise ConfigError(f"service '{name}': externalTrafficPolicy Local given for a ClusterIP service; "
+                              f"expected type NodePort or LoadBalancer")
         protocol = _check_protocol(name, protocol)
         _check_port(f"service '{name}': port", port)
         _check_affinity(name, affinity)
@@ -788,7 +864,7 @@ class Services:
                 used.add(sid)
                 frontends.append(Frontend(address, p, fe_type, sid))
             svc = Service(name, vip, port, protocol, tuple(parsed), affinity, frontends[0].id, type,
-                          node_port or 0, lb_vip, tuple(frontends))
+                          node_port or 0, lb_vip, tuple(frontends), etp, algorithm)
             new, svc = state.with_service(svc, self.topology)
             new = replace(new, next_service_id=next_sid)
             self._commit(state, new, name, f"adding service '{name}'")
@@ -867,15 +943,15 @@ class Services:
 
     def _commit(self, old: _State, new: _State, name: str, what: str) -> None:
         """Write the difference between two states to every node, then save ``new``."""
-        before, after = _entries(old, self.topology), _entries(new, self.topology)
         was, now = old.services.get(name), new.services.get(name)
         grow = now is not None and (was is None or len(now.active) >= len(was.active))
-        ops = _plan(before, after, grow)
         txn = _Txn(self.maps)
         node = op = None
         try:
             for node in (n.name for n in self.topology.nodes):
-                for op in ops:
+                before = _entries(old, self.topology, node, self.maglev_m)
+                after = _entries(new, self.topology, node, self.maglev_m)
+                for op in _plan(before, after, grow):
                     txn.apply(node, op)
             op = None
             self.store.save(new.to_json())
@@ -960,6 +1036,14 @@ def _check_type(name: str, type_: str) -> str:
         if str(type_).lower() == t.lower():
             return t
     raise ConfigError(f"service '{name}': type {type_!r}; expected one of {', '.join(SERVICE_TYPES)}")
+
+
+def _check_choice(name: str, what: str, value, choices: tuple[str, ...]) -> str:
+    """``value`` as spelled in ``choices`` (any case), or a ConfigError listing them."""
+    for c in choices:
+        if str(value).lower() == c.lower():
+            return c
+    raise ConfigError(f"service '{name}': {what} {value!r}; expected one of {', '.join(choices)}")
 
 
 def _check_node_port(name: str, port) -> None:

@@ -50,7 +50,9 @@ class Journey:
 
     Its journey ends where the trace shows it delivered into a pod
     (to-container, or from-container handing a hairpin reply straight back),
-    dropped, or leaving a node for the fabric towards a non-pod address.
+    dropped, delivered to a node's own stack (from-netdev, addressed to that
+    node), or leaving a node for the fabric towards an address outside the
+    cluster (to-netdev).
     """
 
     label: str
@@ -75,16 +77,20 @@ class Journey:
             return False
         return (t.tcp_flags & self.flags_all) == self.flags_all and not t.tcp_flags & self.flags_none
 
-    def ended_by(self, flow: Flow, pod_ips: set[int]) -> bool:
-        """True if ``flow`` is this packet's last hook."""
+    def ended_by(self, flow: Flow, pod_ips: set[int], node_ips: dict[int, int] | None = None) -> bool:
+        """True if ``flow`` is this packet's last hook. ``node_ips``: node id → its address."""
         ev = flow.event
+        node_ips = node_ips or {}
         if not (self.matches(ev.before) or self.matches(ev.after)):
             return False
         if flow.dropped or ev.hook == Hook.TO_CONTAINER:
             return True
         if ev.hook == Hook.FROM_CONTAINER and flow.verdict == Verdict.REDIRECTED and not ev.tunnel_endpoint:
             return True  # a hairpin reply handed straight back into its pod
-        return ev.hook == Hook.TO_NETDEV and not ev.inner.proto and ev.after.daddr not in pod_ips
+        if ev.hook == Hook.FROM_NETDEV and flow.verdict == Verdict.FORWARDED:
+            return not ev.inner.proto and ev.after.daddr == node_ips.get(ev.node_id)
+        return (ev.hook == Hook.TO_NETDEV and not ev.inner.proto and ev.after.daddr not in pod_ips
+                and ev.after.daddr not in node_ips.values())
 
 
 @dataclass
@@ -186,11 +192,12 @@ def run_step(lab: "Lab", title: str, action: Callable[[], dict], journeys: Calla
     result = action()
     waiting = list(journeys(result))
     pod_ips = {_be32(p.ip) for p in lab.topology.pods}
+    node_ips = {n.node_id: _be32(n.ip) for n in lab.topology.nodes}
     flows: list[Flow] = []
     deadline = time.monotonic() + timeout
     while True:
         flows += log.read()
-        waiting = [j for j in waiting if not any(j.ended_by(f, pod_ips) for f in flows)]
+        waiting = [j for j in waiting if not any(j.ended_by(f, pod_ips, node_ips) for f in flows)]
         if not waiting:
             break
         if time.monotonic() > deadline:
@@ -210,7 +217,7 @@ def run_step(lab: "Lab", title: str, action: Callable[[], dict], journeys: Calla
 
 
 class TcpConn:
-    """A TCP connection from a pod, advanced one step at a time.
+    """A TCP connection from a pod (or the external client), advanced one step at a time.
 
     >>> conn = lab.pod("a1").tcp("b1", 8080)   # doctest: +SKIP
     >>> conn.open().diff["node-a"].added        # doctest: +SKIP
@@ -219,8 +226,9 @@ class TcpConn:
     def __init__(self, lab: "Lab", pod: str, target: str, port: int = 8080, sport: int | None = None):
         self.lab = lab
         self.pod = pod
-        self.src = lab.topology.pod(pod).ip
-        self.dst = lab.address_of(target)
+        self.src = lab.address_of(pod)
+        self.outside = lab.topology.kind_of(pod) == "external"
+        self.dst = lab.address_of(target, outside=self.outside)
         self.target = target
         self.port = port
         self.sport = sport
@@ -339,7 +347,7 @@ class PodClient:
 
 
 def ping_step(lab: "Lab", pod: str, target: str, count: int = 1) -> Step:
-    src, dst = lab.topology.pod(pod).ip, lab.address_of(target)
+    src, dst = lab.address_of(pod), lab.address_of(target)
 
     def act() -> dict:
         r = lab.exec(pod, ["ping", "-c", str(count), "-i", "0.2", "-W", "2", dst])
@@ -353,7 +361,8 @@ def ping_step(lab: "Lab", pod: str, target: str, count: int = 1) -> Step:
 
 
 def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = b"hello") -> Step:
-    src, dst = lab.topology.pod(pod).ip, lab.address_of(target)
+    outside = lab.topology.kind_of(pod) == "external"
+    src, dst = lab.address_of(pod), lab.address_of(target, outside=outside)
 
     def act() -> dict:
         res = lab._podclient(pod).call({"op": "udp", "host": dst, "port": port, "data": bytes(data).hex()})

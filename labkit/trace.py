@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .constants import DropReason, Hook, Verdict
+from .constants import DropReason, Hook, TraceFlags, Verdict
 from .maps.ct import CtFlags, CtResult, TcpFlags, proto_name
 
 __all__ = ["TraceTuple", "TraceEvent", "Flow", "EventLog", "EVENT_SIZE"]
@@ -88,7 +88,7 @@ class TraceEvent(ctypes.LittleEndianStructure):
         ("after", TraceTuple),
         ("inner", TraceTuple),
         ("rev_nat_index", ctypes.c_uint16),
-        ("pad1", ctypes.c_uint16),
+        ("flags", ctypes.c_uint16),
         ("pad2", ctypes.c_uint32),
     ]
 
@@ -147,6 +147,7 @@ class Flow:
             parts.append(f"=> {ev.after.text()}")
         if ev.inner.proto:
             parts.append(f"[vxlan: {ev.inner.text()}]")
+        parts += [f"[{name}]" for name in TraceFlags.names(ev.flags)]
         if ev.ct_result != CtResult.NONE:
             ct_dir = {0: "egress", 1: "ingress", 2: "service"}.get(ev.ct_dir, str(ev.ct_dir))
             names = " ".join(CtFlags.names(ev.ct_flags))
@@ -189,6 +190,7 @@ class Flow:
             "ct_flags": CtFlags.names(ev.ct_flags),
             "ct_lifetime": ev.ct_lifetime,
             "tunnel_endpoint": _ip(ev.tunnel_endpoint) if ev.tunnel_endpoint else None,
+            "flags": TraceFlags.names(ev.flags),
         }
         if ev.inner.proto:
             data["inner"] = tup(ev.inner)

@@ -2,8 +2,8 @@
  *
  * A packet to a Service VIP:port finds the service head (slot 0) in
  * cilium_lb4_services_v2, looks up its SVC entry in the CT map, picks a
- * backend on CT_NEW (slot = random % count + 1, or the client's affinity),
- * and is DNATed to the backend. A pod reaching itself through its own
+ * backend on CT_NEW (the client's affinity, the service's Maglev table, or
+ * slot = random % count + 1), and is DNATed to the backend. A pod reaching itself through its own
  * Service (hairpin) is also SNATed to LB_LOOPBACK_IPV4 so that the reply
  * comes back through the datapath for reverse NAT.
  */
@@ -13,6 +13,8 @@
 #include "maps.h"
 #include "clock.h"
 #include "parse.h"
+#include "conntrack.h"
+#include "hash.h"
 
 #define TCP_CSUM_OFF 16 /* offsetof(struct tcphdr, check) */
 #define UDP_CSUM_OFF 6  /* offsetof(struct udphdr, check) */
@@ -21,7 +23,8 @@
 #define LB_LOOPBACK_IPV4 0x012afea9 /* 169.254.42.1 in network byte order */
 #endif
 
-static __always_inline struct lb4_service *lb4_lookup_service(__be32 addr, __be16 port, __u8 proto, __u16 slot)
+static __always_inline struct lb4_service *lb4_lookup_service(__be32 addr, __be16 port, __u8 proto, __u16 slot,
+							       __u8 scope)
 {
 	struct lb4_key key = {};
 
@@ -29,8 +32,24 @@ static __always_inline struct lb4_service *lb4_lookup_service(__be32 addr, __be1
 	key.dport = port;
 	key.backend_slot = slot;
 	key.proto = proto;
-	key.scope = LB_LOOKUP_SCOPE_EXT;
+	key.scope = scope;
 	return cilium_lb4_services_v2.lookup(&key);
+}
+
+/* The service head for the packet's destination. A frontend with
+ * externalTrafficPolicy=Local lists only this node's backends in its external
+ * scope; if it has TWO_SCOPES, traffic from inside the cluster (pods) reads
+ * the internal scope, which lists them all. *scope says which one was read. */
+static __always_inline struct lb4_service *lb4_lookup_frontend(const struct pkt4 *p, bool from_inside, __u8 *scope)
+{
+	struct lb4_service *svc = lb4_lookup_service(p->daddr, p->dport, p->proto, 0, LB_LOOKUP_SCOPE_EXT);
+
+	*scope = LB_LOOKUP_SCOPE_EXT;
+	if (svc && from_inside && (svc->flags2 & SVC_FLAG_TWO_SCOPES)) {
+		*scope = LB_LOOKUP_SCOPE_INT;
+		svc = lb4_lookup_service(p->daddr, p->dport, p->proto, 0, LB_LOOKUP_SCOPE_INT);
+	}
+	return svc;
 }
 
 static __always_inline struct lb4_backend *lb4_lookup_backend(__u32 backend_id)
@@ -38,11 +57,35 @@ static __always_inline struct lb4_backend *lb4_lookup_backend(__u32 backend_id)
 	return cilium_lb4_backends_v3.lookup(&backend_id);
 }
 
-/* Cilium's random selection: slot = rand % count + 1. */
-static __always_inline __u32 lb4_select_backend_id(const struct pkt4 *p, const struct lb4_service *svc)
+/* The Maglev slot of a flow: Cilium's hash_from_tuple_v4, a jhash of the
+ * source address, both ports (as the CT tuple holds them: the packet's source
+ * port in the high half) and the protocol, never the destination. */
+static __always_inline __u32 lb4_flow_hash(const struct pkt4 *p)
 {
+	__u32 ports = ((__u32)p->sport << 16) | p->dport;
+
+	return jhash_3words(p->saddr, ports, p->proto, LB_FLOW_HASH_SEED);
+}
+
+/* Backend for a new flow: the service's Maglev table if the agent wrote one
+ * (external scope only), else Cilium's random pick, slot = rand % count + 1. */
+static __always_inline __u32 lb4_select_backend_id(const struct pkt4 *p, const struct lb4_service *svc, __u8 scope)
+{
+	__be16 id = svc->rev_nat_index;
+	void *inner = scope == LB_LOOKUP_SCOPE_EXT ? cilium_lb4_maglev.lookup(&id) : NULL;
+
+	if (inner) {
+		__u32 zero = 0, index = lb4_flow_hash(p) % LB_MAGLEV_LUT_SIZE;
+		struct lb4_maglev_lut *lut = bpf_map_lookup_elem(inner, &zero);
+
+		/* The compiler knows index < M and would drop the check the verifier needs. */
+		asm volatile("" : "+r"(index));
+		if (!lut || index >= LB_MAGLEV_LUT_SIZE)
+			return 0;
+		return lut->backend_ids[index];
+	}
 	__u16 slot = (bpf_get_prandom_u32() % svc->count) + 1;
-	struct lb4_service *be = lb4_lookup_service(p->daddr, p->dport, p->proto, slot);
+	struct lb4_service *be = lb4_lookup_service(p->daddr, p->dport, p->proto, slot, scope);
 
 	return be ? be->backend_id : 0;
 }
@@ -132,6 +175,53 @@ static __always_inline int lb4_rev_nat(struct __sk_buff *skb, struct pkt4 *p, __
 	if (!nat)
 		return 0;
 	return lb4_rewrite(skb, p, false, nat->address, nat->port);
+}
+
+/* Cilium's lb4_local: the SVC entry of a packet to a service frontend, and its
+ * backend. An established flow keeps its backend while it exists; a new one
+ * (or one whose backend is gone) gets one by affinity, Maglev or random. The
+ * SVC entry carries svc_flags (CT_F_NODE_PORT when the client is outside).
+ * Returns the service CT result, or a DROP_* reason; *backend is set on success. */
+static __always_inline int lb4_local(struct __sk_buff *skb, const struct pkt4 *p, const struct lb4_service *svc,
+				     __u8 scope, __u16 svc_flags, struct ct_state *st, struct lb4_backend **backend)
+{
+	struct ipv4_ct_tuple tuple = {};
+	__u32 backend_id = 0, now;
+	int ret;
+
+	*backend = NULL;
+	ret = ct_lookup4(&tuple, p, skb->len, CT_SERVICE, st);
+	if (ret < 0)
+		return ret;
+	if (ret == CT_ESTABLISHED)
+		*backend = lb4_lookup_backend(st->backend_id);
+	if (*backend)
+		return ret;
+	/* A new flow, or its backend is gone: choose one. */
+	if (svc->count == 0)
+		return DROP_NO_SERVICE;
+	now = lab_now();
+	if (svc->flags & SVC_FLAG_AFFINITY)
+		backend_id = lb4_affinity_backend(p->saddr, svc, now);
+	if (!backend_id)
+		backend_id = lb4_select_backend_id(p, svc, scope);
+	*backend = lb4_lookup_backend(backend_id);
+	if (!*backend)
+		return DROP_NO_SERVICE;
+	if (svc->flags & SVC_FLAG_AFFINITY)
+		lb4_affinity_update(p->saddr, svc, backend_id, now);
+	st->backend_id = backend_id;
+	st->rev_nat_index = svc->rev_nat_index;
+	if (ret == CT_NEW) {
+		st->flags = svc_flags;
+		ret = ct_create4(&tuple, skb->len, CT_SERVICE, st);
+		return ret < 0 ? ret : CT_NEW;
+	}
+	struct ct_entry *entry = ct_map_lookup(&tuple);
+
+	if (entry)
+		entry->backend_id = backend_id;
+	return ret;
 }
 
 #endif /* LABKIT_LB_H */

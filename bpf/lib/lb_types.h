@@ -97,4 +97,15 @@ struct ipv4_revnat_entry {
 	__u16 rev_nat_index;
 } __attribute__((packed));
 
+/* Maglev: one table of backend ids per service id (Cilium's inner map of
+ * cilium_lb4_maglev: an array with one element, the whole table). Its size M
+ * is a lab option, one of Cilium's primes (labkit/maglev.py). */
+#ifndef LB_MAGLEV_LUT_SIZE
+#define LB_MAGLEV_LUT_SIZE 251
+#endif
+
+struct lb4_maglev_lut {
+	__u32 backend_ids[LB_MAGLEV_LUT_SIZE];
+};
+
 #endif /* LABKIT_LB_TYPES_H */

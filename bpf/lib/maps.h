@@ -45,8 +45,12 @@ BPF_F_TABLE("hash", __be16, struct lb4_reverse_nat, cilium_lb4_reverse_nat, LB_M
 BPF_F_TABLE("lru_hash", struct lb4_affinity_key, struct lb_affinity_val, cilium_lb4_affinity, LB_MAP_SIZE, 0);
 /* Socket LB: socket → the VIP its connect() asked for. */
 BPF_F_TABLE("lru_hash", struct ipv4_revnat_tuple, struct ipv4_revnat_entry, cilium_lb4_reverse_sk, LB_MAP_SIZE, 0);
-/* SNAT/DNAT state for NodePort, masquerading and DSR (nat_types.h); key = CT tuple, ports not
- * swapped. Pinned, but no program uses it yet. */
+/* Maglev: service id (rev_nat_index, network byte order) → its lookup table. An outer hash
+ * of inner arrays, as Cilium's; the agent creates one inner map per table. The
+ * template only tells the kernel what the inner maps look like. */
+BPF_ARRAY(labkit_maglev_inner, struct lb4_maglev_lut, 1);
+BPF_HASH_OF_MAPS(cilium_lb4_maglev, __be16, "labkit_maglev_inner", LB_MAP_SIZE);
+/* SNAT/DNAT state for NodePort SNAT and DSR (nat_types.h); key = CT tuple, ports not swapped. */
 BPF_F_TABLE("lru_hash", struct ipv4_ct_tuple, struct ipv4_nat_entry, cilium_snat_v4_external, NAT_MAP_SIZE, 0);
 /* Lab clock offset, faults, trace mode. */
 BPF_ARRAY(labkit_config, struct lab_config, 1);

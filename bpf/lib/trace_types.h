@@ -35,6 +35,14 @@
 #define DROP_FRAG_NOSUPPORT    -157
 #define DROP_NO_SERVICE        -158
 #define DROP_NO_TUNNEL_ENDPOINT -160
+#define DROP_NAT_NO_MAPPING    -167
+#define DROP_NO_FIB            -169
+
+/* trace_event.flags: what a hook did besides translating addresses. */
+#define TRACE_F_DSR_OPT_ADDED    0x01 /* the LB node attached the DSR IPv4 option */
+#define TRACE_F_DSR_OPT_STRIPPED 0x02 /* the backend node read and removed it */
+#define TRACE_F_SNAT             0x04 /* source rewritten through the NAT map */
+#define TRACE_F_REV_SNAT         0x08 /* destination restored through the NAT map */
 
 /* Trace modes (lab_config.trace_mode). */
 #define TRACE_ALL   0
@@ -74,7 +82,7 @@ struct trace_event {
 	struct trace_tuple after;  /* as it left (differs only when translated) */
 	struct trace_tuple inner;  /* VXLAN packets at eth0: the encapsulated packet */
 	__u16 rev_nat_index;    /* host byte order, 0 if none */
-	__u16 pad1;
+	__u16 flags;            /* TRACE_F_* */
 	__u32 pad2;
 };
 

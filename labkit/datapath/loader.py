@@ -45,7 +45,8 @@ def run(spec: dict) -> None:
     t0 = time.monotonic()
     with IPRoute() as ipr:
         vxlan = ipr.link_lookup(ifname="cilium_vxlan")
-        build = node_build(topo, config, node, vxlan_ifindex=vxlan[0] if vxlan else 0)
+        build = node_build(topo, config, node, vxlan_ifindex=vxlan[0] if vxlan else 0,
+                           netdev_ifindex=ipr.link_lookup(ifname="eth0")[0])
         try:
             bpf = BPF(text=build.text(), cflags=build.cflags())
         except Exception as exc:  # BCC raises bare Exception with the compiler's message on stderr

@@ -41,6 +41,7 @@ MAP_NAMES = (
     "cilium_lb4_reverse_nat",
     "cilium_lb4_affinity",
     "cilium_lb4_reverse_sk",
+    "cilium_lb4_maglev",
     "cilium_snat_v4_external",
     "labkit_config",
     "labkit_events",
@@ -124,17 +125,34 @@ def _expand(path: Path, seen: set[Path]) -> list[str]:
     return out
 
 
-def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex: int = 0) -> NodeBuild:
+#: LB_MODE values of bpf/lib/nodeport.h, by DatapathConfig.lb_mode.
+LB_MODE_MACROS = {"snat": 0, "dsr": 1, "hybrid": 2}
+
+
+def _be32(ip: str) -> int:
+    """An IPv4 address as the program sees a __be32 in a register (network bytes, read little-endian)."""
+    return int.from_bytes(ipaddress.IPv4Address(ip).packed, "little")
+
+
+def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex: int = 0,
+               netdev_ifindex: int = 0) -> NodeBuild:
     """The build of ``node``: which files, which programs, which macros."""
+    from ..maglev import FLOW_HASH_SEED
+
     n = topo.node(node)
     tunnel = config.routing == "tunnel"
     macros: dict[str, int] = {
         "NODE_ID": n.node_id,
+        "NODE_IP": _be32(n.ip),
+        "NATIVE_DEV_IFINDEX": netdev_ifindex,
+        "LB_MODE": LB_MODE_MACROS[config.lb_mode],
+        "LB_MAGLEV_LUT_SIZE": config.maglev_table_size,
+        "LB_FLOW_HASH_SEED": FLOW_HASH_SEED,
         "CT_MAP_SIZE_TCP": config.ct_tcp_size,
         "CT_MAP_SIZE_ANY": config.ct_any_size,
         "LB_MAP_SIZE": config.lb_map_size,
         "VXLAN_PORT": VXLAN_PORT,
-        "LB_LOOPBACK_IPV4": int.from_bytes(ipaddress.IPv4Address(LOOPBACK_SNAT_ADDR).packed, "little"),
+        "LB_LOOPBACK_IPV4": _be32(LOOPBACK_SNAT_ADDR),
         **config.timeouts.macros(),
     }
     if tunnel:

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import errno
+import os
 import socket
 import struct
 from dataclasses import dataclass
 from typing import Iterable
+
+from ..errors import ConfigError, NotFoundError
 
 __all__ = [
     "Lb4Key",
@@ -56,6 +60,9 @@ __all__ = [
     "AFFINITY_MAP",
     "REVERSE_SK_MAP",
     "LB_MAPS",
+    "MAGLEV_MAP",
+    "MaglevLut",
+    "PinnedMaglev",
 ]
 
 SERVICES_MAP = "cilium_lb4_services_v2"
@@ -63,6 +70,7 @@ BACKENDS_MAP = "cilium_lb4_backends_v3"
 REVNAT_MAP = "cilium_lb4_reverse_nat"
 AFFINITY_MAP = "cilium_lb4_affinity"
 REVERSE_SK_MAP = "cilium_lb4_reverse_sk"
+MAGLEV_MAP = "cilium_lb4_maglev"
 
 _PROTOS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP}
 _PROTO_NAMES = {0: "ANY", 6: "TCP", 17: "UDP", 132: "SCTP"}
@@ -495,12 +503,123 @@ class Ipv4RevnatEntry(ctypes.LittleEndianStructure):
 
 
 #: Every LB map a node pins: name → (key type, value type).
+class MaglevLut:
+    """One Maglev table as ``cilium_lb4_maglev`` holds it: M backend ids, the
+    whole table in the single element of an inner array map.
+
+    >>> lut = MaglevLut([1, 2, 1])
+    >>> bytes(lut).hex(), MaglevLut.from_buffer_copy(bytes(lut)) == lut
+    ('010000000200000001000000', True)
+    """
+
+    def __init__(self, backend_ids):
+        self.backend_ids = tuple(int(b) for b in backend_ids)
+
+    @classmethod
+    def from_buffer_copy(cls, raw: bytes) -> "MaglevLut":
+        return cls(struct.unpack(f"<{len(raw) // 4}I", bytes(raw)))
+
+    def __bytes__(self) -> bytes:
+        return struct.pack(f"<{len(self.backend_ids)}I", *self.backend_ids)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, MaglevLut) and other.backend_ids == self.backend_ids
+
+    def __len__(self) -> int:
+        return len(self.backend_ids)
+
+    def __str__(self) -> str:
+        counts: dict[int, int] = {}
+        for b in self.backend_ids:
+            counts[b] = counts.get(b, 0) + 1
+        share = ", ".join(f"backend {b}: {n}" for b, n in sorted(counts.items()))
+        return f"M={len(self.backend_ids)} slots ({share})"
+
+
+class PinnedMaglev:
+    """``cilium_lb4_maglev``: service id → Maglev table, an outer hash of inner arrays.
+
+    Writing a table creates an inner array map (one element of ``M * 4`` bytes,
+    the shape the programs were compiled for) and stores its fd in the outer
+    map; the kernel then holds it by reference, so nothing else needs to keep
+    it. Reading follows the outer value (the inner map's id) back to the table.
+    ``bpftool map dump pinned <path>`` shows the outer map's inner map ids.
+    """
+
+    def __init__(self, path: str, table_size: int):
+        from .. import _bpf
+
+        self.path = path
+        self.table_size = table_size
+        try:
+            self.fd = _bpf.obj_get(path)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise NotFoundError(f"pinned map {path} does not exist (is the lab up?)") from None
+            raise
+
+    def get(self, key: Lb4RevNatKey) -> MaglevLut | None:
+        from .. import _bpf
+
+        inner_id = ctypes.c_uint32()
+        if not _bpf.lookup(self.fd, key, inner_id):
+            return None
+        fd = _bpf.map_fd_by_id(inner_id.value)
+        try:
+            buf = ctypes.create_string_buffer(4 * self.table_size)
+            if not _bpf.lookup(fd, ctypes.c_uint32(0), buf):
+                return None
+            return MaglevLut.from_buffer_copy(buf.raw)
+        finally:
+            os.close(fd)
+
+    def __setitem__(self, key: Lb4RevNatKey, lut: MaglevLut) -> None:
+        from .. import _bpf
+
+        if len(lut) != self.table_size:
+            raise ConfigError(f"{self.path}: a Maglev table of {len(lut)} slots, expected {self.table_size} "
+                              f"(the lab's maglev_table_size)")
+        fd = _bpf.map_create(_bpf.BPF_MAP_TYPE_ARRAY, 4, 4 * self.table_size, 1, "lb4_maglev_lut")
+        try:
+            raw = ctypes.create_string_buffer(bytes(lut), len(bytes(lut)))
+            _bpf.update(fd, ctypes.c_uint32(0), raw)
+            _bpf.update(self.fd, key, ctypes.c_uint32(fd))
+        finally:
+            os.close(fd)
+
+    def delete(self, key: Lb4RevNatKey) -> bool:
+        from .. import _bpf
+
+        return _bpf.delete(self.fd, key)
+
+    def items(self) -> list[tuple[Lb4RevNatKey, MaglevLut]]:
+        from .. import _bpf
+
+        keys, prev, cur = [], None, Lb4RevNatKey()
+        while _bpf.next_key(self.fd, prev, cur):
+            keys.append(cur)
+            prev, cur = cur, Lb4RevNatKey()
+        return [(k, v) for k in keys if (v := self.get(k)) is not None]
+
+    def clear(self) -> int:
+        return sum(self.delete(k) for k, _ in self.items())
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def command(self) -> str:
+        return f"bpftool map dump pinned {self.path}"
+
+
 LB_MAPS: dict[str, tuple[type, type]] = {
     SERVICES_MAP: (Lb4Key, Lb4Service),
     BACKENDS_MAP: (Lb4BackendKey, Lb4Backend),
     REVNAT_MAP: (Lb4RevNatKey, Lb4ReverseNat),
     AFFINITY_MAP: (Lb4AffinityKey, LbAffinityVal),
     REVERSE_SK_MAP: (Ipv4RevnatTuple, Ipv4RevnatEntry),
+    MAGLEV_MAP: (Lb4RevNatKey, MaglevLut),
 }
 
 

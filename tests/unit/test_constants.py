@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from labkit import config as labconfig
-from labkit.constants import DropReason, Hook, Verdict
+from labkit.constants import DropReason, Hook, TraceFlags, Verdict
 from labkit.maps import config as mconfig
 from labkit.maps import ct, eps, lb, nat
 
@@ -58,7 +58,13 @@ def test_drop_reasons():
 
 def test_trace_modes():
     """TraceMode mirrors TRACE_* both ways."""
-    assert members(mconfig.TraceMode) == group("trace_types.h", "TRACE_")
+    assert members(mconfig.TraceMode) == group("trace_types.h", "TRACE_", exclude=tuple(
+        n for n in defines("trace_types.h") if n.startswith("TRACE_F_")))
+
+
+def test_trace_flags():
+    """TraceFlags mirrors TRACE_F_* both ways."""
+    assert members(TraceFlags) == group("trace_types.h", "TRACE_F_")
 
 
 def test_tuple_flags():

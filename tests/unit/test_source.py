@@ -8,6 +8,7 @@ import pytest
 
 from labkit.config import CtTimeouts, DatapathConfig
 from labkit.datapath.source import MAP_NAMES, PROGRAMS, node_build
+from labkit.maglev import FLOW_HASH_SEED
 from labkit.topology import Topology
 
 BPF = Path(__file__).resolve().parents[2] / "bpf"
@@ -32,6 +33,11 @@ def test_tunnel_macros(topo):
     assert b.node == "node-b"
     assert b.macros == {
         "NODE_ID": 2,
+        "NODE_IP": int.from_bytes(bytes([198, 51, 100, 12]), "little"),
+        "NATIVE_DEV_IFINDEX": 0,
+        "LB_MODE": 1,  # dsr
+        "LB_MAGLEV_LUT_SIZE": 251,
+        "LB_FLOW_HASH_SEED": FLOW_HASH_SEED,
         "ROUTING_TUNNEL": 1,
         "VXLAN_IFINDEX": 42,
         "VXLAN_PORT": 8472,

@@ -29,6 +29,8 @@ HUBBLE_DROP_TEXT = {
     157: "IP fragmentation not supported",
     158: "Service backend not found",
     160: "No tunnel/encapsulation endpoint (datapath BUG!)",
+    167: "No mapping for NAT masquerade",
+    169: "FIB lookup failed",
 }
 
 
