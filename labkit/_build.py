@@ -47,6 +47,14 @@ _COMMON_SYSCTLS = {
     "net.ipv6.conf.all.disable_ipv6": 1,
     "net.ipv6.conf.default.disable_ipv6": 1,
 }
+#: The fabric is a plain wire: if br_netfilter is loaded on the host, bridged frames would
+#: otherwise pass iptables in the fabric namespace, which also drops malformed IPv4 before
+#: any node sees it.
+_FABRIC_SYSCTLS = {
+    "net.bridge.bridge-nf-call-iptables": 0,
+    "net.bridge.bridge-nf-call-ip6tables": 0,
+    "net.bridge.bridge-nf-call-arptables": 0,
+}
 _NODE_SYSCTLS = {
     "net.ipv4.ip_forward": 1,
     "net.ipv4.conf.all.rp_filter": 0,
@@ -112,6 +120,7 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
         _sysctls(name, _COMMON_SYSCTLS)
     for n in topo.nodes:
         _sysctls(topo.netns(n.name), _NODE_SYSCTLS)
+    _sysctls(topo.netns("fabric"), _FABRIC_SYSCTLS)
 
     fabric = _ns(topo, "fabric")
     try:

@@ -691,6 +691,22 @@ class Lab:
                 cfg.clock_offset = offset
                 m[_U32(0)] = cfg
 
+    def trace_mode(self, mode: str | None = None) -> str:
+        """Which packets the hooks report: ``'all'`` (the default), ``'drops'`` or ``'none'``
+        (measurements without the monitor's cost). Sets it on every node when given; returns it."""
+        if mode is not None:
+            try:
+                value = TraceMode[str(mode).upper()]
+            except KeyError:
+                raise ConfigError(f"trace mode {mode!r}: expected one of all, drops, none") from None
+            for node in self.topology.nodes:
+                with self._config_map(node.name) as m:
+                    cfg = m[_U32(0)]
+                    cfg.trace_mode = value
+                    m[_U32(0)] = cfg
+        with self._config_map(self.topology.nodes[0].name) as m:
+            return TraceMode(m[_U32(0)].trace_mode).name.lower()
+
     def faults(self) -> list[str]:
         """Names of the break-it faults switched on."""
         with self._config_map(self.topology.nodes[0].name) as m:

@@ -39,6 +39,8 @@ static __always_inline int parse_ipv4_at(struct __sk_buff *skb, __u32 l3_off, st
 		return DROP_INVALID;
 	p->l3_off = l3_off;
 	p->l4_off = l3_off + ip.ihl * 4;
+	if (p->l4_off > skb->len)
+		return DROP_INVALID; /* the header's options run past the packet */
 	p->saddr = ip.saddr;
 	p->daddr = ip.daddr;
 	p->proto = ip.protocol;

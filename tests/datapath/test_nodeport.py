@@ -1,0 +1,366 @@
+"""NodePort and LoadBalancer services reached from outside: dsr, snat and hybrid modes, externalTrafficPolicy,
+Maglev, and malformed packets on the wire — real packets from the external client `ext`."""
+from __future__ import annotations
+
+import json
+import socket
+import sys
+
+import pytest
+
+from labkit.config import DatapathConfig
+from labkit.constants import DropReason, Hook
+from labkit.maglev import flow_slot, lookup_table
+from labkit.maps.base import PinnedMap
+from labkit.maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4
+
+from .util import wait_for
+
+EXT = "198.51.100.100"
+NODE_A, NODE_B = "198.51.100.11", "198.51.100.12"
+B1, A1 = "198.18.2.11", "198.18.1.11"
+TCP, UDP = 6, 17
+
+
+def _be32(ip: str) -> int:
+    return int.from_bytes(socket.inet_aton(ip), "little")
+
+
+def _lab(name: str, **options):
+    from labkit import Lab
+
+    lab = Lab.up(name, config=DatapathConfig(**options))
+    yield lab
+    lab.down()
+
+
+@pytest.fixture(scope="module")
+def _snat(_require_datapath):
+    yield from _lab("dpsnat", routing="native", lb_mode="snat")
+
+
+@pytest.fixture(scope="module")
+def _hybrid(_require_datapath):
+    yield from _lab("dphybrid", routing="tunnel", lb_mode="hybrid")
+
+
+@pytest.fixture
+def snat_lab(_snat):
+    _snat.reset()
+    return _snat
+
+
+@pytest.fixture
+def hybrid_lab(_hybrid):
+    _hybrid.reset()
+    return _hybrid
+
+
+def rows(lab, node: str, dir: str, proto: int = TCP) -> list:
+    """The node's CT rows of one direction and protocol, RELATED twins left out."""
+    return [r for r in lab.ct(node) if r.dir == dir and r.proto == proto and not r.related]
+
+
+def frontend_id(svc, type_: str, address: str | None = None) -> int:
+    return next(fe.id for fe in svc.frontends if fe.type == type_ and (address is None or fe.address == address))
+
+
+def packets_to_client(step) -> list:
+    """Every trace record of a packet addressed to the external client, before or after translation."""
+    ext = _be32(EXT)
+    return [f for f in step.flows if ext in (f.event.before.daddr, f.event.after.daddr)]
+
+
+def test_dsr_lb_vip_backend_on_other_node(any_lab):
+    """dsr: node-a keeps only the SVC row (NodePort flag), node-b the DSRInternal OUT row and the NAT row
+    {b1:8080 -> ext:cp} -> VIP:80; the client talks to VIP:80 and no reply packet touches node-a."""
+    lab = any_lab
+    svc = lab.services.add("web", 80, ["b1:8080"], type="LoadBalancer")
+    conn = lab.external("ext").tcp("web", 80)
+    opened = conn.open()
+    assert opened.ok and opened.result["peer"] == f"{svc.lb_vip}:80"
+    cp = opened.result["sport"]
+
+    (svc_row,) = rows(lab, "node-a", "SVC")
+    assert (svc_row.src, svc_row.sport, svc_row.dst, svc_row.dport) == (EXT, cp, svc.lb_vip, 80)
+    assert svc_row.flags & CtFlags.NODE_PORT
+    assert svc_row.rev_nat == frontend_id(svc, "LoadBalancer")
+    assert svc_row.backend_id == svc.backend("b1:8080").id
+    assert rows(lab, "node-a", "OUT") == [] and rows(lab, "node-a", "IN") == []
+    assert lab.nat("node-a") == []
+
+    (out,) = rows(lab, "node-b", "OUT")
+    assert (out.src, out.sport, out.dst, out.dport) == (B1, 8080, EXT, cp)
+    assert out.flags & CtFlags.DSR_INTERNAL and not out.flags & CtFlags.NODE_PORT
+    assert rows(lab, "node-b", "IN") == []
+    (nat,) = lab.nat("node-b")
+    assert (nat.dir, nat.src, nat.sport, nat.dst, nat.dport) == ("OUT", B1, 8080, EXT, cp)
+    assert (nat.to_addr, nat.to_port) == (svc.lb_vip, 80)
+    assert f"client={EXT}:{cp}" in lab.pod("b1").server_log()[-1]  # DSR keeps the client's address
+
+    replies = packets_to_client(opened)
+    assert replies and {f.node for f in replies} == {"node-b"}
+    leaving = [f for f in replies if f.hook == Hook.TO_NETDEV]
+    assert leaving and all(f.event.after.saddr == _be32(svc.lb_vip) for f in leaving)
+
+    sent = conn.send(b"dsr")
+    assert sent.result["reply"] == b"dsr".hex()
+    assert packets_to_client(sent) and {f.node for f in packets_to_client(sent)} == {"node-b"}
+    conn.close()
+
+
+def test_dsr_udp_answers_from_the_vip(any_lab):
+    """dsr with UDP: every datagram carries the option; the connected client socket accepts the answer,
+    so it came from VIP:53; node-b's NAT row maps b1:8080 -> ext to the VIP."""
+    lab = any_lab
+    svc = lab.services.add("dns", 53, ["b1:8080"], protocol="UDP", type="LoadBalancer")
+    step = lab.external("ext").udp("dns", 53, b"query")
+    assert step.ok and step.result["reply_text"] == f"pod=b1 client={EXT}:{step.result['sport']} data=query"
+    (nat,) = lab.nat("node-b")
+    assert (nat.proto, nat.src, nat.to_addr, nat.to_port) == (UDP, B1, svc.lb_vip, 53)
+    assert any(f.node == "node-a" and f.event.flags & 0x01 for f in step.flows)  # option added on node-a
+    assert any(f.node == "node-b" and f.event.flags & 0x02 for f in step.flows)  # and stripped on node-b
+
+
+def test_snat_reply_returns_through_lb_node(snat_lab):
+    """snat: node-a SNATs to its own address (NAT OUT XLATE_SRC, NAT IN XLATE_DST), tracks the flow with a
+    NodePort OUT row, and the reply leaves for the client from node-a."""
+    lab = snat_lab
+    svc = lab.services.add("web", 80, ["b1:8080"], type="LoadBalancer")
+    conn = lab.external("ext").tcp("web", 80)
+    opened = conn.open()
+    assert opened.ok and opened.result["peer"] == f"{svc.lb_vip}:80"
+    cp = opened.result["sport"]
+
+    nat = {r.dir: r for r in lab.nat("node-a")}
+    assert set(nat) == {"OUT", "IN"} and len(lab.nat("node-a")) == 2
+    out, back = nat["OUT"], nat["IN"]
+    assert (out.src, out.sport, out.dst, out.dport, out.to_addr) == (EXT, cp, B1, 8080, NODE_A)
+    nat_port = out.to_port
+    assert 32768 <= nat_port <= 65535
+    assert (back.src, back.sport, back.dst, back.dport) == (B1, 8080, NODE_A, nat_port)
+    assert (back.to_addr, back.to_port) == (EXT, cp)
+    assert f"client={NODE_A}:{nat_port}" in lab.pod("b1").server_log()[-1]
+
+    (ct_out,) = rows(lab, "node-a", "OUT")
+    assert ct_out.flags & CtFlags.NODE_PORT and ct_out.rev_nat == frontend_id(svc, "LoadBalancer")
+    assert (ct_out.src, ct_out.sport, ct_out.dst, ct_out.dport) == (EXT, cp, B1, 8080)
+    assert lab.nat("node-b") == []
+
+    replies = packets_to_client(opened)
+    assert replies and {f.node for f in replies} == {"node-a"}
+    back_in = [f for f in opened.flows if f.node == "node-a" and f.hook == Hook.FROM_NETDEV
+               and f.event.before.daddr == _be32(NODE_A)]
+    assert back_in and all(f.event.after.saddr == _be32(svc.lb_vip) and f.event.after.daddr == _be32(EXT)
+                           for f in back_in)
+    assert conn.send(b"snat").result["reply"] == b"snat".hex()
+    conn.close()
+
+
+def test_hybrid_tcp_goes_dsr_udp_goes_snat(hybrid_lab):
+    """hybrid: a TCP flow leaves its NAT row on the backend's node (DSR), a UDP flow its two rows on the
+    node that load-balanced (SNAT)."""
+    lab = hybrid_lab
+    lab.services.add("web", 80, ["b1:8080"], type="LoadBalancer")
+    lab.services.add("dns", 53, ["b1:8080"], protocol="UDP", type="LoadBalancer")
+    ext = lab.external("ext")
+    conn = ext.tcp("web", 80)
+    assert conn.open().ok
+    assert ext.udp("dns", 53, b"q").ok
+    assert [(r.proto, r.dir) for r in lab.nat("node-b")] == [(TCP, "OUT")]
+    assert sorted((r.proto, r.dir) for r in lab.nat("node-a")) == [(UDP, "IN"), (UDP, "OUT")]
+    conn.close()
+
+
+def test_nodeport_on_node_b_reaches_backend_on_node_a(native_lab):
+    """NodePort on node-b's address: node-b load-balances to a1 on node-a (SVC row with node-b's frontend id),
+    and the client talks to node-b:30080 throughout."""
+    lab = native_lab
+    svc = lab.services.add("web", 80, ["a1:8080"], type="NodePort", node_port=30080)
+    conn = lab.external("ext").tcp("node-b", 30080)
+    opened = conn.open()
+    assert opened.ok and opened.result["peer"] == f"{NODE_B}:30080"
+    (svc_row,) = rows(lab, "node-b", "SVC")
+    assert svc_row.rev_nat == frontend_id(svc, "NodePort", NODE_B) and svc_row.flags & CtFlags.NODE_PORT
+    (out,) = rows(lab, "node-a", "OUT")
+    assert out.src == A1 and out.flags & CtFlags.DSR_INTERNAL
+    assert f"client={EXT}:" in lab.pod("a1").server_log()[-1]
+    conn.close()
+
+
+def test_etp_local_drops_on_a_node_without_local_backend(native_lab):
+    """eTP=Local: node-b has no backend of its own, so its NodePort drops the SYN with 'Service backend not
+    found' and makes no CT row."""
+    lab = native_lab
+    lab.services.add("web", 80, ["a1:8080"], type="NodePort", node_port=30080, etp="Local")
+    opened = lab.external("ext").tcp("node-b", 30080).open()
+    assert not opened.ok
+    drops = [f for f in opened.flows if f.dropped]
+    assert drops and all((f.node, f.hook) == ("node-b", Hook.FROM_NETDEV) for f in drops)
+    assert {f.event.drop_reason for f in drops} == {DropReason.NO_SERVICE}
+    assert lab.ct("node-b") == [] and lab.ct("node-a") == []
+
+
+def test_etp_local_answers_locally_and_pods_still_reach_every_backend(native_lab):
+    """eTP=Local with backends a1 and b1: outside clients of node-b's NodePort always get b1 and no packet
+    crosses to node-a; a pod uses the internal scope and reaches both backends."""
+    lab = native_lab
+    svc = lab.services.add("web", 80, ["a1:8080", "b1:8080"], type="NodePort", node_port=30080, etp="Local")
+    ext = lab.external("ext")
+    for _ in range(5):
+        conn = ext.tcp("node-b", 30080)
+        opened = conn.open()
+        assert opened.ok and {f.node for f in opened.flows} == {"node-b"}
+        conn.close()
+    assert {r.backend_id for r in rows(lab, "node-b", "SVC")} == {svc.backend("b1:8080").id}
+    row = next(r for r in lab.services.lb("node-b").rows() if r.vip == NODE_B)
+    assert "Local" in row.to_json()["flags"]
+
+    seen = set()
+    for _ in range(24):
+        conn = lab.pod("a2").tcp("node-b", 30080)
+        assert conn.open().ok
+        conn.close()
+    seen = {r.backend_id for r in rows(lab, "node-a", "SVC")}
+    assert seen == {svc.backend("a1:8080").id, svc.backend("b1:8080").id}
+
+
+def test_maglev_bpf_table_equals_python_table(native_lab):
+    """The Maglev table the agent wrote into cilium_lb4_maglev (read back through the inner map) equals
+    labkit.maglev.lookup_table for every frontend on every node."""
+    lab = native_lab
+    svc = lab.services.add("web", 80, ["a1:8080", "a2:8080", "b1:8080", "b2:8080"], type="LoadBalancer",
+                           algorithm="maglev")
+    names = {f"{lab.topology.pod(b.pod).ip}:{b.port}": b.id for b in svc.backends}
+    want = lookup_table(names, lab.config.maglev_table_size)
+    for node in ("node-a", "node-b"):
+        tables = lab.services.maglev("web", node)
+        assert set(tables) == set(svc.ids)
+        for bpf, expected in tables.values():
+            assert bpf is not None and list(bpf.backend_ids) == want == list(expected.backend_ids)
+
+
+def _clear_ct(lab, node: str) -> None:
+    for map_name in CT_MAPS:
+        with PinnedMap(f"{lab.pin_dir(node)}/{map_name}", CtKey4, CtEntry) as m:
+            m.clear()
+
+
+_UDP_BURST = r"""
+import socket, sys
+vip, port, first, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+for sport in range(first, first + n):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", sport))
+    s.sendto(b"maglev", (vip, port))
+    s.close()
+"""
+
+
+def _backend_by_port(lab, vip: str, first: int, n: int) -> dict[int, int]:
+    lab.exec("ext", [sys.executable, "-c", _UDP_BURST, vip, "53", str(first), str(n)], check=True, timeout=60)
+    chosen = wait_for(lambda: (lambda got: got if len(got) == n else None)(
+        {r.sport: r.backend_id for r in rows(lab, "node-a", "SVC", UDP) if r.src == EXT}),
+        timeout=20, what=f"{n} SVC rows on node-a")
+    return chosen
+
+
+def test_maglev_removing_a_backend_moves_only_its_flows(native_lab):
+    """2,000 client ports over 4 Maglev backends: the datapath picks exactly the backend the Python table and
+    flow hash predict; after removing one backend its flows move and at most 3% of the others do."""
+    lab = native_lab
+    lab.trace_mode("drops")  # 4,000 datagrams: keep the monitor out of it
+    try:
+        svc = lab.services.add("dns", 53, ["a1:8080", "a2:8080", "b1:8080", "b2:8080"], protocol="UDP",
+                               type="LoadBalancer", algorithm="maglev")
+        m = lab.config.maglev_table_size
+
+        def predicted(service, ports):
+            names = {f"{lab.topology.pod(b.pod).ip}:{b.port}": b.id for b in service.active}
+            table = lookup_table(names, m)
+            return {p: table[flow_slot(EXT, p, 53, UDP, m)] for p in ports}
+
+        ports = range(20000, 22000)
+        before = _backend_by_port(lab, svc.lb_vip, ports.start, len(ports))
+        assert before == predicted(svc, ports)
+        gone = svc.backend("b2:8080").id
+        on_gone = {p for p, b in before.items() if b == gone}
+        assert 300 < len(on_gone) < 700  # about a quarter
+
+        svc = lab.services.remove_backend("dns", "b2:8080")
+        _clear_ct(lab, "node-a")
+        after = _backend_by_port(lab, svc.lb_vip, ports.start, len(ports))
+        assert after == predicted(svc, ports)
+        moved = {p for p in ports if before[p] != after[p]}
+        others_moved = moved - on_gone
+        assert on_gone <= moved
+        assert len(others_moved) <= 0.03 * (len(ports) - len(on_gone)), (len(others_moved), len(on_gone))
+        print(f"maglev M={m}: {len(on_gone)} flows on the removed backend moved; "
+              f"{len(others_moved)} of {len(ports) - len(on_gone)} others moved")
+    finally:
+        lab.trace_mode("all")
+
+
+# -- malformed input on the wire ------------------------------------------------------------
+_FRAME_SENDER = r"""
+import socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(("eth0", 0))
+for line in sys.stdin.read().split():
+    s.send(bytes.fromhex(line))
+"""
+
+
+def _mac(lab, name: str) -> str:
+    """eth0's MAC in ``name``'s namespace (netlink: /sys would show the host's devices)."""
+    out = lab.exec(name, ["ip", "-j", "link", "show", "dev", "eth0"], check=True).stdout
+    return json.loads(out)[0]["address"]
+
+
+def _malformed(case: str, vip: str) -> tuple[str, bytes]:
+    """(node whose eth0 it is sent to, the IPv4 packet) for one kind of bad input."""
+    from scapy.all import IP, TCP as ScTCP, IPOption  # noqa: N811
+
+    port_addr = (80).to_bytes(2, "big") + socket.inet_aton(vip)
+    syn = ScTCP(sport=40000, dport=8080, flags="S")
+    if case == "dsr-option-wrong-length":
+        return "node-b", bytes(IP(src=EXT, dst=B1, options=[IPOption(b"\x9a\x06" + port_addr[:4])]) / syn)
+    if case == "dsr-option-wrong-type":
+        return "node-b", bytes(IP(src=EXT, dst=B1, options=[IPOption(b"\x9b\x08" + port_addr)]) / syn)
+    if case == "truncated-ip-header":
+        return "node-a", bytes(IP(src=EXT, dst=vip, ihl=15) / ScTCP(dport=80, flags="S"))[:40]
+    if case == "truncated-tcp-header":
+        raw = bytearray(bytes(IP(src=EXT, dst=vip) / ScTCP(dport=80, flags="S"))[:28])
+        raw[2:4] = (28).to_bytes(2, "big")
+        return "node-a", bytes(raw)
+    if case == "ip-fragment":
+        return "node-a", bytes(IP(src=EXT, dst=vip, flags="MF", id=7) / ScTCP(dport=80, flags="S"))
+    raise ValueError(case)
+
+
+MALFORMED = {
+    "dsr-option-wrong-length": DropReason.INVALID,
+    "dsr-option-wrong-type": DropReason.INVALID,
+    "truncated-ip-header": DropReason.INVALID,
+    "truncated-tcp-header": DropReason.CT_INVALID_HDR,
+    "ip-fragment": DropReason.FRAG_NOSUPPORT,
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_input_on_the_wire_makes_no_state(native_lab, case):
+    """A bad DSR option, a truncated IP or TCP header, or an IP fragment from the fabric is dropped at
+    from-netdev with its reason and leaves no CT or NAT row on any node."""
+    lab = native_lab
+    svc = lab.services.add("web", 80, ["b1:8080"], type="LoadBalancer")
+    node, packet = _malformed(case, svc.lb_vip)
+    frame = bytes.fromhex(_mac(lab, node).replace(":", "")) + bytes.fromhex(_mac(lab, "ext").replace(":", "")) \
+        + b"\x08\x00" + packet
+    log = lab.events()
+    log.seek_end()
+    lab.exec("ext", [sys.executable, "-c", _FRAME_SENDER], input=frame.hex(), check=True)
+    drop = wait_for(lambda: next((f for f in log.read() if f.dropped), None), timeout=5, what=f"the drop of {case}")
+    assert (drop.node, drop.hook, drop.event.drop_reason) == (node, Hook.FROM_NETDEV, MALFORMED[case])
+    for n in ("node-a", "node-b"):
+        assert lab.ct(n) == [] and lab.nat(n) == []
