@@ -47,7 +47,8 @@ from collections import Counter
 from dataclasses import fields
 
 from . import __version__
-from .config import ROUTING_MODES, SOCKET_LB_MODES, CtTimeouts
+from .config import LB_MODES, MAGLEV_TABLE_SIZES, ROUTING_MODES, SOCKET_LB_MODES, CtTimeouts
+from .services import ALGORITHMS, TRAFFIC_POLICIES
 from .errors import LabkitError
 
 __all__ = ["main", "build_parser"]
@@ -136,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="socket-level LB at connect(): off, hostns (nodes only, default) or full (pods too)")
     p.add_argument("--ct-timeout", type=_ct_timeout, action="append", default=[], metavar="NAME=SECONDS",
                    help=f"set a CT lifetime, repeatable; NAME is one of {', '.join(_TIMEOUT_NAMES)}")
+    p.add_argument("--lb-mode", choices=LB_MODES, default=None,
+                   help="how a node hands outside traffic to a backend on another node: dsr (default: the "
+                        "backend's node answers the client), snat (the reply comes back through the node) or "
+                        "hybrid (DSR for TCP, SNAT for UDP)")
+    p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
+                   help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (default, fits on "
+                        f"screen) to {MAGLEV_TABLE_SIZES[-1]}; Cilium's default is 16381")
     p.set_defaults(func=cmd_up)
 
     p = add("down", "remove everything the lab created, then check that nothing is left")
@@ -202,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NodePort/LoadBalancer: the node port, 30000-32767 (default: the next free from 30000)")
     p.add_argument("--lb-vip", metavar="IP",
                    help="LoadBalancer: the VIP, from 203.0.113.0/24 (default: the next free from 203.0.113.10)")
+    p.add_argument("--etp", choices=TRAFFIC_POLICIES, default="Cluster",
+                   help="externalTrafficPolicy of the NodePort/LoadBalancer frontends: Cluster (default, any "
+                        "backend) or Local (only backends on the node the client reached; none there: drop)")
+    p.add_argument("--algorithm", choices=ALGORITHMS, default="random",
+                   help="how a new flow picks its backend: random (default) or maglev (a table per frontend "
+                        "in cilium_lb4_maglev; `labkit lb maglev NAME` shows it)")
     p.set_defaults(func=cmd_service_add)
     p = svc.add_parser("del", help="remove a service from every node",
                        description="Remove service NAME from every node (head first, then slots, reverse NAT, backends).")
@@ -230,6 +244,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-command", action="store_true",
                    help="first print the bpftool commands that dump the same maps, as '# ' lines")
     p.set_defaults(func=cmd_lb_list)
+
+    p = lb.add_parser("maglev", help="a service's Maglev tables as the BPF map holds them, checked against "
+                                     "labkit's own computation",
+                      description="For each frontend of service NAME on NODE: the table in cilium_lb4_maglev "
+                                  "(read through its inner map), how many slots each backend holds, and whether "
+                                  "it equals the table labkit.maglev.lookup_table computes.")
+    p.add_argument("name", metavar="NAME", help="a service added with --algorithm maglev")
+    p.add_argument("--node", metavar="NODE", default=None, help="whose map to read (default: the first node)")
+    p.add_argument("--slots", action="store_true", help="also print every slot's backend id, 16 to a line")
+    p.add_argument("--json", action="store_true", help="as JSON")
+    p.set_defaults(func=cmd_lb_maglev)
 
     p = add("trace", "flows seen by the datapath hooks, Hubble style")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new flows until Ctrl-C")
@@ -314,6 +339,10 @@ def cmd_up(args) -> int:
         changes["socket_lb"] = args.socket_lb
     if args.ct_timeout:
         changes["timeouts"] = dict(args.ct_timeout)
+    if args.lb_mode is not None:
+        changes["lb_mode"] = args.lb_mode
+    if args.maglev_table_size is not None:
+        changes["maglev_table_size"] = args.maglev_table_size
     config = DatapathConfig().with_options(**changes)
     print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
     t0 = time.time()
@@ -322,7 +351,7 @@ def cmd_up(args) -> int:
     created = getattr(lab, "_state", {}).get("created")
     reused = isinstance(created, (int, float)) and created < t0
     topo = lab.topology
-    print(f"lab {lab.name} is up: {lab.config.routing} routing, "
+    print(f"lab {lab.name} is up: {lab.config.routing} routing, LB mode {lab.config.lb_mode}, "
           f"{'already running, attached' if reused else 'built'} in {took:.1f} s")
     changed = {k: v for k, v in vars(lab.config.timeouts).items() if getattr(CtTimeouts(), k) != v}
     if changed:
@@ -546,16 +575,20 @@ def cmd_service_add(args) -> int:
     lab = _attach(args)
     svc = lab.services.add(args.name, args.port, args.backend, vip=args.vip, protocol=args.protocol,
                            affinity=args.affinity, type=args.svc_type, node_port=args.node_port,
-                           lb_vip=args.lb_vip)
+                           lb_vip=args.lb_vip, etp=args.etp, algorithm=args.algorithm)
     print(f"service {svc.name} added on every node: {_service_line(svc)}")
     for fe in svc.frontends[1:]:
         print(f"  {fe.type} frontend {fe.l4(svc.protocol)} id {fe.id}")
     if svc.affinity_timeout:
         print(f"session affinity: {svc.affinity_timeout} s")
+    if svc.type != "ClusterIP":
+        print(f"externalTrafficPolicy: {svc.etp}")
     node = lab.topology.nodes[0].name
     print("try next:")
     print(f"  labkit --lab {lab.name} lb list {node}")
     print(f"  labkit --lab {lab.name} lb list {node} --raw")
+    if svc.algorithm == "maglev":
+        print(f"  labkit --lab {lab.name} lb maglev {svc.name}")
     return 0
 
 
@@ -609,6 +642,46 @@ def cmd_lb_list(args) -> int:
     return 0
 
 
+def cmd_lb_maglev(args) -> int:
+    from .maglev import shares
+
+    lab = _attach(args)
+    node = args.node or lab.topology.nodes[0].name
+    svc = lab.services.get(args.name)
+    tables = lab.services.maglev(args.name, node)
+    by_id = {b.id: b for b in svc.backends}
+    if args.json:
+        _print_json([{"frontend": fe.l4(svc.protocol), "id": fe.id, "node": node,
+                      "table": list(tables[fe.id][0].backend_ids) if tables[fe.id][0] else None,
+                      "matches_python": tables[fe.id][0] == tables[fe.id][1]} for fe in svc.frontends])
+        return 0 if all(bpf == want for bpf, want in tables.values()) else 1
+    if svc.algorithm != "maglev":
+        print(f"service {svc.name} picks backends at random (added without --algorithm maglev): no Maglev tables")
+        return 0
+    print(f"# bpftool map dump pinned {lab.pin_dir(node)}/cilium_lb4_maglev   (values are inner map ids)")
+    ok = True
+    for fe in svc.frontends:
+        bpf, want = tables[fe.id]
+        if bpf is None:
+            print(f"{fe.type} {fe.l4(svc.protocol)} id {fe.id}: no table in the map"
+                  + ("" if want is None else " (one was expected!)"))
+            ok = ok and want is None
+            continue
+        same = bpf == want
+        ok = ok and same
+        print(f"{fe.type} {fe.l4(svc.protocol)} id {fe.id}: M={len(bpf)}, "
+              f"{'equals' if same else 'DIFFERS FROM'} labkit.maglev.lookup_table")
+        for bid, share in shares(list(bpf.backend_ids)).items():
+            be = by_id.get(bid)
+            name = f"{be.ref} ({lab.topology.pod(be.pod).ip}:{be.port})" if be else "?"
+            print(f"  backend {bid:<4} {name:<28} {round(share * len(bpf)):>6} slots  {share:6.1%}")
+        if args.slots:
+            ids = list(bpf.backend_ids)
+            for i in range(0, len(ids), 16):
+                print(f"  {i:>6}: " + " ".join(f"{b:>3}" for b in ids[i:i + 16]))
+    return 0 if ok else 1
+
+
 def cmd_clock_advance(args) -> int:
     lab = _attach(args)
     now = lab.clock.advance(args.seconds)
@@ -644,6 +717,7 @@ def cmd_fault_list(args) -> int:
 
 def cmd_grade(args) -> int:
     from .grade import format_csv, format_table, grade_notebook
+    from .nb import VARIANTS
 
     try:
         scores = [grade_notebook(nb, cell_timeout=args.cell_timeout, lab_name=args.grade_lab) for nb in args.notebooks]
@@ -651,7 +725,7 @@ def cmd_grade(args) -> int:
         if not args.keep_lab:
             from .lab import Lab
 
-            for name in (args.grade_lab, f"{args.grade_lab}-native"):  # the labs the notebooks start
+            for name in (args.grade_lab, *(f"{args.grade_lab}-{v}" for v in VARIANTS)):  # the labs notebooks start
                 Lab.cleanup(name)
     if args.json:
         _print_json([s.to_json() for s in scores])

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import ConfigError
 
-__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LB_MODES", "LAB_DIFFERENCES",
+__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LB_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
            "VXLAN_PORT"]
 
 ROUTING_MODES = ("tunnel", "native")

@@ -82,11 +82,11 @@ class PodHandle(_Member):
 
         return ping_step(self.lab, self.name, target, count)
 
-    def udp(self, target: str, port: int = 8080, data: bytes = b"hello"):
-        """One UDP datagram to ``target`` and its answer: a Step."""
+    def udp(self, target: str, port: int = 8080, data: bytes = b"hello", sport: int | None = None):
+        """One UDP datagram to ``target`` (from port ``sport``, default any) and its answer: a Step."""
         from .steps import udp_step
 
-        return udp_step(self.lab, self.name, target, port, data)
+        return udp_step(self.lab, self.name, target, port, data, sport)
 
     def send(self, packet, title: str | None = None):
         """Send one crafted IPv4 packet (scapy or bytes) from this pod: a Step."""
@@ -121,11 +121,11 @@ class ExternalHandle(_Member):
 
         return TcpConn(self.lab, self.name, target, port, sport)
 
-    def udp(self, target: str, port: int = 80, data: bytes = b"hello"):
-        """One UDP datagram to ``target`` and its answer: a Step."""
+    def udp(self, target: str, port: int = 80, data: bytes = b"hello", sport: int | None = None):
+        """One UDP datagram to ``target`` (from port ``sport``, default any) and its answer: a Step."""
         from .steps import udp_step
 
-        return udp_step(self.lab, self.name, target, port, data)
+        return udp_step(self.lab, self.name, target, port, data, sport)
 
     def send(self, packet, title: str | None = None):
         """Send one crafted IPv4 packet (scapy or bytes) onto the underlay: a Step."""
@@ -507,7 +507,7 @@ class Lab:
         """Switch a break-it fault on or off on every node; returns the faults now on.
 
         Faults: ``no-in-entry``, ``wrong-lifetime``, ``no-related``, ``skip-rev-nat``,
-        ``no-loopback-snat``. ``labkit status`` always lists them.
+        ``no-loopback-snat``, ``no-dsr-snat``. ``labkit status`` always lists them.
         """
         try:
             bit = Fault.parse(name)
@@ -559,6 +559,18 @@ class Lab:
         except OSError:
             pass
         return removed
+
+    def flush_ct(self, node: str | None = None) -> int:
+        """Empty the CT maps of ``node`` (default: every node), as if their entries had all been
+        collected; Services and NAT entries stay. Returns how many rows were deleted."""
+        nodes = [node] if node is not None else [n.name for n in self.topology.nodes]
+        deleted = 0
+        for name in nodes:
+            for map_name in CT_MAPS:
+                with PinnedMap(f"{self.pin_dir(name)}/{map_name}", CtKey4, CtEntry) as m:
+                    deleted += m.clear()
+        self._after_step()
+        return deleted
 
     def reset(self) -> None:
         """Remove every Service, flush CT and NAT state, switch faults off and set the lab clock back; topology kept."""

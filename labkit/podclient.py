@@ -125,6 +125,9 @@ class _Client:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.settimeout(cmd.get("timeout", TIMEOUT))
         try:
+            if cmd.get("sport"):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("0.0.0.0", cmd["sport"]))
             s.connect((cmd["host"], cmd["port"]))  # connected, so an ICMP port unreachable ends the wait
             s.send(bytes.fromhex(cmd["data"]))
             sport = s.getsockname()[1]

@@ -360,12 +360,14 @@ def ping_step(lab: "Lab", pod: str, target: str, count: int = 1) -> Step:
     return run_step(lab, f"{pod} → {target} ping ×{count}", act, expect)
 
 
-def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = b"hello") -> Step:
+def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = b"hello",
+             sport: int | None = None) -> Step:
     outside = lab.topology.kind_of(pod) == "external"
     src, dst = lab.address_of(pod), lab.address_of(target, outside=outside)
 
     def act() -> dict:
-        res = lab._podclient(pod).call({"op": "udp", "host": dst, "port": port, "data": bytes(data).hex()})
+        res = lab._podclient(pod).call({"op": "udp", "host": dst, "port": port, "data": bytes(data).hex(),
+                                        "sport": sport})
         if res.get("reply"):
             res["reply_text"] = bytes.fromhex(res["reply"]).decode(errors="replace")
         return res

@@ -13,6 +13,7 @@
 #define FAULT_WRONG_LIFETIME  0x04 /* established TCP keeps the SYN lifetime */
 #define FAULT_NO_LOOPBACK_SNAT 0x08 /* hairpin flows keep the pod's own source */
 #define FAULT_NO_RELATED      0x10 /* new entries get no RELATED twin */
+#define FAULT_NO_DSR_SNAT     0x20 /* dsr replies leave the backend's node with the backend's address */
 
 struct lab_config {
 	__u32 clock_offset; /* seconds added to CLOCK_MONOTONIC seconds */

@@ -252,7 +252,7 @@ static __always_inline int nodeport_rev_egress4(struct __sk_buff *skb, struct pk
 
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return 0;
-	ret = dsr_nat_reply4(skb, p);
+	ret = lab_fault(FAULT_NO_DSR_SNAT) ? 0 : dsr_nat_reply4(skb, p);
 	if (ret > 0)
 		ev->flags |= TRACE_F_SNAT;
 	if (ret != 0)

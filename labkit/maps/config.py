@@ -21,6 +21,7 @@ class Fault(enum.IntFlag):
     WRONG_LIFETIME = 0x04  #: established TCP keeps the SYN lifetime
     NO_LOOPBACK_SNAT = 0x08  #: hairpin flows keep the pod's own source
     NO_RELATED = 0x10  #: new entries get no RELATED twin
+    NO_DSR_SNAT = 0x20  #: dsr replies leave the backend's node with the backend's own address
 
     @classmethod
     def names(cls, value: int) -> list[str]:
@@ -39,7 +40,7 @@ class Fault(enum.IntFlag):
 
 #: Faults the current datapath acts on.
 IMPLEMENTED_FAULTS = (Fault.NO_IN_ENTRY | Fault.WRONG_LIFETIME | Fault.NO_RELATED | Fault.SKIP_REV_NAT
-                      | Fault.NO_LOOPBACK_SNAT)
+                      | Fault.NO_LOOPBACK_SNAT | Fault.NO_DSR_SNAT)
 
 
 class TraceMode(enum.IntEnum):

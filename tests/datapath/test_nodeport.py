@@ -11,8 +11,7 @@ import pytest
 from labkit.config import DatapathConfig
 from labkit.constants import DropReason, Hook
 from labkit.maglev import flow_slot, lookup_table
-from labkit.maps.base import PinnedMap
-from labkit.maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4
+from labkit.maps.ct import CtFlags
 
 from .util import wait_for
 
@@ -240,12 +239,6 @@ def test_maglev_bpf_table_equals_python_table(native_lab):
             assert bpf is not None and list(bpf.backend_ids) == want == list(expected.backend_ids)
 
 
-def _clear_ct(lab, node: str) -> None:
-    for map_name in CT_MAPS:
-        with PinnedMap(f"{lab.pin_dir(node)}/{map_name}", CtKey4, CtEntry) as m:
-            m.clear()
-
-
 _UDP_BURST = r"""
 import socket, sys
 vip, port, first, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -289,7 +282,7 @@ def test_maglev_removing_a_backend_moves_only_its_flows(native_lab):
         assert 300 < len(on_gone) < 700  # about a quarter
 
         svc = lab.services.remove_backend("dns", "b2:8080")
-        _clear_ct(lab, "node-a")
+        lab.flush_ct("node-a")
         after = _backend_by_port(lab, svc.lb_vip, ports.start, len(ports))
         assert after == predicted(svc, ports)
         moved = {p for p in ports if before[p] != after[p]}

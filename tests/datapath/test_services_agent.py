@@ -15,12 +15,14 @@ from labkit.maps.base import PinnedMap
 from labkit.maps.lb import (
     BACKENDS_MAP,
     LB_MAPS,
+    MAGLEV_MAP,
     REVNAT_MAP,
     SERVICES_MAP,
     BackendState,
     Lb4BackendKey,
     Lb4Key,
     Lb4RevNatKey,
+    PinnedMaglev,
 )
 
 from .util import TcpClient
@@ -32,6 +34,12 @@ LABKIT = [sys.executable, "-m", "labkit.cli"]
 
 def read(lab, node: str, map_name: str) -> dict[bytes, object]:
     """``{raw key: value}`` of one pinned LB map, read with PinnedMap (not through the agent)."""
+    if map_name == MAGLEV_MAP:  # an outer map of inner tables
+        m = PinnedMaglev(f"{lab.pin_dir(node)}/{map_name}", lab.config.maglev_table_size)
+        try:
+            return {bytes(k): v for k, v in m.items()}
+        finally:
+            m.close()
     key_type, value_type = LB_MAPS[map_name]
     with PinnedMap(f"{lab.pin_dir(node)}/{map_name}", key_type, value_type) as m:
         return {bytes(k): v for k, v in m.items()}

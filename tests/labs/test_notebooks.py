@@ -4,7 +4,8 @@ it should, ``labkit grade`` scores a handed-in notebook exercise by exercise, an
 committed notebooks hold only placeholders and no outputs.
 
 Notebooks run with nbclient (kernel python3) in the lab ``nbtest`` (lab 03 also brings up
-``nbtest-native``, lab 06 ``nbtest-socklb``); graded copies run in ``grade`` and ``gradetest``.
+``nbtest-native``, lab 06 ``nbtest-socklb``, lab 07 ``nbtest-snat``); graded copies run in ``grade`` and
+``gradetest``.
 Every lab is torn down when the module ends, and ``ip netns list`` must then show none of their
 namespaces.
 Executed notebooks are written only under pytest's tmp_path, never into the repository.
@@ -21,6 +22,7 @@ import nbformat
 import pytest
 
 from labkit.checks import exercises_for
+from labkit.nb import VARIANTS
 
 try:
     from .notebooks import (NOTEBOOKS, REPO, answer_cells, cell_errors, cell_seconds, execute,
@@ -33,8 +35,8 @@ pytestmark = pytest.mark.labs
 
 LAB = "nbtest"
 #: Every lab these tests can bring up, torn down at the end of the module.
-CREATED = (LAB, f"{LAB}-native", f"{LAB}-socklb", "grade", "grade-native", "grade-socklb",
-           "gradetest", "gradetest-native", "gradetest-socklb")
+CREATED = tuple(f"{base}{suffix}" for base in (LAB, "grade", "gradetest")
+                for suffix in ("", *(f"-{v}" for v in VARIANTS)))
 LAB_IDS = sorted(NOTEBOOKS)
 #: A notebook must run top to bottom within this many seconds (lab bring-up included).
 BUDGET = 120
