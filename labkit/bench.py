@@ -15,6 +15,10 @@ live table, 1,000 rows     <= 0.1 s
 backend add/remove at 50k  <= 1 ms
 first packet, 50k vs 10    ratio <= 1.1
 =========================  ========
+
+Reported without a target: the request rate of the external client to a
+LoadBalancer VIP in dsr and in snat mode, two labs side by side, rounds
+alternating, and their ratio.
 """
 from __future__ import annotations
 
@@ -35,6 +39,21 @@ SERVICES_AT_SCALE = 50_000
 #: 50,000 services need 100,000 slots: more than Cilium's default --bpf-lb-map-max (65536), as on a real node.
 BENCH_CONFIG = {"lb_map_size": 131072}
 LAB = "bench"
+#: The two labs of the dsr/snat comparison: native routing, so the only difference is the LB mode.
+LB_MODE_LABS = {"dsr": "bench-dsr", "snat": "bench-snat"}
+LB_REQUESTS = 300
+_REQUESTS = r"""
+import socket, sys, time
+vip, n = sys.argv[1], int(sys.argv[2])
+t = time.perf_counter()
+for _ in range(n):
+    s = socket.create_connection((vip, 80), timeout=5)
+    s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    while s.recv(4096):
+        pass
+    s.close()
+print(time.perf_counter() - t)
+"""
 
 
 def _timed(fn) -> float:
@@ -80,7 +99,9 @@ def measure(runs: int) -> dict:
                "table_refresh_1000_s": refreshes, "backend_update_50k_s": scale["backend_update_s"]}
     medians = {k: round(statistics.median(v), 6) for k, v in samples.items()}
     medians["first_packet_ratio_50k_vs_10"] = round(scale["ratio"], 3)
+    lb_modes = _lb_mode_rates(max(runs, 1))
     return {
+        "lb_modes": lb_modes,
         "services": {k: v for k, v in scale.items() if k != "backend_update_s"},
         "machine": {"kernel": platform.release(), "python": platform.python_version(), "cpus": _cpus()},
         "ct_rows_listed": rows,
@@ -173,6 +194,35 @@ def _bulk_services(lab, count: int, write: bool) -> float:
     return time.perf_counter() - t
 
 
+def _lb_mode_rates(rounds: int) -> dict:
+    """Requests per second from ext to a LoadBalancer VIP (backend b1 on node-b: the remote case) in a dsr
+    lab and a snat lab, both up at once, rounds alternating; tracing off so only the datapath is measured."""
+    from .config import DatapathConfig
+    from .lab import Lab
+
+    labs = {}
+    try:
+        for mode, name in LB_MODE_LABS.items():
+            Lab.cleanup(name)
+            labs[mode] = Lab.up(name, config=DatapathConfig(routing="native", lb_mode=mode))
+            labs[mode].services.add("web", 80, ["b1:8080"], type="LoadBalancer")
+            labs[mode].trace_mode("none")
+        vips = {mode: lab.services.get("web").lb_vip for mode, lab in labs.items()}
+        rates: dict[str, list[float]] = {mode: [] for mode in labs}
+        for _ in range(rounds):
+            for mode, lab in labs.items():
+                out = lab.exec("ext", [sys.executable, "-c", _REQUESTS, vips[mode], str(LB_REQUESTS)],
+                               check=True, timeout=120).stdout
+                rates[mode].append(LB_REQUESTS / float(out.strip()))
+    finally:
+        for name in LB_MODE_LABS.values():
+            Lab.cleanup(name)
+    medians = {mode: round(statistics.median(r), 1) for mode, r in rates.items()}
+    return {"requests_per_round": LB_REQUESTS, "rounds": rounds, "median_rps": medians,
+            "samples_rps": {m: [round(x, 1) for x in r] for m, r in rates.items()},
+            "ratio_dsr_vs_snat": round(medians["dsr"] / medians["snat"], 3)}
+
+
 def _service_scale(lab) -> dict:
     """Backend add/remove cost and first-packet time with 10 vs 50,000 services loaded."""
     lab.reset()
@@ -222,6 +272,11 @@ def report(result: dict) -> str:
     lines.append(f"first packet (median connect() of 300) to the last-added service: {sv['first_packet_10_s'] * 1e6:.0f} µs "
                  f"with 10 services, {sv['first_packet_50k_s'] * 1e6:.0f} µs with 50,010 (loaded in "
                  f"{sv['bulk_load_50k_s']} s); backend add/remove: median of 40 agent calls")
+    lb = result["lb_modes"]
+    lines.append(f"ext -> LoadBalancer VIP, backend on the other node, {lb['requests_per_round']} requests "
+                 f"(connect, GET, answer, close) per round, median of {lb['rounds']} alternating rounds: "
+                 f"dsr {lb['median_rps']['dsr']} req/s, snat {lb['median_rps']['snat']} req/s, "
+                 f"ratio dsr/snat {lb['ratio_dsr_vs_snat']}")
     return "\n".join(lines)
 
 

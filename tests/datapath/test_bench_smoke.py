@@ -10,6 +10,7 @@ from labkit import _netns
 def test_bench_measures_every_target(tmp_path, monkeypatch):
     """One run of the bench produces a positive figure for every target and writes both reports."""
     monkeypatch.setattr(bench, "SERVICES_AT_SCALE", 2000)  # the scale run itself is `make bench`'s job
+    monkeypatch.setattr(bench, "LB_REQUESTS", 30)
     assert bench.main(["--runs", "1", "--out", str(tmp_path)]) in (0, 1)  # 1: a target missed on a busy machine
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(bench.TARGETS) <= set(result["median"])
@@ -17,3 +18,7 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     table = (tmp_path / "bench.md").read_text()
     assert all((k[:-2] if k.endswith("_s") else k) in table for k in bench.TARGETS)
     assert not _netns.exists("lk-bench-node-a")
+    lb = result["lb_modes"]
+    assert lb["median_rps"]["dsr"] > 0 and lb["median_rps"]["snat"] > 0 and lb["ratio_dsr_vs_snat"] > 0
+    assert "ratio dsr/snat" in table
+    assert not any(_netns.exists(f"lk-{name}-node-a") for name in bench.LB_MODE_LABS.values())

@@ -2,6 +2,7 @@
 lookup table Cilium's pkg/maglev builds from them."""
 from __future__ import annotations
 
+import base64
 import doctest
 import random
 
@@ -12,10 +13,14 @@ from labkit.errors import ConfigError
 from labkit.maglev import (
     CILIUM_DEFAULT_HASH_SEED,
     DEFAULT_M,
+    FLOW_HASH_SEED,
     LAB_DEFAULT_M,
     PRIMES,
     cilium_seed,
     disruption,
+    flow_hash,
+    flow_slot,
+    jhash_3words,
     lookup_table,
     murmur3_x64_128,
     offset_skip,
@@ -319,3 +324,20 @@ def test_module_doctests():
     result = doctest.testmod(maglev, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_jhash_matches_the_c_code():
+    """jhash_3words gives what bpf/lib/hash.h gives (values from hash.h compiled with gcc on the dev machine)."""
+    assert jhash_3words(1, 2, 3, 0) == 0xA46158F5
+    assert jhash_3words(0x6433A8C6, 0x12345678, 6, 1910299206) == 0x74294461
+
+
+def test_flow_hash_inputs():
+    """The flow hash reads source address, both ports and protocol, each changing the slot; the seed is
+    LB_FLOW_HASH_SEED, bytes 4-7 of Cilium's default Maglev seed."""
+    base = flow_hash("198.51.100.100", 40000, 80, 6)
+    assert len({base, flow_hash("198.51.100.101", 40000, 80, 6), flow_hash("198.51.100.100", 40001, 80, 6),
+                flow_hash("198.51.100.100", 40000, 81, 6), flow_hash("198.51.100.100", 40000, 80, 17)}) == 5
+    assert FLOW_HASH_SEED == int.from_bytes(base64.b64decode(CILIUM_DEFAULT_HASH_SEED)[4:8], "big")
+    slots = {flow_slot("198.51.100.100", p, 53, 17) for p in range(20000, 22000)}
+    assert len(slots) > 240  # 2,000 ports spread over nearly all 251 slots

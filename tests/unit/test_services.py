@@ -27,7 +27,11 @@ from labkit.maps.lb import (
     Lb4RevNatKey,
     LbAffinityVal,
     ServiceFlags,
+    LookupScope,
+    MAGLEV_MAP,
+    ServiceFlags2,
 )
+from labkit.maglev import lookup_table
 from labkit.services import Backend, JsonStore, MemoryMaps, MemoryStore, Service, Services
 from labkit.topology import Topology
 
@@ -694,3 +698,80 @@ def test_cli_nodeport_and_loadbalancer(fake_lab, capsys):
     assert "outside the node port range" in capsys.readouterr().err
     assert cli.main(["service", "add", "np", "--port", "80", "--type", "External"]) == 2
     capsys.readouterr()
+
+
+# -- externalTrafficPolicy and Maglev ---------------------------------------------------------
+def _heads(svcs: Services, node: str) -> dict:
+    """(frontend, scope) → head of every frontend in ``node``'s services map."""
+    return {(k.frontend, k.scope): v for k, v in svcs.maps.items(node, SERVICES_MAP) if k.backend_slot == 0}
+
+
+def test_etp_local_scopes_differ_per_node(svcs):
+    """eTP=Local: a NodePort/LB frontend's external scope lists only the node's own backends (flag Local,
+    TWO_SCOPES), its internal scope all of them; the ClusterIP frontend is the same everywhere."""
+    svc = svcs.add("web", 80, ["a1:8080", "b1:8080", "b2:8080"], type="LoadBalancer", etp="Local")
+    lb = f"{svc.lb_vip}:80/TCP"
+    for node, local in (("node-a", 1), ("node-b", 2)):
+        heads = _heads(svcs, node)
+        ext, int_ = heads[(lb, LookupScope.EXT)], heads[(lb, LookupScope.INT)]
+        assert (ext.count, int_.count) == (local, 3)
+        assert ext.flags & ServiceFlags.EXT_LOCAL_SCOPE and ext.flags2 & ServiceFlags2.TWO_SCOPES
+        assert heads[(f"{VIP}:80/TCP", LookupScope.EXT)].count == 3
+        assert (f"{VIP}:80/TCP", LookupScope.INT) not in heads  # ClusterIP: one scope
+    slots = {k.backend_slot: v.backend_id for k, v in svcs.maps.items("node-a", SERVICES_MAP)
+             if k.frontend == lb and k.scope == LookupScope.EXT and k.backend_slot}
+    assert slots == {1: svc.backend("a1:8080").id}
+    assert "Local" in next(r for r in svcs.lb("node-b").rows() if r.vip == svc.lb_vip).to_json()["flags"]
+
+
+def test_etp_and_algorithm_refusals(svcs):
+    """eTP Local needs a NodePort or LoadBalancer; unknown policies and algorithms are refused before any write."""
+    with pytest.raises(ConfigError, match="externalTrafficPolicy Local given for a ClusterIP"):
+        svcs.add("web", 80, ["b1:8080"], etp="Local")
+    with pytest.raises(ConfigError, match="expected one of Cluster, Local"):
+        svcs.add("web", 80, ["b1:8080"], type="NodePort", etp="Nearby")
+    with pytest.raises(ConfigError, match="expected one of random, maglev"):
+        svcs.add("web", 80, ["b1:8080"], algorithm="roundrobin")
+    assert svcs.maps.ops == [] and svcs.list() == []
+
+
+def test_maglev_tables_written_per_frontend(svcs):
+    """--algorithm maglev: every frontend id gets a table (labkit.maglev.lookup_table of the active backends),
+    written after the backends and before the head, and it follows a backend's removal."""
+    svc = svcs.add("dns", 53, ["a1:8080", "b1:8080"], protocol="UDP", type="LoadBalancer", algorithm="maglev")
+    ops = [op for op in svcs.maps.ops if op.startswith("update node-a")]
+    first_maglev = next(i for i, op in enumerate(ops) if MAGLEV_MAP in op)
+    assert max(i for i, op in enumerate(ops) if "backends" in op) < first_maglev
+    assert first_maglev < min(i for i, op in enumerate(ops) if "slot 0" in op)
+    want = lookup_table({"198.18.1.11:8080": svc.backend("a1:8080").id, "198.18.2.11:8080": svc.backend("b1:8080").id})
+    for node in ("node-a", "node-b"):
+        tables = svcs.maglev("dns", node)
+        assert set(tables) == set(svc.ids)
+        assert all(bpf == expected and list(bpf.backend_ids) == want for bpf, expected in tables.values())
+    svcs.remove_backend("dns", "a1:8080")
+    (bpf, _), *_ = svcs.maglev("dns", "node-a").values()
+    assert set(bpf.backend_ids) == {svc.backend("b1:8080").id}
+    svcs.remove("dns")
+    assert svcs.maps.data["node-a"][MAGLEV_MAP] == {}
+
+
+def test_random_service_has_no_maglev_table(svcs):
+    """A service without --algorithm maglev leaves cilium_lb4_maglev empty (the datapath picks at random)."""
+    svc = svcs.add("web", 80, ["b1:8080"], type="LoadBalancer")
+    assert svc.algorithm == "random" and svcs.maps.data["node-a"][MAGLEV_MAP] == {}
+    assert all(v == (None, None) for v in svcs.maglev("web", "node-a").values())
+
+
+def test_cli_etp_algorithm_and_lb_maglev(fake_lab, capsys):
+    """`service add --etp --algorithm` reach the agent; `lb maglev NAME` prints each frontend's table and
+    whether it equals labkit's own computation."""
+    assert cli.main(["service", "add", "dns", "--port", "53", "--protocol", "UDP", "--backend", "a1:8080",
+                     "--backend", "b1:8080", "--type", "LoadBalancer", "--etp", "Cluster",
+                     "--algorithm", "maglev"]) == 0
+    assert "lb maglev dns" in capsys.readouterr().out
+    fake_lab.pin_dir = lambda node: f"/sys/fs/bpf/labkit/demo/{node}"
+    assert cli.main(["lb", "maglev", "dns", "--node", "node-b"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("equals labkit.maglev.lookup_table") == 4 and "M=251" in out
+    assert cli.main(["service", "add", "np", "--port", "81", "--type", "NodePort", "--etp", "Local"]) == 0
+    assert fake_lab.services.get("np").etp == "Local"
