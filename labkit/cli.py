@@ -402,6 +402,8 @@ def cmd_status(args) -> int:
         ["lab", f"{st['lab']} ({st['status']})"],
         ["routing", st["routing"]],
         ["socket LB", st.get("socket_lb", "-")],
+        ["LB mode", f"{st['datapath'].get('lb_mode', '-')} (Maglev tables of "
+                    f"{st['datapath'].get('maglev_table_size', '-')} slots)"],
         ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
         ["faults", ", ".join(st["faults"]) or "none"],
         ["CT timeouts", " ".join(f"{k}={v}" for k, v in timeouts.items()) + " (seconds)"],
