@@ -607,6 +607,12 @@ def _render(graph, pos, path: Sequence[Hop], title: str | None, ax: "Axes | None
                 shrinkA=7, shrinkB=8, alpha=0.95, zorder=5))
         prev = hop
 
+    # an outside client has no hooks: draw where its packets enter the cluster and where replies leave it
+    for hop, a, b in _external_legs(graph, pos, shown, badge):
+        ax.add_patch(FancyArrowPatch(
+            a, b, arrowstyle="-|>", mutation_scale=11, connectionstyle="arc3,rad=0.12", color=hop.colour,
+            linewidth=1.5, linestyle="--", shrinkA=8, shrinkB=8, alpha=0.9, zorder=5))
+
     for hop in shown:
         if hop.index not in badge:
             continue
@@ -624,6 +630,23 @@ def _render(graph, pos, path: Sequence[Hop], title: str | None, ax: "Axes | None
         ax.legend(handles=handles, loc="upper right", fontsize=7, frameon=False, title="hop verdict",
                   title_fontsize=7)
     return fig
+
+
+def _external_legs(graph, pos, shown: Sequence[Hop], badge: dict) -> list[tuple[Hop, tuple, tuple]]:
+    """(hop, from, to) for each packet an external client sent that a node's from-netdev saw (client
+    eth0 → badge), and each packet a node's to-netdev sent to a client (badge → client eth0)."""
+    clients = {d["ip"]: f"{e}/eth0" for e, d in graph.nodes(data=True)
+               if d.get("kind") == "external" and f"{e}/eth0" in pos}
+    legs = []
+    for hop in shown:
+        ev = hop.flow.event if hop.flow is not None else None
+        if ev is None or hop.index not in badge or ev.inner.proto:
+            continue
+        if hop.hook == "from-netdev" and (client := clients.get(_ip(ev.before.saddr))):
+            legs.append((hop, pos[client], badge[hop.index]))
+        elif hop.hook == "to-netdev" and hop.verdict != "DROPPED" and (client := clients.get(_ip(ev.after.daddr))):
+            legs.append((hop, badge[hop.index], pos[client]))
+    return legs
 
 
 def draw(topology: Topology, routing: str = "tunnel", flows: Iterable["Flow"] | None = None,

@@ -40,7 +40,7 @@ def _snat(_require_datapath):
 
 @pytest.fixture(scope="module")
 def _hybrid(_require_datapath):
-    yield from _lab("dphybrid", routing="tunnel", lb_mode="hybrid")
+    yield from _lab("dphybrid", routing="tunnel", lb_mode="hybrid", maglev_table_size=16381)
 
 
 @pytest.fixture
@@ -169,6 +169,25 @@ def test_hybrid_tcp_goes_dsr_udp_goes_snat(hybrid_lab):
     assert [(r.proto, r.dir) for r in lab.nat("node-b")] == [(TCP, "OUT")]
     assert sorted((r.proto, r.dir) for r in lab.nat("node-a")) == [(UDP, "IN"), (UDP, "OUT")]
     conn.close()
+
+
+def test_maglev_at_cilium_default_size(hybrid_lab):
+    """At Cilium's default M=16381 the datapath holds the Python table and sends 200 UDP flows exactly where
+    the table and flow hash say (hybrid mode: UDP goes by SNAT)."""
+    lab = hybrid_lab
+    assert lab.config.maglev_table_size == 16381
+    svc = lab.services.add("dns", 53, ["a1:8080", "a2:8080", "b1:8080", "b2:8080"], protocol="UDP",
+                           type="LoadBalancer", algorithm="maglev")
+    names = {f"{lab.topology.pod(b.pod).ip}:{b.port}": b.id for b in svc.backends}
+    table = lookup_table(names, 16381)
+    bpf, expected = lab.services.maglev("dns", "node-b")[frontend_id(svc, "LoadBalancer")]
+    assert list(bpf.backend_ids) == table == list(expected.backend_ids)
+    lab.trace_mode("drops")
+    try:
+        chosen = _backend_by_port(lab, svc.lb_vip, 30000, 200)
+    finally:
+        lab.trace_mode("all")
+    assert chosen == {p: table[flow_slot(EXT, p, 53, UDP, 16381)] for p in range(30000, 30200)}
 
 
 def test_nodeport_on_node_b_reaches_backend_on_node_a(native_lab):
