@@ -20,10 +20,24 @@
 #include "lib/nodeport.h"
 #include "lib/trace.h"
 
+/* A VXLAN packet between nodes: report it with its inner packet and let it
+ * pass (cilium_vxlan's hooks see the inner packet). False if it is not one. */
+static __always_inline bool trace_vxlan(struct __sk_buff *skb, const struct pkt4 *p, struct trace_event *ev,
+					__be32 peer)
+{
+	struct pkt4 inner = {};
+
+	if (parse_vxlan_inner(skb, p, &inner) != 0)
+		return false;
+	trace_tuple_set(&ev->inner, &inner);
+	ev->tunnel_endpoint = peer;
+	trace_emit(ev, VERDICT_FORWARDED, 0);
+	return true;
+}
+
 int cil_from_netdev(struct __sk_buff *skb)
 {
 	struct trace_event ev = {};
-	struct pkt4 inner = {};
 	struct pkt4 p = {};
 	int ret;
 
@@ -37,12 +51,8 @@ int cil_from_netdev(struct __sk_buff *skb)
 		ret = DROP_FRAG_NOSUPPORT;
 		goto drop;
 	}
-	if (parse_vxlan_inner(skb, &p, &inner) == 0) {
-		trace_tuple_set(&ev.inner, &inner);
-		ev.tunnel_endpoint = p.saddr;
-		trace_emit(&ev, VERDICT_FORWARDED, 0);
+	if (trace_vxlan(skb, &p, &ev, p.saddr))
 		return TC_ACT_OK;
-	}
 
 	ret = nodeport_rev_snat4(skb, &p, &ev);
 	if (ret < 0)
@@ -74,7 +84,6 @@ drop:
 int cil_to_netdev(struct __sk_buff *skb)
 {
 	struct trace_event ev = {};
-	struct pkt4 inner = {};
 	struct pkt4 p = {};
 	int ret;
 
@@ -87,12 +96,8 @@ int cil_to_netdev(struct __sk_buff *skb)
 		trace_emit(&ev, VERDICT_FORWARDED, ret);
 		return TC_ACT_OK;
 	}
-	if (parse_vxlan_inner(skb, &p, &inner) == 0) {
-		trace_tuple_set(&ev.inner, &inner);
-		ev.tunnel_endpoint = p.daddr;
-		trace_emit(&ev, VERDICT_FORWARDED, 0);
+	if (trace_vxlan(skb, &p, &ev, p.daddr))
 		return TC_ACT_OK;
-	}
 	if (!p.is_frag) {
 		ret = nodeport_rev_egress4(skb, &p, &ev);
 		if (ret < 0) {

@@ -83,19 +83,21 @@ static __always_inline int snat_v4_nodeport(struct __sk_buff *skb, struct pkt4 *
 	return lb4_rewrite(skb, p, false, NODE_IP, ostate.to_port);
 }
 
-/* The reply to a SNATed request: its destination back to the client.
- * 1 when translated, 0 when the map has no IN entry for it. */
-static __always_inline int snat_v4_rev_nodeport(struct __sk_buff *skb, struct pkt4 *p)
+/* Translate a packet through the NAT entry keyed by its own tuple: an IN
+ * entry (the reply to a SNATed request) restores its destination, the client;
+ * an OUT entry (a DSR reply on the backend's node) rewrites its source to the
+ * frontend. 1 when translated, 0 when the map has no such entry. */
+static __always_inline int nat_apply4(struct __sk_buff *skb, struct pkt4 *p, __u8 dir)
 {
-	struct ipv4_ct_tuple rkey = {};
+	struct ipv4_ct_tuple key = {};
 	struct ipv4_nat_entry *state;
 	int ret;
 
-	nat_key4(&rkey, p->saddr, p->daddr, p->sport, p->dport, p->proto, NAT_DIR_INGRESS);
-	state = cilium_snat_v4_external.lookup(&rkey);
+	nat_key4(&key, p->saddr, p->daddr, p->sport, p->dport, p->proto, dir);
+	state = cilium_snat_v4_external.lookup(&key);
 	if (!state)
 		return 0;
-	ret = lb4_rewrite(skb, p, true, state->to_addr, state->to_port);
+	ret = lb4_rewrite(skb, p, dir == NAT_DIR_INGRESS, state->to_addr, state->to_port);
 	return ret < 0 ? ret : 1;
 }
 
@@ -113,22 +115,6 @@ static __always_inline int dsr_nat_create4(const struct pkt4 *p, __be32 svc_addr
 	if (cilium_snat_v4_external.update(&key, &state) < 0)
 		return DROP_NAT_NO_MAPPING;
 	return 0;
-}
-
-/* A DSR reply leaving the backend's node: its source becomes the frontend.
- * 1 when translated, 0 when the map has no OUT entry for it. */
-static __always_inline int dsr_nat_reply4(struct __sk_buff *skb, struct pkt4 *p)
-{
-	struct ipv4_ct_tuple key = {};
-	struct ipv4_nat_entry *state;
-	int ret;
-
-	nat_key4(&key, p->saddr, p->daddr, p->sport, p->dport, p->proto, NAT_DIR_EGRESS);
-	state = cilium_snat_v4_external.lookup(&key);
-	if (!state)
-		return 0;
-	ret = lb4_rewrite(skb, p, false, state->to_addr, state->to_port);
-	return ret < 0 ? ret : 1;
 }
 
 #endif /* LABKIT_NAT_H */

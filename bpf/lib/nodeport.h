@@ -180,7 +180,7 @@ static __always_inline int nodeport_rev_snat4(struct __sk_buff *skb, struct pkt4
 
 	if (p->daddr != NODE_IP || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP))
 		return NP_PASS;
-	ret = snat_v4_rev_nodeport(skb, p);
+	ret = nat_apply4(skb, p, NAT_DIR_INGRESS);
 	if (ret <= 0)
 		return ret;
 	ev->flags |= TRACE_F_REV_SNAT;
@@ -252,7 +252,7 @@ static __always_inline int nodeport_rev_egress4(struct __sk_buff *skb, struct pk
 
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return 0;
-	ret = lab_fault(FAULT_NO_DSR_SNAT) ? 0 : dsr_nat_reply4(skb, p);
+	ret = lab_fault(FAULT_NO_DSR_SNAT) ? 0 : nat_apply4(skb, p, NAT_DIR_EGRESS);
 	if (ret > 0)
 		ev->flags |= TRACE_F_SNAT;
 	if (ret != 0)

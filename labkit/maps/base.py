@@ -18,7 +18,7 @@ from typing import Generic, Iterator, TypeVar
 from .. import _bpf
 from ..errors import DatapathError, NotFoundError
 
-__all__ = ["PinnedMap", "batch_chunk"]
+__all__ = ["PinnedMap", "batch_chunk", "open_pinned"]
 
 _NO_BATCH = (errno.EINVAL, 524)  # 524: the kernel's ENOTSUPP, batch ops not implemented
 K = TypeVar("K", bound=ctypes.Structure)
@@ -37,6 +37,16 @@ def batch_chunk(max_entries: int) -> int:
     return n
 
 
+def open_pinned(path: str) -> int:
+    """An fd for the map pinned at ``path``; NotFoundError when nothing is pinned there."""
+    try:
+        return _bpf.obj_get(path)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise NotFoundError(f"pinned map {path} does not exist (is the lab up?)") from None
+        raise DatapathError(f"pinned map {path}: cannot open ({exc.strerror})") from None
+
+
 class PinnedMap(Generic[K, V]):
     """A pinned map whose keys and values are the given ctypes structures."""
 
@@ -44,12 +54,7 @@ class PinnedMap(Generic[K, V]):
         self.path = path
         self.key_type = key_type
         self.value_type = value_type
-        try:
-            self.fd = _bpf.obj_get(path)
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                raise NotFoundError(f"pinned map {path} does not exist (is the lab up?)") from None
-            raise DatapathError(f"pinned map {path}: cannot open ({exc.strerror})") from None
+        self.fd = open_pinned(path)
         info = _bpf.map_info(self.fd)
         self.name = info.name.decode()
         self.max_entries = info.max_entries

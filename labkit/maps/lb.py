@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import errno
 import os
 import socket
 import struct
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..errors import ConfigError, NotFoundError
+from ..errors import ConfigError
 
 __all__ = [
     "Lb4Key",
@@ -547,16 +546,11 @@ class PinnedMaglev:
     """
 
     def __init__(self, path: str, table_size: int):
-        from .. import _bpf
+        from .base import open_pinned
 
         self.path = path
         self.table_size = table_size
-        try:
-            self.fd = _bpf.obj_get(path)
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                raise NotFoundError(f"pinned map {path} does not exist (is the lab up?)") from None
-            raise
+        self.fd = open_pinned(path)
 
     def get(self, key: Lb4RevNatKey) -> MaglevLut | None:
         from .. import _bpf
