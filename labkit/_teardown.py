@@ -15,7 +15,7 @@ from . import _netns
 from .errors import CleanupError
 from .ledger import Ledger, process_start_time, wait_gone
 
-__all__ = ["teardown", "leftovers"]
+__all__ = ["teardown", "remove_part", "leftovers"]
 
 _PHASES = ("process", "tc-filter", "qdisc", "cgroup-prog", "pin", "pindir", "netns", "cgroup", "file", "dir")
 
@@ -92,13 +92,13 @@ def _remove_path(path: str, rmdir: bool) -> None:
         pass
 
 
-def teardown(ledger: Ledger) -> None:
-    """Undo every ledger entry; the ledger file goes last. Errors are collected, not stopped at."""
-    entries = ledger.entries()
+def _undo(entries: list[dict], ledger: Ledger | None = None) -> list[str]:
+    """Undo ``entries`` phase by phase, newest first; with ``ledger`` (a whole teardown) the ledger file
+    goes before the directories. Returns the errors, never stops at one."""
     errors: list[str] = []
     for phase in _PHASES:
         items = [e for e in reversed(entries) if e["kind"] == phase]
-        if phase == "dir":
+        if phase == "dir" and ledger is not None:
             _remove_path(str(ledger.path), rmdir=False)
             _remove_path(str(ledger.path.with_suffix(".tmp")), rmdir=False)
         try:
@@ -123,11 +123,31 @@ def teardown(ledger: Ledger) -> None:
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 errors.append(f"{phase}: {exc}")
+    return errors
+
+
+def teardown(ledger: Ledger) -> None:
+    """Undo every ledger entry; the ledger file goes last. Errors are collected, not stopped at."""
+    entries = ledger.entries()
+    errors = _undo(entries, ledger)
     left = leftovers(entries)
     if errors or left:
         raise CleanupError(
             f"lab '{ledger.lab}': teardown left {len(left)} object(s): {'; '.join(left + errors)}"
         )
+
+
+def remove_part(ledger: Ledger, predicate) -> list[dict]:
+    """Undo the ledger entries ``predicate`` accepts (one pod, say), prove they are gone, then drop them from
+    the ledger. Returns the entries removed."""
+    part = [e for e in ledger.entries() if predicate(e)]
+    errors = _undo(part)
+    left = leftovers(part)
+    if errors or left:
+        raise CleanupError(f"lab '{ledger.lab}': removing {len(part)} object(s) left {len(left)}: "
+                           f"{'; '.join(left + errors)}")
+    ledger.forget(predicate)
+    return part
 
 
 def leftovers(entries: list[dict], expected_netns: list[str] = ()) -> list[str]:

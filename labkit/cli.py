@@ -256,6 +256,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_lb_maglev)
 
+    pod = add("pod", "pods of the lab").add_subparsers(dest="pod_command", metavar="COMMAND", required=True)
+    p = pod.add_parser("del", help="delete a pod: its endpoints, CT and NAT entries everywhere, its namespace",
+                       description="Delete pod NAME as Kubernetes and Cilium would: remove it from every Service, "
+                                   "remove its endpoint and ipcache entries, delete every CT and NAT entry naming its "
+                                   "address on every node, and remove its server, namespace and veth. "
+                                   "`labkit up` brings the default lab back whole.")
+    p.add_argument("name", metavar="NAME", help="the pod (a1, b2, ...)")
+    p.add_argument("--json", action="store_true", help="what was removed, as JSON")
+    p.set_defaults(func=cmd_pod_del)
+
+    gc = add("gc", "the CT garbage collector: delete expired entries now, or see its timer").add_subparsers(
+        dest="gc_command", metavar="COMMAND", required=True)
+    p = gc.add_parser("run", help="collect every node's CT maps now, as the agent's GC does",
+                      description="Delete every CT entry whose lifetime is below the lab clock's now (and the NAT "
+                                  "twin of a deleted DSRInternal entry), on every node; print what each map read "
+                                  "and deleted, the time taken and the next interval.")
+    p.add_argument("--mode", choices=("batch", "per-entry"), default="batch",
+                   help="batch: BPF_MAP_LOOKUP_BATCH and DELETE_BATCH (Cilium 1.18, default); per-entry: one "
+                        "lookup per entry and one delete per expired entry (before 1.18)")
+    p.add_argument("--json", action="store_true", help="the run as JSON")
+    p.set_defaults(func=cmd_gc_run)
+    p = gc.add_parser("status", help="the interval, the last run and the timer",
+                      description="The GC's current interval, when it last ran (lab clock), whether its timer is on, "
+                                  "and its last runs.")
+    p.add_argument("--json", action="store_true", help="the state and history as JSON")
+    p.set_defaults(func=cmd_gc_status)
+    p = gc.add_parser("timer", help="switch the GC timer on or off",
+                      description="Switch the lab's GC timer on or off (off: only `gc run` collects).")
+    p.add_argument("state", choices=("on", "off"))
+    p.set_defaults(func=cmd_gc_timer)
+
     p = add("trace", "flows seen by the datapath hooks, Hubble style")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new flows until Ctrl-C")
     p.add_argument("--json", action="store_true", help="one JSON object per flow per line")
@@ -405,6 +436,7 @@ def cmd_status(args) -> int:
         ["LB mode", f"{st['datapath'].get('lb_mode', '-')} (Maglev tables of "
                     f"{st['datapath'].get('maglev_table_size', '-')} slots)"],
         ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
+        ["CT GC", st.get("gc", "-")],
         ["faults", ", ".join(st["faults"]) or "none"],
         ["CT timeouts", " ".join(f"{k}={v}" for k, v in timeouts.items()) + " (seconds)"],
         ["CT map sizes", f"tcp {st['datapath'].get('ct_tcp_size')}, any {st['datapath'].get('ct_any_size')}"],
@@ -682,6 +714,51 @@ def cmd_lb_maglev(args) -> int:
             for i in range(0, len(ids), 16):
                 print(f"  {i:>6}: " + " ".join(f"{b:>3}" for b in ids[i:i + 16]))
     return 0 if ok else 1
+
+
+def cmd_pod_del(args) -> int:
+    lab = _attach(args)
+    gone = lab.delete_pod(args.name)
+    if args.json:
+        _print_json(gone)
+        return 0
+    print(f"pod {gone['pod']} ({gone['ip']}) deleted from lab {lab.name}")
+    print(f"  service endpoints removed: {', '.join(gone['backends']) or 'none'}")
+    for node in gone["ct"]:
+        print(f"  {node}: {gone['ct'][node]} CT and {gone['nat'][node]} NAT entries naming {gone['ip']} deleted")
+    return 0
+
+
+def cmd_gc_run(args) -> int:
+    lab = _attach(args)
+    run = lab.gc.run(args.mode)
+    if args.json:
+        _print_json(run.to_json())
+    else:
+        print("\n".join(run.lines()))
+    return 0
+
+
+def cmd_gc_status(args) -> int:
+    lab = _attach(args)
+    st = lab.gc.state()
+    if args.json:
+        _print_json(st)
+        return 0
+    last = "never" if st["last_run"] is None else f"at lab clock {st['last_run']}"
+    print(f"GC of lab {lab.name}: timer {'on' if st['timer'] else 'off'}, interval {st['interval']} s, "
+          f"last run {last}; lab clock now {lab.clock.now()}")
+    for run in st["runs"][-10:]:
+        print(f"  {run['now']:>8}  {run['mode']:9} read {run['scanned']:>8} deleted {run['deleted']:>8} "
+              f"ratio {run['ratio']:.4f}  {run['interval']} s -> {run['next_interval']} s")
+    return 0
+
+
+def cmd_gc_timer(args) -> int:
+    lab = _attach(args)
+    lab.gc.set_timer(args.state == "on")
+    print(f"GC timer of lab {lab.name} is {args.state}")
+    return 0
 
 
 def cmd_clock_advance(args) -> int:

@@ -48,6 +48,8 @@ LAB_DIFFERENCES = (
     "`--algorithm maglev`), else random; Cilium chooses per agent (--bpf-lb-algorithm) or by annotation",
     "dsr dispatch is the IPv4 option only, in both routing modes (Cilium wants Geneve dispatch with tunnels); "
     "the reply is SNATed to the frontend at to-netdev of the backend's node",
+    "the CT garbage collector's interval runs on the lab clock (checked every second), so `labkit clock "
+    "advance` brings the next run forward; Cilium's runs on wall-clock time",
 )
 
 
@@ -97,6 +99,7 @@ class DatapathConfig:
     lb_map_size: int = 65536  #: max entries of each cilium_lb4_* map (Cilium's --bpf-lb-map-max)
     lb_mode: str = "dsr"  #: --bpf-lb-mode: snat, dsr or hybrid (DSR for TCP, SNAT for UDP)
     maglev_table_size: int = 251  #: --bpf-lb-maglev-table-size (Cilium's default is 16381)
+    gc_timer: bool = True  #: the CT garbage collector's timer starts on (labkit/gc.py; `labkit gc timer`)
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
@@ -108,6 +111,8 @@ class DatapathConfig:
         if self.maglev_table_size not in MAGLEV_TABLE_SIZES or isinstance(self.maglev_table_size, bool):
             raise ConfigError(f"Maglev table size: expected one of {', '.join(map(str, MAGLEV_TABLE_SIZES))}, "
                               f"got {self.maglev_table_size!r}")
+        if not isinstance(self.gc_timer, bool):
+            raise ConfigError(f"gc_timer: expected True or False, got {self.gc_timer!r}")
         for name in ("ct_tcp_size", "ct_any_size", "lb_map_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 16 <= value <= 16_777_216:

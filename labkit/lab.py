@@ -256,7 +256,17 @@ class Lab:
         state["status"] = "up"
         state["timings"]["up_seconds"] = round(time.monotonic() - t0, 3)
         ledger.write_state(state)
+        cls._start_gc(name, ledger)  # its timer starts on or off as config.gc_timer says
         return cls(name, topology, config, state)
+
+    @staticmethod
+    def _start_gc(name: str, ledger: Ledger) -> None:
+        """The lab's CT garbage collector process (``python -m labkit.gc``), once the lab is up."""
+        err = lab_dir(name) / "gc.err"
+        ledger.record("file", path=str(err))
+        proc = subprocess.Popen([sys.executable, "-m", "labkit.gc", "--lab", name], stdin=subprocess.DEVNULL,
+                                stdout=open(err, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        ledger.record_process("gc", proc.pid)
 
     @classmethod
     def _realise(cls, name, topology, config, ledger, state) -> None:
@@ -560,6 +570,58 @@ class Lab:
             pass
         return removed
 
+    def delete_pod(self, name: str) -> dict:
+        """Delete pod ``name`` as Kubernetes and Cilium would: its Service endpoints go, the agent removes its
+        endpoint and ipcache entries, every CT and NAT entry naming its address is deleted on every node
+        (Cilium's GC of a removed endpoint), and its server, namespace, veth and cgroup are removed.
+        Returns what went. ``labkit up`` (or ``start()`` in a notebook) brings the default lab back whole.
+
+            >>> lab.delete_pod("b2")    # doctest: +SKIP
+            {'pod': 'b2', 'ip': '198.18.2.12', 'backends': ['web/b2:8080'], 'ct': {'node-a': 3, 'node-b': 6}, ...}
+        """
+        from dataclasses import replace as _replace
+
+        from ._teardown import remove_part
+        from .gc import flush_address
+        from .maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
+
+        pod = self.topology.pod(name)
+        backends = []
+        for svc in self.services.list():
+            for b in svc.backends:
+                if b.pod == name:
+                    self.services.remove_backend(svc.name, b.ref)
+                    backends.append(f"{svc.name}/{b.ref}")
+        with PinnedMap(f"{self.pin_dir(pod.node)}/cilium_lxc", EndpointKey, EndpointInfo) as lxc:
+            lxc.delete(EndpointKey.for_ip(pod.ip))
+        for node in self.topology.nodes:
+            with PinnedMap(f"{self.pin_dir(node.name)}/cilium_ipcache", IpcacheKey, RemoteEndpointInfo) as ipc:
+                ipc.delete(IpcacheKey.for_ip(pod.ip))
+        client = self._clients.pop(name, None)
+        if client is not None:
+            client.close()
+        netns, veth = self.topology.netns(name), self.topology.host_veth(name)
+        cgroup = self._state.get("cgroups", {}).get(name)
+        logs = {str(lab_dir(self.name) / "pods" / f"{name}.{ext}") for ext in ("log", "err")}
+
+        def of_pod(e: dict) -> bool:
+            return (e.get("netns") == netns and e["kind"] == "process") or e.get("name") == netns \
+                or (e["kind"] in ("tc-filter", "qdisc") and e.get("ifname") == veth) \
+                or (cgroup is not None and cgroup in (e.get("path"), e.get("cgroup"))) or e.get("path") in logs
+
+        removed = remove_part(Ledger(self.name), of_pod)
+        flushed = {"ct": {}, "nat": {}}
+        for node in self.topology.nodes:  # after the pod is gone: nothing can recreate its entries
+            ct, nat = flush_address(self.pin_dir(node.name), pod.ip)
+            flushed["ct"][node.name], flushed["nat"][node.name] = ct, nat
+        self.topology = _replace(self.topology, pods=tuple(p for p in self.topology.pods if p.name != name))
+        self._state["topology"] = self.topology.to_dict()
+        self._state.get("cgroups", {}).pop(name, None)
+        Ledger(self.name).write_state(self._state)
+        self._services = None  # the agent's next call sees the topology without the pod
+        self._after_step()
+        return {"pod": name, "ip": pod.ip, "backends": backends, **flushed, "removed": len(removed)}
+
     def flush_ct(self, node: str | None = None) -> int:
         """Empty the CT maps of ``node`` (default: every node), as if their entries had all been
         collected; Services and NAT entries stay. Returns how many rows were deleted."""
@@ -650,6 +712,13 @@ class Lab:
 
     # -- maps -------------------------------------------------------------------
     @property
+    def gc(self):
+        """The lab's CT garbage collector (:class:`labkit.gc.LabGc`): ``run()``, ``state()``, ``history()``."""
+        from .gc import LabGc
+
+        return LabGc(self)
+
+    @property
     def services(self):
         """The lab's Services (:class:`labkit.services.Services`): add, remove, list, ``lb(node)``.
 
@@ -719,6 +788,11 @@ class Lab:
         with self._config_map(self.topology.nodes[0].name) as m:
             return TraceMode(m[_U32(0)].trace_mode).name.lower()
 
+    def _gc_summary(self) -> str:
+        st = self.gc.state()
+        last = "never run" if st["last_run"] is None else f"last run at lab clock {st['last_run']}"
+        return f"timer {'on' if st['timer'] else 'off'}, interval {st['interval']} s, {last}"
+
     def faults(self) -> list[str]:
         """Names of the break-it faults switched on."""
         with self._config_map(self.topology.nodes[0].name) as m:
@@ -740,6 +814,7 @@ class Lab:
             "datapath": self.config.to_dict(),
             "clock": {"now": self.clock.now(), "offset": self.clock.offset, "mono": mono_seconds()},
             "faults": self.faults(),
+            "gc": self._gc_summary(),
             "nodes": [
                 {"name": n.name, "ip": n.ip, "pod_cidr": n.pod_cidr, "router_ip": n.router_ip,
                  "netns": self.topology.netns(n.name), "pins": self.pin_dir(n.name)}

@@ -57,14 +57,20 @@ def _shared_lab(name: str, **options):
     lab.down()
 
 
+# The shared labs start with the GC timer off: tests move the lab clock far ahead and then read the
+# expired rows; test_gc.py switches it on where the timer is what it tests.
 @pytest.fixture(scope="session")
 def _lab_tunnel(_require_datapath):
-    yield from _shared_lab("dptest", routing="tunnel")
+    from labkit.config import DatapathConfig
+
+    yield from _shared_lab("dptest", config=DatapathConfig(routing="tunnel", gc_timer=False))
 
 
 @pytest.fixture(scope="session")
 def _lab_native(_require_datapath):
-    yield from _shared_lab("dpnative", routing="native")
+    from labkit.config import DatapathConfig
+
+    yield from _shared_lab("dpnative", config=DatapathConfig(routing="native", gc_timer=False))
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ def test_up_is_idempotent(lab):
     """Lab.up on a healthy lab attaches to it instead of rebuilding."""
     created = lab._state["created"]
     t = time.monotonic()
-    again = Lab.up(lab.name, routing="tunnel")
+    again = Lab.up(lab.name, config=lab.config)
     assert again._state["created"] == created
     assert time.monotonic() - t < 1.0
     assert again.health() == []

@@ -1,0 +1,411 @@
+"""Conntrack garbage collection: what the cilium-agent does to the CT maps, on
+the lab clock.
+
+CT entries never delete themselves: the datapath only writes a lifetime
+(``expires=`` in ``labkit ct list``). The agent scans both CT maps of a node
+and deletes every entry whose lifetime is below *now*, together with the NAT
+twin of a ``DSRInternal`` entry. It runs again after an interval it adapts to
+how much it deleted, as a fraction of the map's size (the largest over the
+maps) — Cilium's ``calculateInterval``:
+
+=====================  =============================================
+delete ratio           next interval
+=====================  =============================================
+0, or 0.05 to 0.25     unchanged
+above 0.25             interval × (1 − min(ratio, 0.9)), at least 10 s
+below 0.05 (not 0)     interval × 1.5, at most 12 h
+=====================  =============================================
+
+    >>> [next_interval(300, r) for r in (0.0, 0.01, 0.1, 0.5, 0.95)]
+    [300, 450, 300, 150, 30]
+    >>> next_interval(12, 0.99), next_interval(40000, 0.01)
+    (10, 43200)
+
+Two ways to scan, to compare (``labkit gc run --mode``): **batch**, Cilium
+1.18's ``BPF_MAP_LOOKUP_BATCH`` in chunks of 2^ceil(log2(sqrt(2·max))) (1024
+for the default maps), growing on ENOSPC, and one ``BPF_MAP_DELETE_BATCH``;
+and **per-entry**, the older way: ``BPF_MAP_GET_NEXT_KEY`` and one lookup per
+entry, one delete per expired entry.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import struct
+import time
+from dataclasses import asdict, dataclass
+
+from . import _bpf
+from .maps.base import batch_chunk, open_pinned
+from .maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4
+from .maps.nat import NAT_MAP, NatKey4
+
+__all__ = ["START_INTERVAL", "MIN_INTERVAL", "MAX_INTERVAL", "SCAN_MODES", "next_interval", "MapScan",
+           "GcRun", "collect_node", "flush_address", "LabGc"]
+
+START_INTERVAL = 300  #: Cilium's ConntrackGCStartingInterval: 5 minutes
+MIN_INTERVAL = 10  #: ConntrackGCMinInterval
+MAX_INTERVAL = 12 * 3600  #: ConntrackGCMaxLRUInterval
+SCAN_MODES = ("batch", "per-entry")
+
+_KEY = ctypes.sizeof(CtKey4)  # 14 bytes, packed
+_VALUE = ctypes.sizeof(CtEntry)  # 56 bytes
+_LIFETIME = struct.Struct("<32xIH18x")  # lifetime and flags of a ct_entry
+_NO_BATCH = (errno.EINVAL, 524)
+
+
+def next_interval(interval: float, ratio: float) -> int:
+    """The interval after a run that deleted ``ratio`` of the map's size (Cilium's rule, table above)."""
+    if ratio > 0.25:
+        return max(MIN_INTERVAL, round(interval * (1.0 - min(ratio, 0.9))))
+    if 0 < ratio < 0.05:
+        return min(MAX_INTERVAL, round(interval * 1.5))
+    return round(interval)
+
+
+@dataclass(frozen=True)
+class MapScan:
+    """One map of one node in one run: how many entries were read and deleted, and how long it took."""
+
+    node: str
+    map: str
+    max_entries: int
+    scanned: int
+    deleted: int
+    seconds: float
+    nat_deleted: int = 0  #: NAT twins of deleted DSRInternal entries
+
+    @property
+    def ratio(self) -> float:
+        """Deleted entries as a fraction of the map's size: what the interval rule reads."""
+        return self.deleted / self.max_entries if self.max_entries else 0.0
+
+
+@dataclass(frozen=True)
+class GcRun:
+    """One GC run over every node: per-map results, the interval before and after."""
+
+    now: int  #: lab clock second the run compared lifetimes with
+    mode: str
+    maps: tuple[MapScan, ...]
+    seconds: float
+    interval: int  #: the interval this run was scheduled with
+    next_interval: int
+
+    @property
+    def deleted(self) -> int:
+        return sum(m.deleted for m in self.maps)
+
+    @property
+    def scanned(self) -> int:
+        return sum(m.scanned for m in self.maps)
+
+    @property
+    def ratio(self) -> float:
+        """The largest delete ratio over the maps (the one the interval rule uses)."""
+        return max((m.ratio for m in self.maps), default=0.0)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["ratio"] = self.ratio
+        data["deleted"], data["scanned"] = self.deleted, self.scanned
+        return data
+
+    def lines(self) -> list[str]:
+        """A table of the run, then the interval decision."""
+        out = [f"GC at lab clock {self.now} ({self.mode} scan): {self.scanned} entries read, {self.deleted} deleted "
+               f"in {self.seconds * 1000:.1f} ms"]
+        for m in self.maps:
+            nat = f", {m.nat_deleted} NAT twins" if m.nat_deleted else ""
+            out.append(f"  {m.node:8} {m.map:24} read {m.scanned:>8}  deleted {m.deleted:>8}{nat}  "
+                       f"ratio {m.ratio:.4f} of {m.max_entries}  {m.seconds * 1000:8.1f} ms")
+        out.append(f"largest ratio {self.ratio:.4f}: interval {self.interval} s -> {self.next_interval} s")
+        return out
+
+
+def _nat_twin(key: bytes) -> NatKey4:
+    """The NAT entry a DSRInternal OUT entry made: keyed by the reply, ports not swapped.
+    CT {daddr=B, saddr=C, dport=cp, sport=bp} ↔ NAT {saddr=B, daddr=C, sport=bp, dport=cp}."""
+    ct = CtKey4.from_buffer_copy(key)
+    nat = NatKey4()
+    nat.saddr, nat.daddr, nat.sport, nat.dport = ct.daddr, ct.saddr, ct.sport, ct.dport
+    nat.nexthdr, nat.flags = ct.nexthdr, 0
+    return nat
+
+
+def _scan_batch(fd: int, max_entries: int, now: int) -> tuple[int, list[bytes], list[bytes]]:
+    """(entries read, keys to delete, keys of deleted DSRInternal OUT entries), one syscall per chunk."""
+    chunk = batch_chunk(max_entries)
+    token_size = 8
+    in_batch, out_batch = None, ctypes.create_string_buffer(token_size)
+    scanned, expired, dsr = 0, [], []
+    while True:
+        keys = ctypes.create_string_buffer(_KEY * chunk)
+        values = ctypes.create_string_buffer(_VALUE * chunk)
+        try:
+            n, done = _bpf.lookup_batch(fd, keys, values, chunk, in_batch, out_batch)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:  # a bucket holds more than a chunk: Cilium doubles it
+                chunk *= 2
+                continue
+            raise
+        raw_keys, raw_values = keys.raw, values.raw
+        for i, (lifetime, flags) in enumerate(_LIFETIME.iter_unpack(raw_values[: n * _VALUE])):
+            if lifetime < now:
+                key = raw_keys[i * _KEY:(i + 1) * _KEY]
+                expired.append(key)
+                if flags & CtFlags.DSR_INTERNAL and key[13] & 0x03 == 0:  # an OUT entry, not a RELATED twin
+                    dsr.append(key)
+        scanned += n
+        if done:
+            return scanned, expired, dsr
+        in_batch = ctypes.create_string_buffer(out_batch.raw, token_size)
+
+
+def _delete_batch(fd: int, keys: list[bytes]) -> int:
+    if not keys:
+        return 0
+    buf = ctypes.create_string_buffer(b"".join(keys), _KEY * len(keys))
+    try:
+        return _bpf.delete_batch(fd, buf, len(keys))
+    except OSError as exc:
+        if exc.errno not in _NO_BATCH:
+            raise
+    return sum(_bpf.delete(fd, ctypes.create_string_buffer(k, _KEY)) for k in keys)
+
+
+def _scan_per_entry(fd: int, now: int) -> tuple[int, list[bytes], list[bytes]]:
+    """The same, one BPF_MAP_GET_NEXT_KEY and one lookup per entry."""
+    scanned, expired, dsr = 0, [], []
+    prev, cur, value = None, ctypes.create_string_buffer(_KEY), ctypes.create_string_buffer(_VALUE)
+    while _bpf.next_key(fd, prev, cur):
+        if _bpf.lookup(fd, cur, value):
+            scanned += 1
+            lifetime, flags = _LIFETIME.unpack(value.raw)
+            if lifetime < now:
+                key = cur.raw
+                expired.append(key)
+                if flags & CtFlags.DSR_INTERNAL and key[13] & 0x03 == 0:
+                    dsr.append(key)
+        prev, cur = cur, ctypes.create_string_buffer(_KEY)
+    return scanned, expired, dsr
+
+
+def _delete_per_entry(fd: int, keys: list[bytes]) -> int:
+    return sum(_bpf.delete(fd, ctypes.create_string_buffer(k, _KEY)) for k in keys)
+
+
+def collect_node(node: str, pin_dir: str, now: int, mode: str = "batch",
+                 map_names: tuple[str, ...] = CT_MAPS) -> list[MapScan]:
+    """Scan ``node``'s CT maps (pinned under ``pin_dir``), delete what expired before ``now`` and the NAT
+    twins of deleted DSRInternal entries. One :class:`MapScan` per map."""
+    if mode not in SCAN_MODES:
+        raise ValueError(f"GC scan mode {mode!r}: expected one of {', '.join(SCAN_MODES)}")
+    out = []
+    nat_fd = None
+    try:
+        for map_name in map_names:
+            fd = open_pinned(f"{pin_dir}/{map_name}")
+            try:
+                max_entries = _bpf.map_info(fd).max_entries
+                t0 = time.perf_counter()
+                if mode == "batch":
+                    scanned, expired, dsr = _scan_batch(fd, max_entries, now)
+                    deleted = _delete_batch(fd, expired)
+                else:
+                    scanned, expired, dsr = _scan_per_entry(fd, now)
+                    deleted = _delete_per_entry(fd, expired)
+                nat_deleted = 0
+                if dsr:
+                    if nat_fd is None:
+                        nat_fd = open_pinned(f"{pin_dir}/{NAT_MAP}")
+                    nat_deleted = sum(_bpf.delete(nat_fd, _nat_twin(k)) for k in dsr)
+                out.append(MapScan(node, map_name, max_entries, scanned, deleted,
+                                   round(time.perf_counter() - t0, 6), nat_deleted))
+            finally:
+                os.close(fd)
+    finally:
+        if nat_fd is not None:
+            os.close(nat_fd)
+    return out
+
+
+def flush_address(pin_dir: str, ip: str) -> tuple[int, int]:
+    """Delete every CT entry with ``ip`` as either address, and every NAT entry with it as an address or
+    translation, from the maps pinned under ``pin_dir``: Cilium's GC of a removed endpoint.
+    Returns (CT entries, NAT entries) deleted."""
+    import socket
+
+    raw = socket.inet_aton(ip)
+    ct_deleted = nat_deleted = 0
+    for map_name in CT_MAPS:
+        fd = open_pinned(f"{pin_dir}/{map_name}")
+        try:
+            doomed = [k for k in _all_keys(fd, _KEY) if raw in (k[0:4], k[4:8])]
+            ct_deleted += _delete_batch(fd, doomed)
+        finally:
+            os.close(fd)
+    fd = open_pinned(f"{pin_dir}/{NAT_MAP}")
+    try:
+        value = ctypes.create_string_buffer(40)
+        doomed = []
+        for k in _all_keys(fd, _KEY):
+            if raw in (k[0:4], k[4:8]) or (_bpf.lookup(fd, ctypes.create_string_buffer(k, _KEY), value)
+                                           and value.raw[32:36] == raw):
+                doomed.append(k)
+        nat_deleted = _delete_per_entry(fd, doomed)
+    finally:
+        os.close(fd)
+    return ct_deleted, nat_deleted
+
+
+def _all_keys(fd: int, size: int) -> list[bytes]:
+    keys, prev, cur = [], None, ctypes.create_string_buffer(size)
+    while _bpf.next_key(fd, prev, cur):
+        keys.append(cur.raw)
+        prev, cur = cur, ctypes.create_string_buffer(size)
+    return keys
+
+
+# -- one lab's GC: on demand, and on a timer driven by the lab clock ---------------------------
+class LabGc:
+    """The garbage collector of a running lab (``lab.gc``).
+
+    :meth:`run` collects now; the lab's GC process (started by ``labkit up`` unless
+    the lab was built with ``gc_timer=False``) calls it whenever the *lab clock* has
+    passed the last run by the current interval, so ``labkit clock advance 301``
+    makes the next run happen within a second. State and the history of runs live in
+    ``/run/labkit/<lab>/gc.json``.
+
+        >>> run = lab.gc.run()            # doctest: +SKIP
+        >>> print("\\n".join(run.lines()))  # doctest: +SKIP
+    """
+
+    HISTORY = 200  #: runs kept in gc.json
+
+    def __init__(self, lab):
+        self.lab = lab
+
+    @property
+    def path(self):
+        from .ledger import lab_dir
+
+        return lab_dir(self.lab.name) / "gc.json"
+
+    def state(self) -> dict:
+        """``{"interval", "last_run", "timer", "runs": [...]}``; a lab that never collected starts at 5 min."""
+        import json
+
+        try:
+            data = json.loads(self.path.read_text())
+        except (FileNotFoundError, ValueError):
+            data = {}
+        data.setdefault("interval", START_INTERVAL)
+        data.setdefault("last_run", None)
+        data.setdefault("timer", bool(getattr(self.lab.config, "gc_timer", True)))
+        data.setdefault("runs", [])
+        return data
+
+    def _save(self, data: dict) -> None:
+        import json
+
+        from .ledger import Ledger
+
+        if not self.path.exists():
+            recorded = {e.get("path") for e in Ledger(self.lab.name).entries("file")}
+            for p in (self.path, self.path.with_suffix(".tmp")):
+                if str(p) not in recorded:
+                    Ledger(self.lab.name).record("file", path=str(p))
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path)
+
+    def _locked(self):
+        import contextlib
+        import fcntl
+
+        from .ledger import lab_dir
+
+        @contextlib.contextmanager
+        def lock():
+            fd = os.open(lab_dir(self.lab.name), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+        return lock()
+
+    def due(self) -> bool:
+        """True when the timer is on and the lab clock has reached the last run plus the interval."""
+        st = self.state()
+        if not st["timer"]:
+            return False
+        last = st["last_run"] if st["last_run"] is not None else st.get("started")
+        if last is None:  # the first look: the interval counts from now
+            with self._locked():
+                st = self.state()
+                st["started"] = last = self.lab.clock.now()
+                self._save(st)
+        return self.lab.clock.now() >= last + st["interval"]
+
+    def run(self, mode: str = "batch") -> GcRun:
+        """Collect every node now: delete what expired before the lab clock's now, then adapt the interval."""
+        with self._locked():
+            st = self.state()
+            now = self.lab.clock.now()
+            t0 = time.perf_counter()
+            maps: list[MapScan] = []
+            for node in self.lab.topology.nodes:
+                maps += collect_node(node.name, self.lab.pin_dir(node.name), now, mode)
+            interval = int(st["interval"])
+            ratio = max((m.ratio for m in maps), default=0.0)
+            run = GcRun(now, mode, tuple(maps), round(time.perf_counter() - t0, 6), interval,
+                        next_interval(interval, ratio))
+            st["interval"], st["last_run"] = run.next_interval, now
+            st["runs"] = (st["runs"] + [run.to_json()])[-self.HISTORY:]
+            self._save(st)
+        self.lab._after_step()
+        return run
+
+    def set_timer(self, on: bool) -> None:
+        """Switch the timer on or off (the lab's GC process keeps running and checks every second)."""
+        with self._locked():
+            st = self.state()
+            st["timer"] = bool(on)
+            if on and st["last_run"] is None:
+                st["started"] = self.lab.clock.now()
+            self._save(st)
+
+    def history(self) -> list[dict]:
+        """Past runs, oldest first (each as :meth:`GcRun.to_json`)."""
+        return list(self.state()["runs"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The lab's GC process: every second, run the GC if the lab clock says it is due."""
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(prog="labkit.gc", description="a lab's CT garbage collector")
+    ap.add_argument("--lab", required=True)
+    ap.add_argument("--poll", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    from .lab import Lab
+
+    lab = Lab.attach(args.lab)
+    print(f"labkit gc: lab {lab.name}, interval on the lab clock, checked every {args.poll} s", flush=True)
+    while True:
+        try:
+            if lab.gc.due():
+                lab.gc.run()
+        except Exception as exc:  # a lab being torn down: the ledger kills this process next
+            print(f"labkit gc: {type(exc).__name__}: {exc}", flush=True)
+        time.sleep(args.poll)
+
+
+if __name__ == "__main__":
+    main()

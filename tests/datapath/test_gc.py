@@ -1,0 +1,178 @@
+"""The CT garbage collector on the real maps: it deletes exactly what expired on the lab clock, never a live
+entry, the same set in batch and per-entry mode, the NAT twin of a DSR entry, and runs on its own timer."""
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+
+from labkit.maps.base import PinnedMap
+from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4
+
+from .util import TcpClient, wait_for
+
+
+def keys(lab, node: str) -> set[bytes]:
+    """Every key of both CT maps of ``node``."""
+    out = set()
+    for map_name in CT_MAPS:
+        with PinnedMap(f"{lab.pin_dir(node)}/{map_name}", CtKey4, CtEntry) as m:
+            out |= {(map_name, bytes(k)) for k, _ in m.items()}
+    return out
+
+
+def test_gc_never_deletes_a_live_connection(any_lab):
+    """An open connection keeps working across ten GC runs, the clock moved 1,000 s (less than its 8,000 s
+    lifetime) before each, and none of its TCP rows is deleted (only the two idle RELATED twins go)."""
+    lab = any_lab
+    client = TcpClient(lab, "a1", lab.pod("b1").ip, 8080)
+    try:
+        assert client.send() == "echo hello labkit"
+        def conn_rows(n):
+            return {(r.dir, r.sport, r.dport) for r in lab.ct(n)
+                    if client.port in (r.sport, r.dport) and r.proto_name == "TCP"}
+
+        rows = {n: conn_rows(n) for n in ("node-a", "node-b")}
+        assert rows["node-a"] and rows["node-b"]
+        for i in range(10):
+            lab.clock.advance(1000)
+            run = lab.gc.run()
+            # only the ICMP RELATED twins (60 s, refreshed by no TCP packet) may go, on the first run
+            assert run.deleted == (2 if i == 0 else 0)
+            assert all(conn_rows(n) == rows[n] for n in rows)
+            assert client.send() == "echo hello labkit"  # refreshes the rows: 8,000 s from now
+    finally:
+        client.close()
+
+
+def test_gc_deletes_closed_connections_after_the_close_timeout(any_lab):
+    """Once the clock passes the 10 s close timeout, one run deletes the closed connection's rows on both nodes,
+    and the counts it reports are the rows that disappeared."""
+    lab = any_lab
+    conn = lab.pod("a1").tcp("b1", 8080)
+    conn.open()
+    conn.close()
+    ping = lab.pod("a2").ping("b2")  # a 60 s ICMP row that must survive
+    assert ping.ok
+    before = {n: keys(lab, n) for n in ("node-a", "node-b")}
+    lab.clock.advance(11)
+    run = lab.gc.run()
+    after = {n: keys(lab, n) for n in ("node-a", "node-b")}
+    for n in ("node-a", "node-b"):
+        gone = before[n] - after[n]
+        for map_name in CT_MAPS:
+            reported = next(m.deleted for m in run.maps if (m.node, m.map) == (n, map_name))
+            assert reported == sum(1 for m, _ in gone if m == map_name)
+        assert not after[n] - before[n]
+    assert not [r for n in ("node-a", "node-b") for r in lab.ct(n) if conn.sport in (r.sport, r.dport)]
+    assert [r for r in lab.ct("node-a") if r.proto_name == "ICMP" and not r.related]  # the ping's row lives on
+    assert run.deleted == sum(len(before[n] - after[n]) for n in before)
+
+
+def _fill(lab, node: str, n: int, now: int) -> set[bytes]:
+    """Write ``n`` synthetic TCP entries into ``node``'s TCP map, every other one expired; return those keys."""
+    expired = set()
+    with PinnedMap(f"{lab.pin_dir(node)}/{CT_MAPS[0]}", CtKey4, CtEntry) as m:
+        for i in range(n):
+            key = CtKey4()
+            key.daddr = struct.unpack("=I", socket.inet_aton(f"198.18.200.{i % 250 + 1}"))[0]
+            key.saddr = struct.unpack("=I", socket.inet_aton("198.18.1.11"))[0]
+            key.dport, key.sport, key.nexthdr, key.flags = socket.htons(10000 + i), socket.htons(80), 6, 0
+            entry = CtEntry()
+            entry.lifetime = now - 1 if i % 2 else now + 100
+            entry.packets = 1
+            m[key] = entry
+            if i % 2:
+                expired.add(bytes(key))
+    return expired
+
+
+@pytest.mark.parametrize("mode", ["batch", "per-entry"])
+def test_scan_modes_delete_the_same_entries(lab, mode):
+    """A map filled with 2,000 known entries, half of them expired: each scan mode deletes exactly the
+    expired half, and reports 2,000 read."""
+    lab.flush_ct()
+    now = lab.clock.now()
+    expired = _fill(lab, "node-a", 2000, now)
+    run = lab.gc.run(mode)
+    tcp = next(m for m in run.maps if (m.node, m.map) == ("node-a", CT_MAPS[0]))
+    assert (tcp.scanned, tcp.deleted) == (2000, 1000)
+    left = {k for m, k in keys(lab, "node-a") if m == CT_MAPS[0]}
+    assert len(left) == 1000 and not left & expired
+
+
+def test_gc_deletes_the_nat_twin_of_a_dsr_entry(native_lab):
+    """A closed DSR connection: the run that deletes node-b's DSRInternal row also deletes its NAT row."""
+    lab = native_lab
+    lab.services.add("web", 80, ["b1:8080"], type="LoadBalancer")
+    conn = lab.external("ext").tcp("web", 80)
+    conn.open()
+    conn.close()
+    assert len(lab.nat("node-b")) == 1
+    lab.clock.advance(11)
+    run = lab.gc.run()
+    assert sum(m.nat_deleted for m in run.maps if m.node == "node-b") == 1
+    assert lab.nat("node-b") == [] and not [r for r in lab.ct("node-b") if r.dir == "OUT" and not r.related]
+
+
+def test_timer_runs_when_the_lab_clock_is_due(lab):
+    """With the timer on, moving the lab clock past the interval makes the lab's GC process run within a few
+    seconds, and the history records the run; off again, nothing more runs."""
+    runs = len(lab.gc.history())
+    lab.gc.set_timer(True)
+    try:
+        interval = lab.gc.state()["interval"]
+        lab.clock.advance(interval + 1)
+        wait_for(lambda: len(lab.gc.history()) > runs, timeout=5, what="the timer's GC run")
+    finally:
+        lab.gc.set_timer(False)
+    assert lab.gc.state()["last_run"] is not None
+    n = len(lab.gc.history())
+    lab.clock.advance(lab.gc.state()["interval"] + 1)
+    time.sleep(2)  # two of the process's checks: it must not run with the timer off
+    assert len(lab.gc.history()) == n
+
+
+@pytest.fixture
+def own_lab(_require_datapath):
+    """A lab of its own: deleting a pod changes the topology, which the shared labs must keep."""
+    from labkit import Lab
+    from labkit.config import DatapathConfig
+
+    lab = Lab.up("dpdel", config=DatapathConfig(routing="native", gc_timer=False))
+    yield lab
+    lab.down()
+
+
+def test_deleting_a_pod_flushes_its_entries_everywhere(own_lab):
+    """Deleting b2 removes it from its Services, its endpoint and ipcache entries, and every CT and NAT row
+    naming 198.18.2.12 on both nodes (rows of other pods stay); its namespace is gone and the lab is healthy."""
+    lab = own_lab
+    b2 = lab.pod("b2").ip
+    lab.services.add("web", 80, ["b2:8080"], type="LoadBalancer")
+    ext = lab.external("ext").tcp("web", 80)
+    assert ext.open().ok  # DSR: node-b's NAT row names b2
+    keep = lab.pod("a2").tcp("b1", 8080)
+    assert keep.open().ok
+    assert lab.pod("a1").tcp("b2", 8080).open().ok
+    naming = lambda: [(n, r) for n in ("node-a", "node-b") for r in lab.ct(n) if b2 in (r.src, r.dst)]  # noqa: E731
+    assert naming() and [r for r in lab.nat("node-b") if b2 in (r.src, r.dst)]
+    others = {n: {(r.dir, r.src, r.dst, r.sport) for r in lab.ct(n) if b2 not in (r.src, r.dst)}
+              for n in ("node-a", "node-b")}
+
+    before = len(naming())
+    gone = lab.delete_pod("b2")
+    assert gone["backends"] == ["web/b2:8080"]
+    assert sum(gone["ct"].values()) == before and gone["nat"] == {"node-a": 0, "node-b": 1}
+    assert naming() == [] and lab.nat("node-b") == []
+    for n in ("node-a", "node-b"):
+        assert others[n] <= {(r.dir, r.src, r.dst, r.sport) for r in lab.ct(n)}
+    assert lab.services.get("web").backends == ()
+    assert "b2" not in lab.topology.names() and "lk-dpdel-b2" not in subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert lab.health() == []
+    assert keep.send(b"still here").ok
+

@@ -1,0 +1,54 @@
+"""The GC's interval rule (Cilium's calculateInterval) and its result objects, without a kernel."""
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from labkit import gc
+from labkit.gc import MAX_INTERVAL, MIN_INTERVAL, START_INTERVAL, GcRun, MapScan, next_interval
+
+
+@pytest.mark.parametrize("interval, ratio, expected", [
+    (300, 0.0, 300),        # nothing deleted: unchanged
+    (300, 0.01, 450),       # below 5%: x1.5
+    (300, 0.049, 450),
+    (300, 0.05, 300),       # 5% .. 25%: unchanged
+    (300, 0.10, 300),
+    (300, 0.25, 300),
+    (300, 0.26, 222),       # above 25%: x(1 - ratio), rounded to seconds
+    (300, 0.5, 150),
+    (300, 0.9, 30),
+    (300, 0.95, 30),        # 90% and more: x0.1
+    (300, 1.0, 30),
+    (50, 0.9, 10),          # floor 10 s
+    (11, 0.3, 10),
+    (40000, 0.01, 43200),   # cap 12 h
+    (43200, 0.0001, 43200),
+    (10, 0.01, 15),
+])
+def test_interval_rule(interval, ratio, expected):
+    """next_interval follows Cilium's rule row by row, including the 10 s floor and the 12 h cap."""
+    assert next_interval(interval, ratio) == expected
+
+
+def test_constants_are_ciliums():
+    """The GC starts at 5 minutes, never goes below 10 s nor above 12 h."""
+    assert (START_INTERVAL, MIN_INTERVAL, MAX_INTERVAL) == (300, 10, 43200)
+
+
+def test_run_ratio_is_the_largest_over_the_maps():
+    """A run's ratio is the largest deleted/max_entries over its maps, and its lines name every map."""
+    maps = (MapScan("node-a", "cilium_ct4_global", 1000, 100, 10, 0.001),
+            MapScan("node-b", "cilium_ct_any4_global", 100, 50, 30, 0.001, nat_deleted=2))
+    run = GcRun(500, "batch", maps, 0.002, 300, next_interval(300, 0.3))
+    assert run.ratio == 0.3 and (run.deleted, run.scanned) == (40, 150) and run.next_interval == 210
+    text = "\n".join(run.lines())
+    assert "cilium_ct_any4_global" in text and "2 NAT twins" in text and "300 s -> 210 s" in text
+    assert run.to_json()["ratio"] == 0.3
+
+
+def test_doctests():
+    """The examples in labkit.gc run and give what they show."""
+    result = doctest.testmod(gc)
+    assert result.attempted > 0 and result.failed == 0
