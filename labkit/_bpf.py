@@ -30,6 +30,7 @@ __all__ = [
     "delete",
     "next_key",
     "lookup_batch",
+    "update_batch",
     "delete_batch",
     "RingBuffer",
     "ringbuf_producer_pos",
@@ -48,7 +49,7 @@ BPF_MAP_GET_FD_BY_ID = 14
 BPF_MAP_TYPE_ARRAY = 2
 BPF_PROG_DETACH = 9
 BPF_OBJ_PIN, BPF_OBJ_GET, BPF_OBJ_GET_INFO_BY_FD = 6, 7, 15
-BPF_MAP_LOOKUP_BATCH, BPF_MAP_DELETE_BATCH = 24, 27
+BPF_MAP_LOOKUP_BATCH, BPF_MAP_UPDATE_BATCH, BPF_MAP_DELETE_BATCH = 24, 26, 27
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
 _ATTR_SIZE = 128
 
@@ -184,6 +185,13 @@ def lookup_batch(fd: int, keys, values, count: int, in_batch, out_batch) -> tupl
             return n.value, True
         raise
     return struct.unpack_from("=I", attr, 32)[0], False
+
+
+def update_batch(fd: int, keys, values, count: int) -> int:
+    """``BPF_MAP_UPDATE_BATCH``: write ``count`` key/value pairs in one call; returns how many were written."""
+    attr = _attr("=QQQQII", 0, 0, _addr(keys), _addr(values), count, fd)
+    _sys(BPF_MAP_UPDATE_BATCH, attr, "map update batch")
+    return struct.unpack_from("=I", attr, 32)[0]
 
 
 def delete_batch(fd: int, keys, count: int) -> int:

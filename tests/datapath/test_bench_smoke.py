@@ -11,6 +11,8 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     """One run of the bench produces a positive figure for every target and writes both reports."""
     monkeypatch.setattr(bench, "SERVICES_AT_SCALE", 2000)  # the scale run itself is `make bench`'s job
     monkeypatch.setattr(bench, "LB_REQUESTS", 30)
+    monkeypatch.setattr(bench, "GC_ENTRIES", 20_000)
+    monkeypatch.setattr(bench, "GC_MAP_SIZE", 65_536)
     assert bench.main(["--runs", "1", "--out", str(tmp_path)]) in (0, 1)  # 1: a target missed on a busy machine
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(bench.TARGETS) <= set(result["median"])
@@ -20,5 +22,6 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     assert not _netns.exists("lk-bench-node-a")
     lb = result["lb_modes"]
     assert lb["median_rps"]["dsr"] > 0 and lb["median_rps"]["snat"] > 0 and lb["ratio_dsr_vs_snat"] > 0
-    assert "ratio dsr/snat" in table
+    assert "ratio dsr/snat" in table and "GC of a CT map with 20,000 entries" in table
+    assert result["gc"]["read_deleted"] == {"batch": [20_000, 10_000], "per-entry": [20_000, 10_000]}
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in bench.LB_MODE_LABS.values())
