@@ -234,38 +234,11 @@ def _lb_mode_rates(rounds: int) -> dict:
             "ratio_dsr_vs_snat": round(medians["dsr"] / medians["snat"], 3)}
 
 
-def _fill_ct(pin_dir: str, n: int, now: int) -> None:
-    """``n`` TCP entries in the node's TCP CT map, every other one expired at ``now``; one
-    BPF_MAP_UPDATE_BATCH per 65,536."""
-    import ctypes
-    import os
-    import struct
-
-    from . import _bpf
-    from .maps.base import open_pinned
-    from .maps.ct import CT_MAPS
-
-    key = struct.Struct("<IIHHBB")  # daddr, saddr, dport, sport, nexthdr, flags
-    value = struct.Struct("<QQQQIHHHBBIII")  # ct_entry: counters, lifetime, flags, ...
-    fd = open_pinned(f"{pin_dir}/{CT_MAPS[0]}")
-    try:
-        for base in range(0, n, 65536):
-            count = min(65536, n - base)
-            keys = b"".join(key.pack(0x0B0112C6 + ((i >> 16) << 24), 0x0B0212C6, i & 0xFFFF, 80, 6, 0)
-                            for i in range(base, base + count))
-            values = b"".join(value.pack(0, 0, 1, 60, now - 1 if i % 2 else now + 1000, 0, 0, 0, 2, 0, 256, 0, 0)
-                              for i in range(base, base + count))
-            _bpf.update_batch(fd, ctypes.create_string_buffer(keys, len(keys)),
-                              ctypes.create_string_buffer(values, len(values)), count)
-    finally:
-        os.close(fd)
-
-
 def _gc_scale(rounds: int) -> dict:
     """GC of a CT map holding GC_ENTRIES entries, half expired: batch and per-entry scans of the same
     fill, alternating, ``rounds`` each."""
     from .config import DatapathConfig
-    from .gc import collect_node
+    from .gc import collect_node, fill_synthetic
     from .lab import Lab
     from .maps.ct import CT_MAPS
 
@@ -280,7 +253,7 @@ def _gc_scale(rounds: int) -> dict:
             for mode in times:
                 lab.flush_ct("node-a")
                 now = lab.clock.now()
-                _fill_ct(pin, GC_ENTRIES, now)
+                fill_synthetic(pin, GC_ENTRIES, now)
                 t = time.perf_counter()
                 (scan,) = collect_node("node-a", pin, now, mode, map_names=(CT_MAPS[0],))
                 times[mode].append(time.perf_counter() - t)

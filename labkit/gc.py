@@ -42,7 +42,7 @@ from .maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4
 from .maps.nat import NAT_MAP, NatKey4
 
 __all__ = ["START_INTERVAL", "MIN_INTERVAL", "MAX_INTERVAL", "SCAN_MODES", "next_interval", "MapScan",
-           "GcRun", "collect_node", "flush_address", "LabGc"]
+           "GcRun", "collect_node", "flush_address", "fill_synthetic", "LabGc"]
 
 START_INTERVAL = 300  #: Cilium's ConntrackGCStartingInterval: 5 minutes
 MIN_INTERVAL = 10  #: ConntrackGCMinInterval
@@ -260,6 +260,26 @@ def flush_address(pin_dir: str, ip: str) -> tuple[int, int]:
     return ct_deleted, nat_deleted
 
 
+def fill_synthetic(pin_dir: str, n: int, now: int) -> None:
+    """Write ``n`` made-up TCP entries into the TCP CT map pinned under ``pin_dir``, every other one already
+    expired at ``now`` (lifetime now − 1, the others now + 1000), one BPF_MAP_UPDATE_BATCH per 65,536:
+    a known mix to time the two scan modes on. Addresses 198.18.x.11 → 198.18.2.11:80, no real flow."""
+    key = struct.Struct("<IIHHBB")  # daddr, saddr, dport, sport, nexthdr, flags
+    value = struct.Struct("<QQQQIHHHBBIII")  # ct_entry: counters, lifetime, flags, ... src_sec_id
+    fd = open_pinned(f"{pin_dir}/{CT_MAPS[0]}")
+    try:
+        for base in range(0, n, 65536):
+            count = min(65536, n - base)
+            keys = b"".join(key.pack(0x0B0112C6 + ((i >> 16) << 16), 0x0B0212C6, i & 0xFFFF, 0x5000, 6, 0)
+                            for i in range(base, base + count))
+            values = b"".join(value.pack(0, 0, 1, 60, now - 1 if i % 2 else now + 1000, 0, 0, 0, 2, 0, 256, 0, 0)
+                              for i in range(base, base + count))
+            _bpf.update_batch(fd, ctypes.create_string_buffer(keys, len(keys)),
+                              ctypes.create_string_buffer(values, len(values)), count)
+    finally:
+        os.close(fd)
+
+
 def _all_keys(fd: int, size: int) -> list[bytes]:
     keys, prev, cur = [], None, ctypes.create_string_buffer(size)
     while _bpf.next_key(fd, prev, cur):
@@ -369,6 +389,15 @@ class LabGc:
             self._save(st)
         self.lab._after_step()
         return run
+
+    def restart(self) -> None:
+        """Forget past runs and start again at 5 minutes, counted from now (``lab.reset()`` calls this);
+        the timer stays as it is."""
+        with self._locked():
+            st = self.state()
+            timer = st["timer"]
+            self._save({"interval": START_INTERVAL, "last_run": None, "timer": timer, "runs": [],
+                        "started": self.lab.clock.now()})
 
     def set_timer(self, on: bool) -> None:
         """Switch the timer on or off (the lab's GC process keeps running and checks every second)."""

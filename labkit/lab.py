@@ -635,7 +635,8 @@ class Lab:
         return deleted
 
     def reset(self) -> None:
-        """Remove every Service, flush CT and NAT state, switch faults off and set the lab clock back; topology kept."""
+        """Remove every Service, flush CT and NAT state, switch faults off, set the lab clock back and start the
+        GC's interval afresh; topology kept."""
         self.services.flush()
         for node in self.topology.nodes:
             pin = self.pin_dir(node.name)
@@ -646,6 +647,7 @@ class Lab:
                 m.clear()
             with PinnedMap(f"{pin}/labkit_config", _U32, LabConfig) as m:
                 m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+        self.gc.restart()  # on the clock as it is now set back
         self._after_step()  # live tables show the flush
 
     def health(self) -> list[str]:

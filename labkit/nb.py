@@ -18,8 +18,8 @@ from .errors import LabStateError
 __all__ = ["start", "check", "current_lab", "lab_name", "show", "VARIANTS"]
 
 #: The second labs the notebooks start beside their main one (``start(variant=...)``):
-#: lab 03 native routing, lab 06 socket LB for pods, lab 07 snat mode.
-VARIANTS = ("native", "socklb", "snat")
+#: lab 03 native routing, lab 06 socket LB for pods, lab 07 snat mode, lab 08 a small CT map.
+VARIANTS = ("native", "socklb", "snat", "small")
 
 _CURRENT = None
 # A venv that also sees the distribution's matplotlib warns that Axes3D cannot load; labkit draws none.
@@ -32,12 +32,12 @@ def lab_name() -> str:
 
 
 def start(routing: str | None = None, socket_lb: str | None = None, variant: str | None = None,
-          lb_mode: str | None = None):
+          lb_mode: str | None = None, **options):
     """Bring up (or attach to) this notebook's lab, reset it, and make it the current one.
 
     ``variant`` names a second lab beside the main one (``<name>-<variant>``), for
     side-by-side comparisons such as tunnel vs native, socket LB vs per-packet LB, or
-    ``lb_mode`` snat vs dsr.
+    ``lb_mode`` snat vs dsr. Other datapath options (``ct_tcp_size=64``, ...) pass through.
     """
     global _CURRENT
     from .config import DatapathConfig
@@ -51,6 +51,8 @@ def start(routing: str | None = None, socket_lb: str | None = None, variant: str
         config = config.with_options(socket_lb=socket_lb)
     if lb_mode is not None:
         config = config.with_options(lb_mode=lb_mode)
+    if options:
+        config = config.with_options(**options)
     name = f"{lab_name()}-{variant}" if variant else lab_name()
     lab = Lab.up(name, config=config)
     lab.reset()

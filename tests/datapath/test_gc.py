@@ -176,3 +176,26 @@ def test_deleting_a_pod_flushes_its_entries_everywhere(own_lab):
     assert lab.health() == []
     assert keep.send(b"still here").ok
 
+
+
+def test_cli_gc_run_status_and_timer(lab):
+    """`labkit gc run --json` reports each map's counts and the next interval; `gc status` shows the run;
+    `gc timer on|off` switches the timer the lab's GC process reads."""
+    import json
+    import sys
+
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "labkit.cli", "--lab", lab.name, *argv],
+                              capture_output=True, text=True, check=True).stdout
+
+    lab.pod("a1").ping("b1")
+    lab.clock.advance(61)
+    run = json.loads(cli("gc", "run", "--json", "--mode", "per-entry"))
+    assert run["mode"] == "per-entry" and run["deleted"] >= 2 and run["interval"] == 300
+    assert {(m["node"], m["map"]) for m in run["maps"]} == {(n, m) for n in ("node-a", "node-b") for m in CT_MAPS}
+    status = cli("gc", "status")
+    assert f"interval {run['next_interval']} s" in status and f"last run at lab clock {run['now']}" in status
+    assert "is on" in cli("gc", "timer", "on") and lab.gc.state()["timer"] is True
+    cli("gc", "timer", "off")
+    assert lab.gc.state()["timer"] is False
+    assert "CT GC" in cli("status")
