@@ -20,7 +20,7 @@ from ..maps.ct import CT_MAPS, CtResult, CtRow
 from ..trace import EVENT_SIZE, Flow
 
 __all__ = ["NO_ANSWER", "unanswered", "row_kind", "norm_kind", "kinds_answer", "rows_between", "recent_flows",
-           "addr", "newest", "hook_name", "words"]
+           "addr", "newest", "hook_name", "words", "variant_lab", "variant_missing"]
 
 #: What a check says while the answer cell still holds its placeholder.
 NO_ANSWER = "no answer yet: replace None in the answer cell with your answer, run it, then run this check again."
@@ -29,6 +29,23 @@ _ICMP, _TCP = socket.IPPROTO_ICMP, socket.IPPROTO_TCP
 
 
 # -- helpers shared by the lab graders ------------------------------------------------------
+def variant_lab(lab, variant: str):
+    """The second lab a notebook started beside ``lab`` with ``start(variant=...)``
+    (``<name>-<variant>``), or None when it is not running."""
+    from ..lab import Lab
+
+    try:
+        return Lab.attach(f"{lab.name}-{variant}")
+    except Exception:
+        return None
+
+
+def variant_missing(lab, variant: str, how: str) -> Outcome:
+    """The failed Outcome of a check whose second lab is not running; ``how`` is the cell that starts it."""
+    return Outcome(False, f"no lab '{lab.name}-{variant}' is running: run the cell that starts it ({how}), then "
+                          "check.")
+
+
 def unanswered(answer: Any) -> Outcome | None:
     """A failed Outcome while the answer is still the placeholder, else None."""
     if answer is None or answer is Ellipsis or (isinstance(answer, str) and not answer.strip()):

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..checks import Outcome, compare_rows, exercise
 from ..maglev import flow_slot, lookup_table
-from .lab01 import kinds_answer, newest, recent_flows, row_kind, unanswered
+from .lab01 import kinds_answer, newest, recent_flows, row_kind, unanswered, variant_lab, variant_missing
 from .lab04 import ab_answer, addr_port, dst, flatten, is_syn, service, src
 
 __all__ = ["ext_rows", "snat_lab", "PREDICT_PORT"]
@@ -47,13 +47,8 @@ def ext_rows(lab, node: str, ext_ip: str, cp: int) -> list:
 
 def snat_lab(lab):
     """The snat-mode lab the notebook started beside ``lab`` (``<name>-snat``), or None."""
-    from ..lab import Lab
-
-    try:
-        other = Lab.attach(f"{lab.name}-snat")
-    except Exception:
-        return None
-    return other if other.config.lb_mode == "snat" else None
+    other = variant_lab(lab, "snat")
+    return other if other is not None and other.config.lb_mode == "snat" else None
 
 
 def _newest_client_port(lab, svc) -> int | None:
@@ -157,8 +152,7 @@ def snat_client(answer, lab) -> Outcome:
         return blank
     other = snat_lab(lab)
     if other is None:
-        return Outcome(False, f"no snat lab '{lab.name}-snat' is running: run the cell that starts it "
-                              "(snat = start(variant='snat', lb_mode='snat')), then check.")
+        return variant_missing(lab, "snat", "snat = start(variant='snat', lb_mode='snat')")
     accepts = [m for m in map(_ACCEPT.search, other.pod("b1").server_log()) if m]
     if not accepts:
         return Outcome(False, "b1's server in the snat lab has logged no connection yet: run section 3, then check.")

@@ -10,19 +10,17 @@ from __future__ import annotations
 from ..checks import Outcome, compare_rows, exercise
 from ..gc import next_interval
 from ..maps.ct import CT_MAPS
-from .lab01 import kinds_answer, row_kind, unanswered
+from .lab01 import kinds_answer, row_kind, unanswered, variant_lab, variant_missing
 
 __all__ = ["small_lab"]
 
 
 def small_lab(lab):
-    """The small-CT-map lab the notebook started beside ``lab`` (``<name>-small``), or None."""
-    from ..lab import Lab
-
-    try:
-        return Lab.attach(f"{lab.name}-small")
-    except Exception:
-        return None
+    """(the small-CT-map lab the notebook started beside ``lab``, None) or (None, a failed Outcome)."""
+    small = variant_lab(lab, "small")
+    if small is None:
+        return None, variant_missing(lab, "small", "small = start(variant='small', ...)")
+    return small, None
 
 
 def _last_run(lab) -> dict | None:
@@ -81,10 +79,9 @@ def interval_after(answer, lab) -> Outcome:
     """The small lab's interval after its newest GC run, live, and by the rule from that run's ratio."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    small = small_lab(lab)
-    if small is None:
-        return Outcome(False, f"no small-map lab '{lab.name}-small' is running: run the cell that starts it, then "
-                              "check.")
+    small, missing = small_lab(lab)
+    if missing:
+        return missing
     run = _last_run(small)
     if run is None:
         return Outcome(False, "the small lab's GC has not run yet: run the churn cell of section 3, then check.")
@@ -122,10 +119,9 @@ def evicted(answer, lab) -> Outcome:
     """How many of the flood's OUT rows the small lab's 16-entry TCP map on node-a no longer holds, live."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    small = small_lab(lab)
-    if small is None:
-        return Outcome(False, f"no small-map lab '{lab.name}-small' is running: run the cell that starts it, then "
-                              "check.")
+    small, missing = small_lab(lab)
+    if missing:
+        return missing
     a2 = small.pod("a2").ip
     rows = [r for r in small.ct("node-a") if r.proto_name == "TCP" and r.dir == "OUT" and r.src == a2
             and not r.related]
