@@ -10,7 +10,7 @@ retype by hand):
 - node: eth0 address, ``cilium_host`` (a veth paired with ``cilium_net``, as
   Cilium has it) holding the pods' gateway
   address, forwarding on, rp_filter off, IPv6 off; tunnel mode adds
-  ``cilium_vxlan`` (``type vxlan external dstport 8472``) and routes the other
+  ``cilium_vxlan`` (``type vxlan external dstport 8472``, ``arp off``) and routes the other
   nodes' pod CIDRs into it, native mode routes them via the other node;
 - external client: its eth0 address and ``ip route add 203.0.113.0/24 via
   <first node>``: the LoadBalancer VIPs are announced by the first node (one
@@ -43,6 +43,7 @@ POD_PORT = 8080
 NUD_PERMANENT = 0x80
 _SCOPE_LINK = 253
 _TUNNEL_MTU = 1450  # 1500 minus VXLAN's 50 bytes, as Cilium sets it
+_IFF_NOARP = 0x80
 _COMMON_SYSCTLS = {
     "net.ipv6.conf.all.disable_ipv6": 1,
     "net.ipv6.conf.default.disable_ipv6": 1,
@@ -179,6 +180,9 @@ def _build_node(topo: Topology, config: DatapathConfig, node: str, ipr: IPRoute)
             ipr.link("add", ifname="cilium_vxlan", kind="vxlan", vxlan_collect_metadata=1, vxlan_port=VXLAN_PORT,
                      vxlan_learning=0)
             vx = _idx(ipr, "cilium_vxlan")
+            # NOARP: packets the node's kernel routes into the tunnel (its own, or NATed by iptables) need no
+            # neighbour; to-overlay gives them their tunnel endpoint from cilium_ipcache.
+            ipr.link("set", index=vx, flags=_IFF_NOARP, change=_IFF_NOARP)
             ipr.link("set", index=vx, mtu=_TUNNEL_MTU, state="up")
     for other in topo.nodes:
         if other.name == node:

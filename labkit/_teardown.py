@@ -42,6 +42,7 @@ def _stop_process(e: dict) -> None:
 
 def _tc_filters(entries: list[dict]) -> None:
     from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
 
     from .datapath import tc
 
@@ -58,10 +59,14 @@ def _tc_filters(entries: list[dict]) -> None:
                 found = ipr.link_lookup(ifname=e["ifname"])
                 if not found:
                     continue
-                if e["kind"] == "tc-filter":
-                    tc.del_filter(ipr, found[0], e["direction"], e["prio"], e["handle"])
-                elif not (tc.filter_names(ipr, found[0], "ingress") or tc.filter_names(ipr, found[0], "egress")):
-                    ipr.tc("del", "clsact", found[0])  # ours, and nobody else's filters on it
+                try:
+                    if e["kind"] == "tc-filter":
+                        tc.del_filter(ipr, found[0], e["direction"], e["prio"], e["handle"])
+                    elif not (tc.filter_names(ipr, found[0], "ingress") or tc.filter_names(ipr, found[0], "egress")):
+                        ipr.tc("del", "clsact", found[0])  # ours, and nobody else's filters on it
+                except NetlinkError as exc:
+                    if exc.code not in (errno.ENOENT, errno.EINVAL):  # already gone with its qdisc
+                        raise
         finally:
             ipr.close()
 

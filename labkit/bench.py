@@ -21,6 +21,13 @@ GC batch / per-entry       <= 0.2 (5x faster)
 Reported without a target: the request rate of the external client to a
 LoadBalancer VIP in dsr and in snat mode, two labs side by side, rounds
 alternating, and their ratio.
+
+kube-proxy's iptables mode against eBPF, at 100 / 1,000 / 5,000 / 10,000 /
+50,000 services (``SCALE_SIZES``): first-packet latency (median connect() to
+the last-added service; target: eBPF grows <= 10% from 100 to 10,000) and the
+cost of adding one endpoint (iptables-restore of the whole table vs one agent
+call); and iperf3 throughput pod to pod, same node and across nodes, with the
+datapath attached vs the same lab with its tc programs removed (target >= 85%).
 """
 from __future__ import annotations
 
@@ -37,7 +44,11 @@ __all__ = ["main", "TARGETS"]
 
 TARGETS = {"up_s": 5.0, "down_s": 1.0, "reset_s": 0.3, "ct_list_s": 0.2, "step_s": 0.15, "table_refresh_1000_s": 0.1,
            "backend_update_50k_s": 0.001, "first_packet_ratio_50k_vs_10": 1.1, "gc_batch_1m_s": 2.0,
-           "gc_batch_over_per_entry": 0.2}
+           "gc_batch_over_per_entry": 0.2, "ebpf_first_packet_growth_100_to_10k": 1.1,
+           "no_bpf_over_bpf_throughput": round(1 / 0.85, 4)}
+#: Numbers of services of the kube-proxy comparison (each size: both modes, side by side).
+SCALE_SIZES = (100, 1000, 5000, 10000, 50000)
+THROUGHPUT_SECONDS = 3
 #: CT entries the GC measurement fills in (half of them expired), and the map size that holds them.
 GC_ENTRIES = 1_000_000
 GC_MAP_SIZE = 2 ** 21
@@ -106,11 +117,18 @@ def measure(runs: int) -> dict:
     medians = {k: round(statistics.median(v), 6) for k, v in samples.items()}
     medians["first_packet_ratio_50k_vs_10"] = round(scale["ratio"], 3)
     lb_modes = _lb_mode_rates(max(runs, 1))
+    kube_proxy = _kube_proxy_scale(SCALE_SIZES)
+    medians["ebpf_first_packet_growth_100_to_10k"] = kube_proxy["ebpf_growth"]
+    throughput = _throughput(THROUGHPUT_SECONDS)
+    medians["no_bpf_over_bpf_throughput"] = round(
+        max(1 / throughput[p]["share"] for p in ("same_node", "across_nodes")), 4)
     gc = _gc_scale(max(min(runs, 3), 1))
     samples["gc_batch_1m_s"] = gc["batch_s"]
     medians["gc_batch_1m_s"] = round(statistics.median(gc["batch_s"]), 4)
     medians["gc_batch_over_per_entry"] = round(medians["gc_batch_1m_s"] / statistics.median(gc["per_entry_s"]), 4)
     return {
+        "kube_proxy": kube_proxy,
+        "throughput": throughput,
         "gc": gc,
         "lb_modes": lb_modes,
         "services": {k: v for k, v in scale.items() if k != "backend_update_s"},
@@ -265,6 +283,122 @@ def _gc_scale(rounds: int) -> dict:
             "speedup": round(statistics.median(times["per-entry"]) / statistics.median(times["batch"]), 2)}
 
 
+def _synthetic_services(n: int) -> list:
+    """``n`` one-endpoint ClusterIP services (b1:8080) on VIPs from 198.19.1.1, as Service objects."""
+    import ipaddress
+
+    from .services import Backend, Service
+
+    base = int(ipaddress.IPv4Address("198.19.1.1"))
+    return [Service(f"s{i}", str(ipaddress.IPv4Address(base + i)), 80, "TCP", (Backend("b1", 8080),), id=i + 1)
+            for i in range(n)]
+
+
+def _kube_proxy_scale(sizes: tuple[int, ...]) -> dict:
+    """At each size, side by side: an iptables-mode lab with that many services in node-a's nat table and an
+    eBPF lab with as many in its maps. First packet: median connect() of 200 from a1 to the last-added service.
+    Adding one endpoint: iptables-restore of the whole table with one more endpoint, vs one agent call."""
+    from dataclasses import replace as _replace
+
+    from .config import DatapathConfig
+    from .kubeproxy import nat_table, restore
+    from .lab import Lab
+    from .services import Backend
+
+    names = {"iptables": "bench-ipt", "ebpf": "bench-ebpf"}
+    out = {"sizes": list(sizes), "iptables": {}, "ebpf": {}}
+    labs = {}
+    try:
+        for mode, name in names.items():
+            Lab.cleanup(name)
+            labs[mode] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, service_mode=mode,
+                                                            lb_map_size=131072))
+        ebpf = labs["ebpf"]
+        ebpf.services.add("probe", 80, ["b2:8080"], vip="198.19.0.9")
+        for n in sizes:
+            svcs = _synthetic_services(n)
+            text = nat_table(svcs, labs["iptables"].topology)
+            t = time.perf_counter()
+            restore(labs["iptables"].topology.netns("node-a"), text)
+            restore_s = time.perf_counter() - t
+            first_ipt = _first_packet(labs["iptables"], svcs[-1].vip, 200)
+            grown = svcs[:-1] + [_replace(svcs[-1], backends=svcs[-1].backends + (Backend("b2", 8080),))]
+            text2 = nat_table(grown, labs["iptables"].topology)
+            t = time.perf_counter()
+            restore(labs["iptables"].topology.netns("node-a"), text2)
+            endpoint_ipt = time.perf_counter() - t
+            _bulk_services(ebpf, n, write=True)
+            first_ebpf = _first_packet(ebpf, svcs[-1].vip, 200)
+            t = time.perf_counter()
+            ebpf.services.add_backend("probe", "b1:8080")
+            endpoint_ebpf = time.perf_counter() - t
+            ebpf.services.remove_backend("probe", "b1:8080")
+            _bulk_services(ebpf, n, write=False)
+            out["iptables"][n] = {"first_packet_s": round(first_ipt, 7), "add_endpoint_s": round(endpoint_ipt, 5),
+                                  "restore_s": round(restore_s, 4), "rules": text.count("\n-A ")}
+            out["ebpf"][n] = {"first_packet_s": round(first_ebpf, 7), "add_endpoint_s": round(endpoint_ebpf, 6)}
+    finally:
+        for name in names.values():
+            Lab.cleanup(name)
+    small, big = min(sizes), max((s for s in sizes if s <= 10000), default=max(sizes))
+    out["ebpf_growth"] = round(out["ebpf"][big]["first_packet_s"] / out["ebpf"][small]["first_packet_s"], 3)
+    out["iptables_growth"] = round(out["iptables"][big]["first_packet_s"] / out["iptables"][small]["first_packet_s"], 3)
+    out["growth_sizes"] = [small, big]
+    return out
+
+
+_IPERF_JSON_KEY = ("end", "sum_received", "bits_per_second")
+
+
+def _iperf(lab, client: str, server: str, seconds: int) -> float:
+    """Bits per second from ``client`` to ``server`` (iperf3, one stream)."""
+    import json
+    import subprocess
+
+    srv = lab.popen(server, ["iperf3", "-s", "-1", "-p", "5201"], stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        r = lab.exec(client, ["iperf3", "-c", lab.pod(server).ip, "-p", "5201", "-t", str(seconds), "-J"],
+                     timeout=seconds + 30)
+        data = json.loads(r.stdout)
+        for k in _IPERF_JSON_KEY:
+            data = data[k]
+        return float(data)
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+def _throughput(seconds: int) -> dict:
+    """iperf3 a1 → a2 (same node) and a1 → b1 (across, native routing) with the datapath attached, then the
+    same lab with every tc program removed (clsact qdiscs deleted), medians of three runs each."""
+    import statistics as st
+
+    from .config import DatapathConfig
+    from .lab import Lab
+    from .ledger import Ledger
+
+    name = "bench-tput"
+    Lab.cleanup(name)
+    lab = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False))
+    out = {}
+    try:
+        lab.trace_mode("none")  # the datapath's work, not the monitor's
+        for phase in ("bpf", "no_bpf"):
+            if phase == "no_bpf":
+                for e in Ledger(name).entries("qdisc"):
+                    lab.exec(e["netns"].removeprefix(f"lk-{name}-"), ["tc", "qdisc", "del", "dev", e["ifname"],
+                                                                      "clsact"])
+            for pair, (a, b) in (("same_node", ("a1", "a2")), ("across_nodes", ("a1", "b1"))):
+                out.setdefault(pair, {})[phase] = st.median(_iperf(lab, a, b, seconds) for _ in range(3))
+    finally:
+        Lab.cleanup(name)
+    for pair in ("same_node", "across_nodes"):
+        out[pair]["share"] = round(out[pair]["bpf"] / out[pair]["no_bpf"], 3)
+    return out
+
+
 def _service_scale(lab) -> dict:
     """Backend add/remove cost and first-packet time with 10 vs 50,000 services loaded."""
     lab.reset()
@@ -303,7 +437,7 @@ def report(result: dict) -> str:
     lines = ["| measure | median | target | ok |", "|---|---|---|---|"]
     for key, target in TARGETS.items():
         value = result["median"][key]
-        unit = "" if key.startswith("first_packet_ratio") or key == "gc_batch_over_per_entry" else " s"
+        unit = "" if not key.endswith("_s") else " s"
         name = key[:-2] if key.endswith("_s") else key
         lines.append(f"| {name} | {value:.4f}{unit} | <= {target}{unit} | {'yes' if value <= target else 'NO'} |")
     lines.append("")
@@ -318,6 +452,23 @@ def report(result: dict) -> str:
     lines.append(f"GC of a CT map with {gc['entries']:,} entries, half expired (median of {gc['rounds']}): batch "
                  f"{statistics.median(gc['batch_s']):.3f} s, per-entry {statistics.median(gc['per_entry_s']):.3f} s, "
                  f"batch {gc['speedup']}x faster")
+    kp = result["kube_proxy"]
+    lines.append("")
+    lines.append("| services | first packet, iptables | first packet, eBPF | add one endpoint, iptables "
+                 "(restore the table) | add one endpoint, eBPF (agent call) |")
+    lines.append("|---|---|---|---|---|")
+    for n in kp["sizes"]:
+        i, e = kp["iptables"][n], kp["ebpf"][n]
+        lines.append(f"| {n:,} | {i['first_packet_s'] * 1e6:.0f} µs | {e['first_packet_s'] * 1e6:.0f} µs | "
+                     f"{i['add_endpoint_s'] * 1e3:.1f} ms ({i['rules']:,} rules) | {e['add_endpoint_s'] * 1e3:.2f} ms |")
+    small, big = kp["growth_sizes"]
+    lines.append(f"first-packet growth from {small:,} to {big:,} services: eBPF x{kp['ebpf_growth']}, "
+                 f"iptables x{kp['iptables_growth']}")
+    tp = result["throughput"]
+    lines.append("")
+    lines.append(" ".join(f"iperf3 {pair.replace('_', ' ')}: {tp[pair]['bpf'] / 1e9:.2f} Gbit/s with the datapath, "
+                          f"{tp[pair]['no_bpf'] / 1e9:.2f} without ({tp[pair]['share']:.0%});"
+                          for pair in ("same_node", "across_nodes")))
     lb = result["lb_modes"]
     lines.append(f"ext -> LoadBalancer VIP, backend on the other node, {lb['requests_per_round']} requests "
                  f"(connect, GET, answer, close) per round, median of {lb['rounds']} alternating rounds: "

@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how a node hands outside traffic to a backend on another node: dsr (default: the "
                         "backend's node answers the client), snat (the reply comes back through the node) or "
                         "hybrid (DSR for TCP, SNAT for UDP)")
+    p.add_argument("--service-mode", choices=("ebpf", "iptables"), default=None,
+                   help="where Services live: ebpf (default, the cilium_lb4_* maps) or iptables (kube-proxy's nat "
+                        "table in every node, Linux conntrack; the BPF programs still track pod traffic)")
     p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
                    help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (default, fits on "
                         f"screen) to {MAGLEV_TABLE_SIZES[-1]}; Cilium's default is 16381")
@@ -255,6 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", action="store_true", help="also print every slot's backend id, 16 to a line")
     p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_lb_maglev)
+
+    p = add("conntrack", "a node's Linux conntrack rows (`conntrack -L` in its namespace)",
+            description="The Linux conntrack entries of NODE's namespace: original and reply tuple, state, "
+                        "timeout. In --service-mode iptables they carry the Services' DNAT and masquerade.")
+    p.add_argument("node", metavar="NODE", help="the node (node-a, node-b, ...)")
+    p.add_argument("--json", action="store_true", help="a JSON list of rows")
+    p.add_argument("--show-command", action="store_true", help="first print the real commands, as '# ' lines")
+    p.set_defaults(func=cmd_conntrack)
 
     pod = add("pod", "pods of the lab").add_subparsers(dest="pod_command", metavar="COMMAND", required=True)
     p = pod.add_parser("del", help="delete a pod: its endpoints, CT and NAT entries everywhere, its namespace",
@@ -374,6 +385,8 @@ def cmd_up(args) -> int:
         changes["lb_mode"] = args.lb_mode
     if args.maglev_table_size is not None:
         changes["maglev_table_size"] = args.maglev_table_size
+    if args.service_mode is not None:
+        changes["service_mode"] = args.service_mode
     config = DatapathConfig().with_options(**changes)
     print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
     t0 = time.time()
@@ -433,6 +446,8 @@ def cmd_status(args) -> int:
         ["lab", f"{st['lab']} ({st['status']})"],
         ["routing", st["routing"]],
         ["socket LB", st.get("socket_lb", "-")],
+        ["services", f"{st['datapath'].get('service_mode', 'ebpf')} "
+                     f"({'kube-proxy nat table, Linux conntrack' if st['datapath'].get('service_mode') == 'iptables' else 'cilium_lb4_* maps'})"],
         ["LB mode", f"{st['datapath'].get('lb_mode', '-')} (Maglev tables of "
                     f"{st['datapath'].get('maglev_table_size', '-')} slots)"],
         ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
@@ -714,6 +729,24 @@ def cmd_lb_maglev(args) -> int:
             for i in range(0, len(ids), 16):
                 print(f"  {i:>6}: " + " ".join(f"{b:>3}" for b in ids[i:i + 16]))
     return 0 if ok else 1
+
+
+def cmd_conntrack(args) -> int:
+    from dataclasses import asdict
+
+    lab = _attach(args)
+    rows = lab.conntrack(args.node)
+    if args.show_command:
+        for command in lab.conntrack_command(args.node):
+            print(f"# {command}", file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        _print_json([asdict(r) for r in rows])
+        return 0
+    for r in rows:
+        print(r.line())
+    if not rows:
+        print(f"no TCP or UDP conntrack entries in {args.node}")
+    return 0
 
 
 def cmd_pod_del(args) -> int:

@@ -100,6 +100,8 @@ class DatapathConfig:
     lb_mode: str = "dsr"  #: --bpf-lb-mode: snat, dsr or hybrid (DSR for TCP, SNAT for UDP)
     maglev_table_size: int = 251  #: --bpf-lb-maglev-table-size (Cilium's default is 16381)
     gc_timer: bool = True  #: the CT garbage collector's timer starts on (labkit/gc.py; `labkit gc timer`)
+    #: 'ebpf': Services in the cilium_lb4_* maps; 'iptables': kube-proxy's nat table on every node instead
+    service_mode: str = "ebpf"
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
@@ -111,6 +113,8 @@ class DatapathConfig:
         if self.maglev_table_size not in MAGLEV_TABLE_SIZES or isinstance(self.maglev_table_size, bool):
             raise ConfigError(f"Maglev table size: expected one of {', '.join(map(str, MAGLEV_TABLE_SIZES))}, "
                               f"got {self.maglev_table_size!r}")
+        if self.service_mode not in ("ebpf", "iptables"):
+            raise ConfigError(f"service mode: expected ebpf or iptables, got {self.service_mode!r}")
         if not isinstance(self.gc_timer, bool):
             raise ConfigError(f"gc_timer: expected True or False, got {self.gc_timer!r}")
         for name in ("ct_tcp_size", "ct_any_size", "lb_map_size"):

@@ -756,6 +756,19 @@ class Lab:
         with PinnedMap(f"{self.pin_dir(node)}/{NAT_MAP}", NatKey4, NatEntry) as m:
             return [NatRow.of(k, v) for k, v in m.items()]
 
+    def conntrack(self, node: str) -> list:
+        """Linux conntrack rows of ``node``'s namespace (``conntrack -L`` there): what kube-proxy's iptables mode
+        relies on, beside the BPF CT rows of :meth:`ct`. (:class:`labkit.kubeproxy.ConntrackRow`)"""
+        from .kubeproxy import parse_conntrack
+
+        self.topology.node(node)
+        return parse_conntrack(self.exec(node, ["conntrack", "-L"], check=True).stdout)
+
+    def conntrack_command(self, node: str) -> list[str]:
+        """The real commands behind :meth:`conntrack` and the nat table of iptables mode."""
+        ns = self.topology.netns(node)
+        return [f"ip netns exec {ns} conntrack -L", f"ip netns exec {ns} iptables-save -t nat"]
+
     def nat_command(self, node: str) -> list[str]:
         """The real command that shows the same rows."""
         return [f"bpftool map dump pinned {self.pin_dir(node)}/{NAT_MAP}"]

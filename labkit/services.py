@@ -56,6 +56,7 @@ import ipaddress
 import json
 import os
 import re
+import subprocess
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, Protocol, Sequence
 
@@ -504,6 +505,16 @@ class MemoryStore:
         yield
 
 
+class _MemoryTables:
+    """Where an in-memory agent in iptables mode puts its nat tables: the newest text per node."""
+
+    def __init__(self):
+        self.text: dict[str, str] = {}
+
+    def __call__(self, node: str, text: str) -> None:
+        self.text[node] = text
+
+
 # -- the agent's state -------------------------------------------------------------
 @dataclass(frozen=True)
 class _State:
@@ -702,12 +713,16 @@ class Services:
     """
 
     def __init__(self, lab: str, topology: Topology, maps: MapWriter, store: ServiceStore,
-                 maglev_m: int = LAB_DEFAULT_M):
+                 maglev_m: int = LAB_DEFAULT_M, mode: str = "ebpf", tables=None):
         self.lab = lab
         self.topology = topology
         self.maps = maps
         self.store = store
         self.maglev_m = maglev_m  #: the lab's Maglev table size (its datapath was compiled for it)
+        #: 'ebpf' (the cilium_lb4_* maps) or 'iptables' (kube-proxy's nat table on every node, no LB map entry)
+        self.mode = mode
+        #: iptables mode: ``tables(node, text)`` installs a whole nat table; in memory: the last text per node
+        self.tables = tables if tables is not None else _MemoryTables()
 
     def __repr__(self) -> str:
         return f"Services(lab={self.lab!r}, services={[s.name for s in self.list()]})"
@@ -716,8 +731,12 @@ class Services:
     def for_lab(cls, lab) -> "Services":
         """The agent of a running :class:`~labkit.lab.Lab`: its pinned maps, its services.json."""
         pins = {n.name: lab.pin_dir(n.name) for n in lab.topology.nodes}
+        from .kubeproxy import restore
+
         m = lab.config.maglev_table_size
-        return cls(lab.name, lab.topology, PinnedMaps(pins, m), JsonStore(lab.name), m)
+        mode = getattr(lab.config, "service_mode", "ebpf")
+        tables = lambda node, text: restore(lab.topology.netns(node), text)  # noqa: E731
+        return cls(lab.name, lab.topology, PinnedMaps(pins, m), JsonStore(lab.name), m, mode, tables)
 
     @classmethod
     def in_memory(cls, topology: Topology) -> "Services":
@@ -943,6 +962,8 @@ class Services:
 
     def _commit(self, old: _State, new: _State, name: str, what: str) -> None:
         """Write the difference between two states to every node, then save ``new``."""
+        if self.mode == "iptables":
+            return self._commit_iptables(old, new, what)
         was, now = old.services.get(name), new.services.get(name)
         grow = now is not None and (was is None or len(now.active) >= len(was.active))
         txn = _Txn(self.maps)
@@ -966,6 +987,38 @@ class Services:
             raise
         finally:
             self.maps.close()
+
+    def _commit_iptables(self, old: _State, new: _State, what: str) -> None:
+        """kube-proxy's way: the whole nat table for ``new`` on every node, then save ``new``; on a failure the
+        nodes already rewritten get ``old``'s table back."""
+        from .kubeproxy import nat_table
+
+        text, done = nat_table(new.services.values(), self.topology), []
+        try:
+            for node in (n.name for n in self.topology.nodes):
+                self.tables(node, text)
+                done.append(node)
+            self.store.save(new.to_json())
+        except BaseException as exc:
+            previous = nat_table(old.services.values(), self.topology)
+            for node in done:
+                try:
+                    self.tables(node, previous)
+                except (OSError, LabkitError):
+                    pass
+            if isinstance(exc, LabkitError) and not isinstance(exc, DatapathError):
+                raise
+            raise DatapathError(f"{what}: {exc}; the nat tables are as they were") from exc
+
+    def iptables(self, node: str) -> str:
+        """The nat table kube-proxy mode wrote for ``node`` (``iptables-save -t nat`` in its namespace)."""
+        self.topology.node(node)
+        if isinstance(self.tables, _MemoryTables):
+            return self.tables.text.get(node, "")
+        from . import _netns
+
+        return subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True,
+                              preexec_fn=_netns.preexec(self.topology.netns(node), None, new_session=False)).stdout
 
     def _forget_affinity(self, svc: Service, backend_ids: set[int]) -> None:
         """Drop clients' affinity to backends that left ``svc`` (best effort: it is a cache)."""

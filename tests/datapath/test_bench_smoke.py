@@ -13,6 +13,8 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "LB_REQUESTS", 30)
     monkeypatch.setattr(bench, "GC_ENTRIES", 20_000)
     monkeypatch.setattr(bench, "GC_MAP_SIZE", 65_536)
+    monkeypatch.setattr(bench, "SCALE_SIZES", (100, 300))
+    monkeypatch.setattr(bench, "THROUGHPUT_SECONDS", 1)
     assert bench.main(["--runs", "1", "--out", str(tmp_path)]) in (0, 1)  # 1: a target missed on a busy machine
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(bench.TARGETS) <= set(result["median"])
@@ -25,3 +27,10 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     assert "ratio dsr/snat" in table and "GC of a CT map with 20,000 entries" in table
     assert result["gc"]["read_deleted"] == {"batch": [20_000, 10_000], "per-entry": [20_000, 10_000]}
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in bench.LB_MODE_LABS.values())
+    kp = result["kube_proxy"]
+    assert set(kp["iptables"]) == set(kp["ebpf"]) == {"100", "300"}  # JSON keys
+    assert all(kp[m][n]["first_packet_s"] > 0 for m in ("iptables", "ebpf") for n in ("100", "300"))
+    assert "| 300 |" in table and "iperf3 same node" in table
+    assert all(result["throughput"][p]["bpf"] > 0 and result["throughput"][p]["no_bpf"] > 0
+               for p in ("same_node", "across_nodes"))
+    assert not any(_netns.exists(f"lk-{name}-node-a") for name in ("bench-ipt", "bench-ebpf", "bench-tput"))
