@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main", "TARGETS"]
+__all__ = ["main", "TARGETS", "compare_service_modes"]
 
 TARGETS = {"up_s": 5.0, "down_s": 1.0, "reset_s": 0.3, "ct_list_s": 0.2, "step_s": 0.15, "table_refresh_1000_s": 0.1,
            "backend_update_50k_s": 0.001, "first_packet_ratio_50k_vs_10": 1.1, "gc_batch_1m_s": 2.0,
@@ -117,7 +117,7 @@ def measure(runs: int) -> dict:
     medians = {k: round(statistics.median(v), 6) for k, v in samples.items()}
     medians["first_packet_ratio_50k_vs_10"] = round(scale["ratio"], 3)
     lb_modes = _lb_mode_rates(max(runs, 1))
-    kube_proxy = _kube_proxy_scale(SCALE_SIZES)
+    kube_proxy = compare_service_modes(SCALE_SIZES)
     medians["ebpf_first_packet_growth_100_to_10k"] = kube_proxy["ebpf_growth"]
     throughput = _throughput(THROUGHPUT_SECONDS)
     medians["no_bpf_over_bpf_throughput"] = round(
@@ -294,10 +294,19 @@ def _synthetic_services(n: int) -> list:
             for i in range(n)]
 
 
-def _kube_proxy_scale(sizes: tuple[int, ...]) -> dict:
+def compare_service_modes(sizes: tuple[int, ...], progress=None) -> dict:
     """At each size, side by side: an iptables-mode lab with that many services in node-a's nat table and an
     eBPF lab with as many in its maps. First packet: median connect() of 200 from a1 to the last-added service.
-    Adding one endpoint: iptables-restore of the whole table with one more endpoint, vs one agent call."""
+    Adding one endpoint: iptables-restore of the whole table with one more endpoint, vs one agent call.
+    ``progress(done, total, text)`` is called after each step (lab 09 draws a progress bar with it)."""
+    total, done = 2 + len(sizes), 0
+
+    def tick(text: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, text)
+
     from dataclasses import replace as _replace
 
     from .config import DatapathConfig
@@ -313,6 +322,7 @@ def _kube_proxy_scale(sizes: tuple[int, ...]) -> dict:
             Lab.cleanup(name)
             labs[mode] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, service_mode=mode,
                                                             lb_map_size=131072))
+            tick(f"{mode} lab up")
         ebpf = labs["ebpf"]
         ebpf.services.add("probe", 80, ["b2:8080"], vip="198.19.0.9")
         for n in sizes:
@@ -337,6 +347,7 @@ def _kube_proxy_scale(sizes: tuple[int, ...]) -> dict:
             out["iptables"][n] = {"first_packet_s": round(first_ipt, 7), "add_endpoint_s": round(endpoint_ipt, 5),
                                   "restore_s": round(restore_s, 4), "rules": text.count("\n-A ")}
             out["ebpf"][n] = {"first_packet_s": round(first_ebpf, 7), "add_endpoint_s": round(endpoint_ebpf, 6)}
+            tick(f"{n:,} services measured")
     finally:
         for name in names.values():
             Lab.cleanup(name)
