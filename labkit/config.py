@@ -50,6 +50,8 @@ LAB_DIFFERENCES = (
     "the reply is SNATed to the frontend at to-netdev of the backend's node",
     "the CT garbage collector's interval runs on the lab clock (checked every second), so `labkit clock "
     "advance` brings the next run forward; Cilium's runs on wall-clock time",
+    "--service-mode iptables writes kube-proxy's nat table without --random-fully on MASQUERADE (a masqueraded "
+    "flow keeps its port), and no rules for a Service without endpoints (kube-proxy REJECTs in the filter table)",
 )
 
 

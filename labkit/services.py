@@ -470,7 +470,7 @@ class JsonStore:
             for p in (self.path, tmp):  # into the ledger before it exists, so teardown removes it
                 if str(p) not in recorded:
                     self._ledger.record("file", path=str(p))
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.write_text(json.dumps(data, sort_keys=True, separators=(",", ":")))  # compact: the C encoder, fast
         os.replace(tmp, self.path)
 
     @contextlib.contextmanager
@@ -600,17 +600,18 @@ def _entries(state: _State, topo: Topology, node: str, maglev_m: int = LAB_DEFAU
     out: _Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}}
     backends: dict[int, tuple[str, int, str, bool]] = {}
     for svc in state.services.values():
+        slots = svc.slots  # once per service: every frontend lists the same backends
+        n_active = sum(b.state == "active" for b in slots)
         for fe in svc.frontends:  # each its own head, slots and reverse NAT; the same backends
-            flags, flags2 = fe.flags(svc.affinity_timeout), ServiceFlags2(0)
-            slots = svc.slots
-            scopes = [(LookupScope.EXT, slots)]
+            flags, flags2 = int(fe.flags(svc.affinity_timeout)), 0
+            scopes = [(LookupScope.EXT, slots, n_active)]
             if svc.local_scope(fe):
                 flags |= ServiceFlags.EXT_LOCAL_SCOPE
                 flags2 |= ServiceFlags2.TWO_SCOPES
                 here = tuple(b for b in slots if topo.pod(b.pod).node == node)
-                scopes = [(LookupScope.EXT, here), (LookupScope.INT, slots)]
-            for scope, listed in scopes:
-                active = sum(b.state == "active" for b in listed)
+                scopes = [(LookupScope.EXT, here, sum(b.state == "active" for b in here)),
+                          (LookupScope.INT, slots, n_active)]
+            for scope, listed, active in scopes:
                 head_key = Lb4Key.make(fe.address, fe.port, svc.protocol, scope=scope)
                 head = Lb4Service.head(active, fe.id, flags, flags2, svc.affinity_timeout)
                 out[SERVICES_MAP][bytes(head_key)] = (head_key, head)
@@ -619,11 +620,12 @@ def _entries(state: _State, topo: Topology, node: str, maglev_m: int = LAB_DEFAU
                     out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, fe.id, flags, flags2))
             rn_key = Lb4RevNatKey.make(fe.id)
             out[REVNAT_MAP][bytes(rn_key)] = (rn_key, Lb4ReverseNat.make(fe.address, fe.port))
-            ext_active = [b for b in scopes[0][1] if b.state == "active"]
-            if svc.algorithm == "maglev" and ext_active:
-                table = lookup_table({f"{topo.pod(b.pod).ip}:{b.port}": b.id for b in ext_active}, maglev_m)
-                out[MAGLEV_MAP][bytes(rn_key)] = (rn_key, MaglevLut(table))
-        for b in svc.slots:
+            if svc.algorithm == "maglev":
+                ext_active = [b for b in scopes[0][1] if b.state == "active"]
+                if ext_active:
+                    table = lookup_table({f"{topo.pod(b.pod).ip}:{b.port}": b.id for b in ext_active}, maglev_m)
+                    out[MAGLEV_MAP][bytes(rn_key)] = (rn_key, MaglevLut(table))
+        for b in slots:
             ip = topo.pod(b.pod).ip
             was_active = backends.get(b.id, (ip, b.port, svc.protocol, False))[3]
             backends[b.id] = (ip, b.port, svc.protocol, was_active or b.state == "active")
@@ -968,11 +970,16 @@ class Services:
         grow = now is not None and (was is None or len(now.active) >= len(was.active))
         txn = _Txn(self.maps)
         node = op = None
+        # Nodes differ only for externalTrafficPolicy=Local: otherwise one plan serves every node.
+        per_node = any(s.etp == "Local" for st in (old, new) for s in st.services.values())
+        plans: dict[str | None, list[_Op]] = {}
         try:
             for node in (n.name for n in self.topology.nodes):
-                before = _entries(old, self.topology, node, self.maglev_m)
-                after = _entries(new, self.topology, node, self.maglev_m)
-                for op in _plan(before, after, grow):
+                which = node if per_node else None
+                if which not in plans:
+                    plans[which] = _plan(_entries(old, self.topology, node, self.maglev_m),
+                                         _entries(new, self.topology, node, self.maglev_m), grow)
+                for op in plans[which]:
                     txn.apply(node, op)
             op = None
             self.store.save(new.to_json())
