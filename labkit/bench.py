@@ -54,7 +54,7 @@ GC_ENTRIES = 1_000_000
 GC_MAP_SIZE = 2 ** 21
 SERVICES_AT_SCALE = 50_000
 #: 50,000 services need 100,000 slots: more than Cilium's default --bpf-lb-map-max (65536), as on a real node.
-BENCH_CONFIG = {"lb_map_size": 131072}
+BENCH_CONFIG = {"lb_map_size": 131072, "gc_timer": False}
 LAB = "bench"
 #: The two labs of the dsr/snat comparison: native routing, so the only difference is the LB mode.
 LB_MODE_LABS = {"dsr": "bench-dsr", "snat": "bench-snat"}
@@ -115,11 +115,13 @@ def measure(runs: int) -> dict:
     samples = {"up_s": ups, "down_s": downs, "reset_s": resets, "ct_list_s": ct_list, "step_s": steps,
                "table_refresh_1000_s": refreshes, "backend_update_50k_s": scale["backend_update_s"]}
     medians = {k: round(statistics.median(v), 6) for k, v in samples.items()}
-    medians["first_packet_ratio_50k_vs_10"] = round(scale["ratio"], 3)
+    ratio_50k = _first_packet_side_by_side(10, SERVICES_AT_SCALE + 10, rounds=max(runs, 3))
+    medians["first_packet_ratio_50k_vs_10"] = ratio_50k["ratio"]
     lb_modes = _lb_mode_rates(max(runs, 1))
     kube_proxy = compare_service_modes(SCALE_SIZES)
-    medians["ebpf_first_packet_growth_100_to_10k"] = kube_proxy["ebpf_growth"]
-    throughput = _throughput(THROUGHPUT_SECONDS)
+    growth = _first_packet_side_by_side(100, 10_000, rounds=max(runs, 3))
+    medians["ebpf_first_packet_growth_100_to_10k"] = growth["ratio"]
+    throughput = _throughput(THROUGHPUT_SECONDS, rounds=max(min(runs, 5), 1))
     medians["no_bpf_over_bpf_throughput"] = round(
         max(1 / throughput[p]["share"] for p in ("same_node", "across_nodes")), 4)
     gc = _gc_scale(max(min(runs, 3), 1))
@@ -127,6 +129,7 @@ def measure(runs: int) -> dict:
     medians["gc_batch_1m_s"] = round(statistics.median(gc["batch_s"]), 4)
     medians["gc_batch_over_per_entry"] = round(medians["gc_batch_1m_s"] / statistics.median(gc["per_entry_s"]), 4)
     return {
+        "first_packet_side_by_side": {"10_vs_50k": ratio_50k, "100_vs_10k": growth},
         "kube_proxy": kube_proxy,
         "throughput": throughput,
         "gc": gc,
@@ -283,6 +286,33 @@ def _gc_scale(rounds: int) -> dict:
             "speedup": round(statistics.median(times["per-entry"]) / statistics.median(times["batch"]), 2)}
 
 
+def _first_packet_side_by_side(small: int, big: int, rounds: int) -> dict:
+    """First-packet time to the last-added service with ``small`` and with ``big`` services loaded: two eBPF
+    labs up at once, rounds alternating (median connect() of 200 each), the ratio of the medians."""
+    from .config import DatapathConfig
+    from .lab import Lab
+
+    names = {small: "bench-fp-small", big: "bench-fp-big"}
+    labs, vips, times = {}, {}, {small: [], big: []}
+    try:
+        for n, name in names.items():
+            Lab.cleanup(name)
+            labs[n] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, lb_map_size=131072))
+            labs[n].trace_mode("none")
+            _bulk_services(labs[n], n, write=True)
+            vips[n] = _synthetic_services(n)[-1].vip
+        for _ in range(rounds):
+            for n in (small, big):
+                times[n].append(_first_packet(labs[n], vips[n], 200))
+    finally:
+        for name in names.values():
+            Lab.cleanup(name)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    return {"small": small, "big": big, "rounds": rounds, "median_s": {str(n): round(v, 7) for n, v in med.items()},
+            "samples_s": {str(n): [round(x, 7) for x in t] for n, t in times.items()},
+            "ratio": round(med[big] / med[small], 3)}
+
+
 def _synthetic_services(n: int) -> list:
     """``n`` one-endpoint ClusterIP services (b1:8080) on VIPs from 198.19.1.1, as Service objects."""
     import ipaddress
@@ -370,7 +400,7 @@ def _iperf(lab, client: str, server: str, seconds: int) -> float:
                     stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.3)
-        r = lab.exec(client, ["iperf3", "-c", lab.pod(server).ip, "-p", "5201", "-t", str(seconds), "-J"],
+        r = lab.exec(client, ["iperf3", "-c", lab.pod(server).ip, "-p", "5201", "-t", str(seconds), "-O", "1", "-J"],
                      timeout=seconds + 30)
         data = json.loads(r.stdout)
         for k in _IPERF_JSON_KEY:
@@ -381,32 +411,39 @@ def _iperf(lab, client: str, server: str, seconds: int) -> float:
         srv.wait()
 
 
-def _throughput(seconds: int) -> dict:
-    """iperf3 a1 → a2 (same node) and a1 → b1 (across, native routing) with the datapath attached, then the
-    same lab with every tc program removed (clsact qdiscs deleted), medians of three runs each."""
+def _throughput(seconds: int, rounds: int = 3) -> dict:
+    """iperf3 a1 → a2 (same node) and a1 → b1 (across, native routing): a lab with its datapath and the same
+    lab built again with every tc program removed (clsact qdiscs deleted), both up at once, rounds
+    alternating; medians."""
     import statistics as st
 
     from .config import DatapathConfig
     from .lab import Lab
     from .ledger import Ledger
 
-    name = "bench-tput"
-    Lab.cleanup(name)
-    lab = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False))
-    out = {}
+    names = {"bpf": "bench-tput", "no_bpf": "bench-plain"}
+    labs, samples = {}, {}
     try:
-        lab.trace_mode("none")  # the datapath's work, not the monitor's
-        for phase in ("bpf", "no_bpf"):
-            if phase == "no_bpf":
-                for e in Ledger(name).entries("qdisc"):
-                    lab.exec(e["netns"].removeprefix(f"lk-{name}-"), ["tc", "qdisc", "del", "dev", e["ifname"],
-                                                                      "clsact"])
+        for phase, name in names.items():
+            Lab.cleanup(name)
+            labs[phase] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False))
+            labs[phase].trace_mode("none")  # the datapath's work, not the monitor's
+        for e in Ledger(names["no_bpf"]).entries("qdisc"):
+            labs["no_bpf"].exec(e["netns"].removeprefix(f"lk-{names['no_bpf']}-"),
+                                ["tc", "qdisc", "del", "dev", e["ifname"], "clsact"])
+        for _ in range(rounds):
             for pair, (a, b) in (("same_node", ("a1", "a2")), ("across_nodes", ("a1", "b1"))):
-                out.setdefault(pair, {})[phase] = st.median(_iperf(lab, a, b, seconds) for _ in range(3))
+                for phase, lab in labs.items():
+                    samples.setdefault(pair, {}).setdefault(phase, []).append(_iperf(lab, a, b, seconds))
     finally:
-        Lab.cleanup(name)
-    for pair in ("same_node", "across_nodes"):
+        for name in names.values():
+            Lab.cleanup(name)
+    out = {}
+    for pair, by_phase in samples.items():
+        out[pair] = {phase: st.median(v) for phase, v in by_phase.items()}
         out[pair]["share"] = round(out[pair]["bpf"] / out[pair]["no_bpf"], 3)
+        out[pair]["samples"] = by_phase
+    out["rounds"] = rounds
     return out
 
 
@@ -455,10 +492,15 @@ def report(result: dict) -> str:
     lines.append(f"kernel {result['machine']['kernel']}, {result['machine']['cpus']} CPUs; "
                  f"ct list read {result['ct_rows_listed']} rows; runs per figure: {len(result['samples']['up_s'])} "
                  f"(up/down), {len(result['samples']['reset_s'])} (reset, ct list)")
-    sv = result["services"]
-    lines.append(f"first packet (median connect() of 300) to the last-added service: {sv['first_packet_10_s'] * 1e6:.0f} µs "
-                 f"with 10 services, {sv['first_packet_50k_s'] * 1e6:.0f} µs with 50,010 (loaded in "
-                 f"{sv['bulk_load_50k_s']} s); backend add/remove: median of 40 agent calls")
+    sv, fp = result["services"], result["first_packet_side_by_side"]
+    for key in ("10_vs_50k", "100_vs_10k"):
+        f = fp[key]
+        lines.append(f"first packet to the last-added service, {f['small']:,} vs {f['big']:,} services loaded (two "
+                     f"eBPF labs side by side, {f['rounds']} alternating rounds of 200 connect()): "
+                     f"{f['median_s'][str(f['small'])] * 1e6:.0f} µs vs {f['median_s'][str(f['big'])] * 1e6:.0f} µs, "
+                     f"ratio {f['ratio']}")
+    lines.append(f"backend add/remove with {sv.get('services_loaded', SERVICES_AT_SCALE + 10):,} services loaded: "
+                 f"median of 40 agent calls (50,000 services bulk-loaded in {sv['bulk_load_50k_s']} s)")
     gc = result["gc"]
     lines.append(f"GC of a CT map with {gc['entries']:,} entries, half expired (median of {gc['rounds']}): batch "
                  f"{statistics.median(gc['batch_s']):.3f} s, per-entry {statistics.median(gc['per_entry_s']):.3f} s, "
@@ -473,13 +515,14 @@ def report(result: dict) -> str:
         lines.append(f"| {n:,} | {i['first_packet_s'] * 1e6:.0f} µs | {e['first_packet_s'] * 1e6:.0f} µs | "
                      f"{i['add_endpoint_s'] * 1e3:.1f} ms ({i['rules']:,} rules) | {e['add_endpoint_s'] * 1e3:.2f} ms |")
     small, big = kp["growth_sizes"]
-    lines.append(f"first-packet growth from {small:,} to {big:,} services: eBPF x{kp['ebpf_growth']}, "
-                 f"iptables x{kp['iptables_growth']}")
+    lines.append(f"first-packet growth from {small:,} to {big:,} services in this table (one measurement per size; "
+                 f"the target uses the side-by-side figure): eBPF x{kp['ebpf_growth']}, iptables x{kp['iptables_growth']}")
     tp = result["throughput"]
     lines.append("")
     lines.append(" ".join(f"iperf3 {pair.replace('_', ' ')}: {tp[pair]['bpf'] / 1e9:.2f} Gbit/s with the datapath, "
                           f"{tp[pair]['no_bpf'] / 1e9:.2f} without ({tp[pair]['share']:.0%});"
-                          for pair in ("same_node", "across_nodes")))
+                          for pair in ("same_node", "across_nodes"))
+                 + f" medians of {tp['rounds']} alternating rounds, two labs side by side")
     lb = result["lb_modes"]
     lines.append(f"ext -> LoadBalancer VIP, backend on the other node, {lb['requests_per_round']} requests "
                  f"(connect, GET, answer, close) per round, median of {lb['rounds']} alternating rounds: "

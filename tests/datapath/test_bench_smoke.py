@@ -33,4 +33,5 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     assert "| 300 |" in table and "iperf3 same node" in table
     assert all(result["throughput"][p]["bpf"] > 0 and result["throughput"][p]["no_bpf"] > 0
                for p in ("same_node", "across_nodes"))
-    assert not any(_netns.exists(f"lk-{name}-node-a") for name in ("bench-ipt", "bench-ebpf", "bench-tput"))
+    assert not any(_netns.exists(f"lk-{name}-node-a") for name in ("bench-ipt", "bench-ebpf", "bench-tput",
+                                                                     "bench-plain", "bench-fp-small", "bench-fp-big"))

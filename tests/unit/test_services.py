@@ -415,7 +415,7 @@ def test_json_store_shared_between_agents(run_dir):
 
 
 def test_json_store_in_ledger_once(run_dir):
-    """services.json (and its temporary twin) are recorded in the ledger before the first write, once."""
+    """services.json is recorded in the ledger before the first write, once, and written in place (no twin)."""
     topo = Topology.default("demo")
     s = Services("demo", topo, MemoryMaps(n.name for n in topo.nodes), JsonStore("demo"))
     s.add("web", 80)
@@ -423,8 +423,8 @@ def test_json_store_in_ledger_once(run_dir):
     s.flush()
     paths = [e["path"] for e in ledger.Ledger("demo").entries("file")]
     assert paths.count(str(run_dir / "demo" / "services.json")) == 1
-    assert paths.count(str(run_dir / "demo" / "services.tmp")) == 1
-    assert not (run_dir / "demo" / "services.tmp").exists()
+    assert not [p for p in paths if p.endswith(".tmp")]
+    assert json.loads((run_dir / "demo" / "services.json").read_text())["services"] == []
 
 
 def test_lab_services_property(run_dir):
