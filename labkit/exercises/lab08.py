@@ -162,8 +162,12 @@ def gc_takes_live(answer, lab) -> Outcome:
     if run is None:
         return Outcome(False, "the GC has not run since the fault went on: run the break-it cell, then check.")
     tcp = sum(m["deleted"] for m in run["maps"] if m["map"] == CT_MAPS[0])
-    if any(r.proto_name == "TCP" and not r.related for n in ("node-a", "node-b") for r in lab.ct(n)):
-        return Outcome(False, "TCP rows are still there after the last run: run the break-it cell from the top.")
+    a1, b1 = lab.pod("a1").ip, lab.pod("b1").ip
+    left = [f"{n}: {r.line()[:80]}" for n in ("node-a", "node-b") for r in lab.ct(n)
+            if r.proto_name == "TCP" and not r.related and {r.src, r.dst} == {a1, b1} and r.lifetime >= run["now"]]
+    if left or tcp == 0:
+        return Outcome(False, f"idle's rows are not gone after the last run ({'; '.join(left) or 'it deleted none'}):"
+                              " run the break-it cell from the top.")
     if isinstance(answer, bool) or not isinstance(answer, int):
         return Outcome(False, f"expected a number of rows, got {answer!r}.")
     if answer == tcp:
