@@ -29,6 +29,7 @@ __all__ = [
     "update",
     "delete",
     "next_key",
+    "all_keys",
     "lookup_batch",
     "update_batch",
     "delete_batch",
@@ -167,6 +168,15 @@ def next_key(fd: int, key, out) -> bool:
             return False
         raise
     return True
+
+
+def all_keys(fd: int, key_size: int) -> list[bytes]:
+    """Every key of a map, one ``BPF_MAP_GET_NEXT_KEY`` at a time, as raw bytes."""
+    keys, prev, cur = [], None, ctypes.create_string_buffer(key_size)
+    while next_key(fd, prev, cur):
+        keys.append(cur.raw)
+        prev, cur = cur, ctypes.create_string_buffer(key_size)
+    return keys
 
 
 def lookup_batch(fd: int, keys, values, count: int, in_batch, out_batch) -> tuple[int, bool]:

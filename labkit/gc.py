@@ -242,7 +242,7 @@ def flush_address(pin_dir: str, ip: str) -> tuple[int, int]:
     for map_name in CT_MAPS:
         fd = open_pinned(f"{pin_dir}/{map_name}")
         try:
-            doomed = [k for k in _all_keys(fd, _KEY) if raw in (k[0:4], k[4:8])]
+            doomed = [k for k in _bpf.all_keys(fd, _KEY) if raw in (k[0:4], k[4:8])]
             ct_deleted += _delete_batch(fd, doomed)
         finally:
             os.close(fd)
@@ -250,7 +250,7 @@ def flush_address(pin_dir: str, ip: str) -> tuple[int, int]:
     try:
         value = ctypes.create_string_buffer(40)
         doomed = []
-        for k in _all_keys(fd, _KEY):
+        for k in _bpf.all_keys(fd, _KEY):
             if raw in (k[0:4], k[4:8]) or (_bpf.lookup(fd, ctypes.create_string_buffer(k, _KEY), value)
                                            and value.raw[32:36] == raw):
                 doomed.append(k)
@@ -278,14 +278,6 @@ def fill_synthetic(pin_dir: str, n: int, now: int) -> None:
                               ctypes.create_string_buffer(values, len(values)), count)
     finally:
         os.close(fd)
-
-
-def _all_keys(fd: int, size: int) -> list[bytes]:
-    keys, prev, cur = [], None, ctypes.create_string_buffer(size)
-    while _bpf.next_key(fd, prev, cur):
-        keys.append(cur.raw)
-        prev, cur = cur, ctypes.create_string_buffer(size)
-    return keys
 
 
 # -- one lab's GC: on demand, and on a timer driven by the lab clock ---------------------------

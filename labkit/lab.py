@@ -625,24 +625,25 @@ class Lab:
     def flush_ct(self, node: str | None = None) -> int:
         """Empty the CT maps of ``node`` (default: every node), as if their entries had all been
         collected; Services and NAT entries stay. Returns how many rows were deleted."""
-        nodes = [node] if node is not None else [n.name for n in self.topology.nodes]
+        deleted = self._clear_ct([node] if node is not None else [n.name for n in self.topology.nodes])
+        self._after_step()
+        return deleted
+
+    def _clear_ct(self, nodes) -> int:
         deleted = 0
         for name in nodes:
             for map_name in CT_MAPS:
                 with PinnedMap(f"{self.pin_dir(name)}/{map_name}", CtKey4, CtEntry) as m:
                     deleted += m.clear()
-        self._after_step()
         return deleted
 
     def reset(self) -> None:
         """Remove every Service, flush CT and NAT state, switch faults off, set the lab clock back and start the
         GC's interval afresh; topology kept."""
         self.services.flush()
+        self._clear_ct(n.name for n in self.topology.nodes)
         for node in self.topology.nodes:
             pin = self.pin_dir(node.name)
-            for map_name in CT_MAPS:
-                with PinnedMap(f"{pin}/{map_name}", CtKey4, CtEntry) as m:
-                    m.clear()
             with PinnedMap(f"{pin}/{NAT_MAP}", NatKey4, NatEntry) as m:
                 m.clear()
             with PinnedMap(f"{pin}/labkit_config", _U32, LabConfig) as m:

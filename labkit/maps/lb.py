@@ -589,10 +589,7 @@ class PinnedMaglev:
     def items(self) -> list[tuple[Lb4RevNatKey, MaglevLut]]:
         from .. import _bpf
 
-        keys, prev, cur = [], None, Lb4RevNatKey()
-        while _bpf.next_key(self.fd, prev, cur):
-            keys.append(cur)
-            prev, cur = cur, Lb4RevNatKey()
+        keys = [Lb4RevNatKey.from_buffer_copy(k) for k in _bpf.all_keys(self.fd, ctypes.sizeof(Lb4RevNatKey))]
         return [(k, v) for k in keys if (v := self.get(k)) is not None]
 
     def clear(self) -> int:
