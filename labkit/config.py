@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from .errors import ConfigError
+from .release import DEFAULT_RELEASE, Profile, profile
 
 __all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LB_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
            "VXLAN_PORT"]
@@ -104,6 +105,11 @@ class DatapathConfig:
     gc_timer: bool = True  #: the CT garbage collector's timer starts on (labkit/gc.py; `labkit gc timer`)
     #: 'ebpf': Services in the cilium_lb4_* maps; 'iptables': kube-proxy's nat table on every node instead
     service_mode: str = "ebpf"
+    #: the Cilium release whose behaviour the lab reproduces (labkit/release.py)
+    cilium: str = DEFAULT_RELEASE
+    #: count packets and bytes per CT entry (CONNTRACK_ACCOUNTING; the agent's --bpf-conntrack-accounting,
+    #: off by default, so a node prints Packets=0 Bytes=0)
+    ct_accounting: bool = False
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
@@ -117,12 +123,19 @@ class DatapathConfig:
                               f"got {self.maglev_table_size!r}")
         if self.service_mode not in ("ebpf", "iptables"):
             raise ConfigError(f"service mode: expected ebpf or iptables, got {self.service_mode!r}")
-        if not isinstance(self.gc_timer, bool):
-            raise ConfigError(f"gc_timer: expected True or False, got {self.gc_timer!r}")
+        for name in ("gc_timer", "ct_accounting"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+        profile(self.cilium)  # ConfigError names the releases
         for name in ("ct_tcp_size", "ct_any_size", "lb_map_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 16 <= value <= 16_777_216:
                 raise ConfigError(f"{name}: expected 16 to 16777216 entries, got {value!r}")
+
+    @property
+    def profile(self) -> Profile:
+        """The Cilium release profile: which release's behaviour the datapath and the views follow."""
+        return profile(self.cilium)
 
     def with_options(self, **changes) -> "DatapathConfig":
         """A copy with some options changed; ``timeouts`` may be a dict of changed lifetimes.

@@ -154,7 +154,10 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
         "VXLAN_PORT": VXLAN_PORT,
         "LB_LOOPBACK_IPV4": _be32(LOOPBACK_SNAT_ADDR),
         **config.timeouts.macros(),
+        **config.profile.macros(),
     }
+    if config.ct_accounting:
+        macros["CONNTRACK_ACCOUNTING"] = 1
     if tunnel:
         if vxlan_ifindex <= 0:
             raise ConfigError(f"node '{node}': tunnel mode needs the ifindex of cilium_vxlan, got {vxlan_ifindex}")

@@ -13,6 +13,8 @@ import pytest
 
 from labkit.errors import LabkitError
 
+from labtag import tagged
+
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _HOST_BEFORE: dict = {}
 
@@ -63,14 +65,14 @@ def _shared_lab(name: str, **options):
 def _lab_tunnel(_require_datapath):
     from labkit.config import DatapathConfig
 
-    yield from _shared_lab("dptest", config=DatapathConfig(routing="tunnel", gc_timer=False))
+    yield from _shared_lab(tagged("dptest"), config=DatapathConfig(routing="tunnel", gc_timer=False))
 
 
 @pytest.fixture(scope="session")
 def _lab_native(_require_datapath):
     from labkit.config import DatapathConfig
 
-    yield from _shared_lab("dpnative", config=DatapathConfig(routing="native", gc_timer=False))
+    yield from _shared_lab(tagged("dpnative"), config=DatapathConfig(routing="native", gc_timer=False))
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+from labtag import tagged
+
 LABKIT = [sys.executable, "-m", "labkit.cli"]
 CT_JSON_KEYS = {"proto", "dir", "src", "dst", "flags", "rev_nat", "backend_id", "packets", "bytes", "expires",
                 "related", "remaining", "expired"}
@@ -187,6 +189,6 @@ def test_ct_list_unknown_node(lab):
 
 def test_lab_not_up(lab):
     """A command for a lab that is not up says how to start it (exit 1)."""
-    proc = subprocess.run(LABKIT + ["--lab", "dpnotup", "status"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(LABKIT + ["--lab", tagged("dpnotup"), "status"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
     assert "labkit --lab dpnotup up" in proc.stderr

@@ -12,6 +12,8 @@ import pytest
 from labkit.maps.base import PinnedMap
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4
 
+from labtag import tagged
+
 from .util import TcpClient, wait_for
 
 
@@ -142,7 +144,7 @@ def own_lab(_require_datapath):
     from labkit import Lab
     from labkit.config import DatapathConfig
 
-    lab = Lab.up("dpdel", config=DatapathConfig(routing="native", gc_timer=False))
+    lab = Lab.up(tagged("dpdel"), config=DatapathConfig(routing="native", gc_timer=False))
     yield lab
     lab.down()
 

@@ -8,6 +8,8 @@ import pytest
 
 from labkit.config import DatapathConfig
 
+from labtag import tagged
+
 NODE_A, NODE_B, EXT = "198.51.100.11", "198.51.100.12", "198.51.100.100"
 
 
@@ -15,7 +17,7 @@ NODE_A, NODE_B, EXT = "198.51.100.11", "198.51.100.12", "198.51.100.100"
 def _ipt(_require_datapath):
     from labkit import Lab
 
-    lab = Lab.up("dpipt", config=DatapathConfig(service_mode="iptables", gc_timer=False))
+    lab = Lab.up(tagged("dpipt"), config=DatapathConfig(service_mode="iptables", gc_timer=False))
     yield lab
     lab.down()
 

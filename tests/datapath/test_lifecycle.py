@@ -25,6 +25,8 @@ from labkit.errors import (
 from labkit.lab import BPFFS_ROOT
 from labkit.ledger import RUN_DIR, LabLock, Ledger, lab_dir, process_start_time
 
+from labtag import tagged
+
 from .hostsnap import differences, snapshot
 from .util import wait_for
 
@@ -67,7 +69,7 @@ def test_two_labs_side_by_side(lab, native_lab):
 
 def test_down_leaves_nothing():
     """down removes every object the ledger recorded and nothing of the lab remains."""
-    name = "dpdown"
+    name = tagged("dpdown")
     lab = Lab.up(name, routing="native")
     entries = Ledger(name).entries()
     kinds = {e["kind"] for e in entries}
@@ -82,7 +84,7 @@ def test_down_leaves_nothing():
 
 def test_broken_lab_is_rebuilt():
     """Lab.up rebuilds a lab whose monitor died, from its ledger."""
-    name = "dpbroken"
+    name = tagged("dpbroken")
     lab = Lab.up(name, routing="native")
     try:
         monitor = next(e for e in Ledger(name).entries("process") if e["name"] == "monitor")
@@ -100,7 +102,7 @@ def test_broken_lab_is_rebuilt():
 
 def test_cleanup_after_the_building_process_was_killed():
     """`labkit cleanup` removes what a killed `up` had created, by its ledger."""
-    name = "dpkilled"
+    name = tagged("dpkilled")
     proc = subprocess.Popen([sys.executable, "-m", "labkit.cli", "--lab", name, "up"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -117,31 +119,31 @@ def test_cleanup_after_the_building_process_was_killed():
 @pytest.mark.parametrize(
     "make, error, message",
     [
-        (lambda: Topology.build("dpbad", {"node-a": ["a1", "a1"]}), TopologyError, "'a1' is used twice"),
-        (lambda: Topology.build("dpbad", {"node-a": ["a-very-long-name"]}), TopologyError, "at most 15"),
-        (lambda: Topology.build("dpbad", {"node-a": ["a1"], "a1": []}), TopologyError, "used twice"),
+        (lambda: Topology.build(tagged("dpbad"), {"node-a": ["a1", "a1"]}), TopologyError, "'a1' is used twice"),
+        (lambda: Topology.build(tagged("dpbad"), {"node-a": ["a-very-long-name"]}), TopologyError, "at most 15"),
+        (lambda: Topology.build(tagged("dpbad"), {"node-a": ["a1"], "a1": []}), TopologyError, "used twice"),
     ],
 )
 def test_bad_topology_builds_nothing(make, error, message):
     """A topology error is raised before anything is created."""
     with pytest.raises(error, match=message):
-        Lab.up("dpbad", topology=make())
-    assert_nothing_left("dpbad")
+        Lab.up(tagged("dpbad"), topology=make())
+    assert_nothing_left(tagged("dpbad"))
 
 
 def test_overlapping_cidrs_build_nothing():
     """Overlapping pod CIDRs are refused before any namespace exists."""
-    topo = Topology.default("dpbad")
+    topo = Topology.default(tagged("dpbad"))
     node_b = topo.nodes[1].__class__("node-b", topo.nodes[1].ip, topo.nodes[0].pod_cidr, 2)
-    bad = Topology("dpbad", (topo.nodes[0], node_b), ())
+    bad = Topology(tagged("dpbad"), (topo.nodes[0], node_b), ())
     with pytest.raises(TopologyError, match="overlaps"):
-        Lab.up("dpbad", topology=bad)
-    assert_nothing_left("dpbad")
+        Lab.up(tagged("dpbad"), topology=bad)
+    assert_nothing_left(tagged("dpbad"))
 
 
 def test_unknown_pod_and_node_name_the_choices(lab):
     """Asking for a pod or node that does not exist lists the ones that do."""
-    with pytest.raises(NotFoundError, match=r"pod 'a9' not found in lab 'dptest' \(pods: a1, a2, b1, b2\)"):
+    with pytest.raises(NotFoundError, match=rf"pod 'a9' not found in lab '{tagged('dptest')}' \(pods: a1, a2, b1, b2\)"):
         lab.pod("a9")
     with pytest.raises(LookupError, match=r"node 'node-z' not found .*node-a, node-b"):
         lab.node("node-z")
@@ -149,7 +151,7 @@ def test_unknown_pod_and_node_name_the_choices(lab):
 
 def test_lab_held_by_another_process():
     """While another live process holds a lab, up fails naming it and creates nothing."""
-    name = "dpbusy"
+    name = tagged("dpbusy")
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys,time;from labkit.ledger import LabLock;LabLock(sys.argv[1],'test holder').acquire();"
@@ -175,32 +177,32 @@ def test_compile_error_leaves_nothing(tmp_path):
     (bpf / "bpf_lxc.c").write_text((bpf / "bpf_lxc.c").read_text() + "\nthis is not C;\n")
     code = (
         "from labkit import Lab\nfrom labkit.errors import DatapathError\n"
-        "try:\n Lab.up('dpcc')\nexcept DatapathError as e:\n print('DatapathError', str(e)[:2000])"
+        "try:\n Lab.up('" + tagged("dpcc") + "')\nexcept DatapathError as e:\n print('DatapathError', str(e)[:2000])"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "LABKIT_BPF_DIR": str(bpf)}, timeout=120)
     assert r.stdout.startswith("DatapathError"), r.stdout + r.stderr
     assert "could not compile" in r.stdout
-    assert_nothing_left("dpcc")
+    assert_nothing_left(tagged("dpcc"))
 
 
 def test_no_root_gets_doctors_message():
     """Without root, up fails with the doctor's explanation and the command that fixes it."""
     if shutil.which("setpriv") is None:
         pytest.fail("setpriv (util-linux) is needed to run as an unprivileged user")
-    code = "from labkit import Lab\ntry:\n Lab.up('dpnoroot')\nexcept PermissionError as e:\n print(e)"
+    code = "from labkit import Lab\ntry:\n Lab.up('" + tagged("dpnoroot") + "')\nexcept PermissionError as e:\n print(e)"
     r = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all",
                         sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HOME": "/tmp"},
                        cwd="/tmp")
     assert "cannot run the lab datapath" in r.stdout, r.stdout + r.stderr
     assert "fix: run as root" in r.stdout
-    assert_nothing_left("dpnoroot")
+    assert_nothing_left(tagged("dpnoroot"))
 
 
 def test_host_namespace_unchanged(host_before):
     """After every lab of the run is down, the host's links, addresses, routes, rules,
     sysctls and qdiscs are exactly as before the first lab came up."""
-    for name in ("dptest", "dpnative"):
+    for name in (tagged("dptest"), tagged("dpnative")):
         Lab.cleanup(name)
         assert_nothing_left(name)
     assert host_before, "the session did not snapshot the host"

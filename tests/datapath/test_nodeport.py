@@ -13,6 +13,8 @@ from labkit.constants import DropReason, Hook
 from labkit.maglev import flow_slot, lookup_table
 from labkit.maps.ct import CtFlags
 
+from labtag import tagged
+
 from .util import wait_for
 
 EXT = "198.51.100.100"
@@ -35,12 +37,12 @@ def _lab(name: str, **options):
 
 @pytest.fixture(scope="module")
 def _snat(_require_datapath):
-    yield from _lab("dpsnat", routing="native", lb_mode="snat")
+    yield from _lab(tagged("dpsnat"), routing="native", lb_mode="snat")
 
 
 @pytest.fixture(scope="module")
 def _hybrid(_require_datapath):
-    yield from _lab("dphybrid", routing="tunnel", lb_mode="hybrid", maglev_table_size=16381)
+    yield from _lab(tagged("dphybrid"), routing="tunnel", lb_mode="hybrid", maglev_table_size=16381)
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ from labkit.config import DatapathConfig
 from labkit.constants import DropReason, Verdict
 from labkit.maps.ct import CtFlags
 
+from labtag import tagged
+
 from .util import rows, wait_for
 
 VIP_PORT = 80
@@ -191,7 +193,7 @@ def socklb_lab():
     """A lab with socket LB for pods too (full)."""
     from labkit import Lab
 
-    lab = Lab.up("dpsock", config=DatapathConfig(socket_lb="full"))
+    lab = Lab.up(tagged("dpsock"), config=DatapathConfig(socket_lb="full"))
     yield lab
     lab.down()
 

@@ -3,7 +3,7 @@ answers, put answers into answer cells, run a notebook headless with nbclient,
 and read what its checks logged.
 
     nb = with_answers(load("02"), "answer")            # reference answers in every answer cell
-    ran, seconds = execute(nb, lab="nbtest", grade_log=tmp / "log.jsonl")
+    ran, seconds = execute(nb, lab=tagged("nbtest"), grade_log=tmp / "log.jsonl")
     assert cell_errors(ran) == []
     last = last_checks(tmp / "log.jsonl")              # {"02.1": {"passed": True, ...}, ...}
 
@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 import nbformat
+
+from labtag import tagged
 
 __all__ = [
     "REPO", "LABS_DIR", "NOTEBOOKS", "CELL_TIMEOUT", "load", "load_answers", "answer_cells", "with_answers",

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from labtag import tagged
+
 try:
     from .browser import JupyterServer, chromium_driver, missing_tools, page_problems, run_all_cells, \
         save_screenshot, widget_count
@@ -34,7 +36,7 @@ pytestmark = pytest.mark.labs
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-LAB = "brtest"
+LAB = tagged("brtest")
 NOTEBOOK = "01-tour.ipynb"
 RUN_TIMEOUT = 180
 
@@ -101,7 +103,7 @@ def test_lab01_runs_in_jupyterlab_with_widgets(tmp_path):
 
 
 # -- the live CT table keeps its scroll position --------------------------------------------
-SCROLL_LAB = "brscroll"
+SCROLL_LAB = tagged("brscroll")
 SCROLL_NOTEBOOK = "live-table-scroll.ipynb"
 SCROLL_ROWS = 300  # ~20 px a row: far more than the table's fixed height
 SCROLL_TO = 2000  # px

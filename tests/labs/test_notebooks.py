@@ -24,6 +24,8 @@ import pytest
 from labkit.checks import exercises_for
 from labkit.nb import VARIANTS
 
+from labtag import tagged
+
 try:
     from .notebooks import (NOTEBOOKS, REPO, answer_cells, cell_errors, cell_seconds, execute,
                             lab_netns, last_checks, load, load_answers, with_answers)
@@ -33,7 +35,7 @@ except ImportError:  # tests/labs is not a package: pytest put this directory on
 
 pytestmark = pytest.mark.labs
 
-LAB = "nbtest"
+LAB = tagged("nbtest")
 #: Every lab these tests can bring up, torn down at the end of the module.
 CREATED = tuple(f"{base}{suffix}" for base in (LAB, "grade", "gradetest")
                 for suffix in ("", *(f"-{v}" for v in VARIANTS)))
