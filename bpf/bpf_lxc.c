@@ -124,7 +124,7 @@ int cil_from_container(struct __sk_buff *skb)
 		st.src_sec_id = identity;
 		st.rev_nat_index = rev_nat;
 		st.flags = loopback ? CT_F_LB_LOOPBACK : 0;
-		int err = ct_create4(&tuple, skb->len, CT_EGRESS, &st);
+		int err = ct_create4(&tuple, skb->len, CT_EGRESS, &st, true);
 		if (err < 0) {
 			ret = err;
 			goto drop;
@@ -171,6 +171,7 @@ int cil_to_container(struct __sk_buff *skb)
 	struct trace_event ev = {};
 	struct ct_state st = {};
 	struct pkt4 p = {};
+	bool from_tunnel;
 	int ret;
 
 	ret = parse_eth_ipv4(skb, &p);
@@ -185,14 +186,32 @@ int cil_to_container(struct __sk_buff *skb)
 	}
 	ev.identity = ipcache_identity4(p.saddr);
 
+	/* Cilium's from-overlay tells the endpoint's program the packet came
+	 * through the tunnel (CB_FROM_TUNNEL); here the kernel routes between the
+	 * two hooks, so bpf_overlay.c marks the packet instead. */
+	from_tunnel = (skb->mark & MARK_FROM_OVERLAY) == MARK_FROM_OVERLAY;
+	if (from_tunnel)
+		skb->mark &= ~MARK_FROM_OVERLAY;
+
 	ret = ct_lookup4(&tuple, &p, skb->len, CT_INGRESS, &st);
 	if (ret < 0)
 		goto drop;
 	if (ret == CT_NEW && !lab_fault(FAULT_NO_IN_ENTRY)) {
+		__be16 loopback_rev_nat = 0;
+
 		st.src_sec_id = ev.identity;
-		if (p.saddr == LB_LOOPBACK_IPV4)
-			st.flags = CT_F_LB_LOOPBACK; /* a hairpin flow looping back into its pod */
-		int err = ct_create4(&tuple, skb->len, CT_INGRESS, &st);
+		st.flags = from_tunnel ? CT_F_FROM_TUNNEL : 0;
+		st.rev_nat_index = 0;
+		if (ct_has_loopback_egress_entry4(&tuple, &loopback_rev_nat)) {
+			/* a hairpin flow looping back into its pod */
+			st.flags |= CT_F_LB_LOOPBACK;
+#ifndef CILIUM_HAIRPIN_IN_NO_REVNAT
+			/* v1.16 still copies the OUT entry's RevNAT, for downgrades
+			 * (cilium/cilium#32480; dropped in 1.17). */
+			st.rev_nat_index = loopback_rev_nat;
+#endif
+		}
+		int err = ct_create4(&tuple, skb->len, CT_INGRESS, &st, true);
 		if (err < 0) {
 			ret = err;
 			goto drop;

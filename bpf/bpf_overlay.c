@@ -41,6 +41,7 @@ int cil_from_overlay(struct __sk_buff *skb)
 	if (ret > 0)
 		trace_tuple_set(&ev.after, &p);
 	bpf_skb_change_type(skb, PACKET_HOST);
+	skb->mark |= MARK_FROM_OVERLAY; /* for to-container: the IN entry gets FromTunnel */
 	trace_emit(&ev, VERDICT_FORWARDED, 0);
 	return TC_ACT_OK;
 drop:

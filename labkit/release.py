@@ -8,12 +8,12 @@ at ``labkit up --cilium 1.16|1.20`` (1.16 by default); the datapath gets one
 ``-D`` macro per behaviour the profile has, the Python side asks the profile.
 
     >>> p = profile("1.16")
-    >>> p.has("svc_close_both"), profile("1.20").has("svc_close_both")
+    >>> p.has("hairpin_in_no_revnat"), profile("1.20").has("hairpin_in_no_revnat")
     (False, True)
-    >>> profile("1.20").macros()["CILIUM_SVC_CLOSE_BOTH"]
+    >>> profile("1.20").macros()["CILIUM_LB_PROTO_KEYS"]
     1
-    >>> [b.name for b in profile("1.20").behaviours()][:2]
-    ['svc_close_both', 'hairpin_in_no_revnat']
+    >>> [b.name for b in profile("1.16").behaviours()]
+    ['svc_close_both']
 """
 from __future__ import annotations
 
@@ -51,27 +51,41 @@ class Behaviour:
         return _minor(release) >= _minor(self.since)
 
 
-#: Every behaviour that differs between the profiles, oldest first. Keep the
-#: datapath's ``#ifdef CILIUM_*`` blocks and the Python checks in step with it.
+#: Every behaviour that changed between the releases labkit reproduces, oldest first, with the Cilium
+#: change that introduced it. Keep the datapath's ``#ifdef CILIUM_*`` blocks and the Python checks in
+#: step with it. A row whose ``since`` is 1.16 is in both profiles: it is listed because it is often
+#: taken for a later change (its backport made v1.16.0).
 BEHAVIOURS = (
     Behaviour(
-        "svc_close_both", "1.17", "cilium/cilium#33907 (bpf: ct: close both directions of a service entry)",
-        "a FIN or RST on a SVC entry sets RxClosing and TxClosing, so the SVC row gets the close timeout; "
-        "before, only TxClosing was set and the SVC row kept being refreshed with the service lifetime"),
+        "svc_close_both", "1.16", "cilium/cilium#33907, backported to v1.16.0 by #33941",
+        "a FIN or RST on a SVC entry sets RxClosing and TxClosing, so the SVC row gets the close timeout "
+        "(before v1.16.0 only TxClosing was set and the SVC row kept being refreshed)"),
     Behaviour(
-        "hairpin_in_no_revnat", "1.17", "cilium/cilium#32697 (removal of the v1.16 'remove in v1.17' "
-        "ct_has_loopback_egress_entry4 RevNAT copy)",
-        "the IN row of a hairpin flow carries RevNAT=0; v1.16 copies the OUT row's RevNAT into it"),
+        "hairpin_in_no_revnat", "1.17", "cilium/cilium commit dc9b047d0940 (issue #33154)",
+        "the IN row of a hairpin flow carries RevNAT=0; v1.16 copies the OUT row's RevNAT into it "
+        "(kept after #32480 only so that a downgrade still works)"),
     Behaviour(
-        "lb_proto_keys", "1.17", "cilium/cilium#33434 (per-protocol service keys)",
-        "service keys and backends carry the L4 protocol and `cilium service list` prints `/TCP` after "
-        "every address; v1.16 writes protocol 0 (ANY) and prints none"),
+        "lb_proto_keys", "1.17", "cilium/cilium#33434 (--bpf-lb-proto-diff)",
+        "service keys and backends carry the L4 protocol, `service list` and `bpf lb list` print `/TCP` "
+        "after addresses, and Maglev hashes `ip:port/TCP`; v1.16 writes protocol 0 and prints none"),
     Behaviour(
-        "gc_batch", "1.18", "cilium/cilium#37109 (ctmap GC with BPF_MAP_LOOKUP_BATCH)",
-        "the CT garbage collector reads the maps in batches; v1.16 reads one entry per syscall"),
+        "ct_accounting_flag", "1.17", "cilium/cilium#34921 and #35142 (--bpf-conntrack-accounting)",
+        "CT packet and byte counters are switched on by the agent flag --bpf-conntrack-accounting; v1.16 "
+        "has no flag, only the endpoint option ConntrackAccounting, which the agent sets off at start"),
     Behaviour(
-        "ct_list_no_ifindex", "1.18", "cilium/cilium#36434 (ct_entry.ifindex became reserved)",
-        "`bpf ct list` no longer prints `IfIndex=`"),
+        "gc_batch", "1.18", "cilium/cilium#36288 (batched iterator for the CT GC; release from its merge date)",
+        "the CT garbage collector reads the maps with BPF_MAP_LOOKUP_BATCH; v1.16 reads one entry per "
+        "syscall"),
+    Behaviour(
+        "snat_retries_32", "1.18", "cilium/cilium#37389 (release from its merge date)",
+        "SNAT tries 32 ports before giving up (signal after 16), and clamps random ports into the closed "
+        "range [min, max] (#33271); v1.16 tries 128 (signal after 64) and clamps into [min, max-1]"),
+    Behaviour(
+        "ct_list_no_ifindex", "1.18", "cilium/cilium commit 105cd80bf473 (datapath: require HAVE_FIB_IFINDEX)",
+        "`bpf ct list` no longer prints `IfIndex=` (the field became reserved)"),
+    Behaviour(
+        "ct_list_nat_port", "1.19", "cilium/cilium#43017",
+        "`bpf ct list` ends with `NatPort=` (the port field that replaced ifindex)"),
 )
 
 

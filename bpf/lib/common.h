@@ -38,4 +38,9 @@
 
 #define LK_NSEC_PER_SEC 1000000000ULL
 
+/* skb->mark bits labkit's hooks pass to each other across the node's routing
+ * (Cilium passes the same facts in skb->cb within a tail call). Chosen apart
+ * from Cilium's MARK_MAGIC_* nibble and kube-proxy's 0x4000 masquerade bit. */
+#define MARK_FROM_OVERLAY 0x40000000 /* decapsulated by cilium_vxlan (CB_FROM_TUNNEL) */
+
 #endif /* LABKIT_COMMON_H */

@@ -111,24 +111,30 @@ static __always_inline void ct_state_fill(struct ct_state *state, const struct c
 }
 
 /* One lookup of one stored key. CT_ESTABLISHED on a hit, CT_NEW on a miss or
- * when a SYN reopens a closing entry. */
+ * when a SYN reopens a closing entry (Cilium v1.16's __ct_lookup). */
 static __always_inline int __ct_lookup4(const struct ipv4_ct_tuple *tuple, int action, int dir,
 					__u8 tcp_flags, __u32 len, __u32 now, struct ct_state *state)
 {
 	bool is_tcp = tuple->nexthdr == IPPROTO_TCP;
 	struct ct_entry *entry = ct_map_lookup(tuple);
 
+	state->syn = is_tcp && (tcp_flags & TCP_FLAG_SYN);
 	if (!entry)
 		return CT_NEW;
 	if (ct_entry_alive(entry))
 		ct_update_timeout(entry, is_tcp, dir, tcp_flags, now);
+#ifdef CONNTRACK_ACCOUNTING
+	/* Counted only when the datapath is built with accounting (the agent
+	 * leaves it off by default, so a node prints Packets=0 Bytes=0). */
 	__sync_fetch_and_add(&entry->packets, 1);
 	__sync_fetch_and_add(&entry->bytes, len);
+#endif
 
 	switch (action) {
 	case ACTION_CREATE:
 		if (ct_entry_closing(entry)) {
-			/* A new connection on the same ports: start the entry afresh. */
+			/* A new connection on the same ports: the caller creates
+			 * the entry afresh (Cilium reinitialises it fully). */
 			entry->flags &= ~(CT_F_RX_CLOSING | CT_F_TX_CLOSING | CT_F_SEEN_NON_SYN);
 			entry->rx_flags_seen = 0;
 			entry->tx_flags_seen = 0;
@@ -139,7 +145,8 @@ static __always_inline int __ct_lookup4(const struct ipv4_ct_tuple *tuple, int a
 		break;
 	case ACTION_CLOSE:
 		if (dir == CT_SERVICE) {
-			/* Only the forward direction passes here: close both. */
+			/* Only the forward direction passes here: close both
+			 * (cilium/cilium#33907, in every v1.16 release). */
 			entry->flags |= CT_F_RX_CLOSING | CT_F_TX_CLOSING;
 		} else if (!ct_entry_seen_both_syns(entry) && (tcp_flags & TCP_FLAG_RST)) {
 			/* RST before the handshake completed ends the connection. */
@@ -155,6 +162,22 @@ static __always_inline int __ct_lookup4(const struct ipv4_ct_tuple *tuple, int a
 	}
 	ct_state_fill(state, entry);
 	return CT_ESTABLISHED;
+}
+
+/* The hairpin case at to-container (Cilium v1.16's ct_has_loopback_egress_entry4):
+ * is there an OUT entry with LBLoopback for the IN key *tuple? Its RevNAT in
+ * *rev_nat_index. */
+static __always_inline bool ct_has_loopback_egress_entry4(const struct ipv4_ct_tuple *tuple, __be16 *rev_nat_index)
+{
+	struct ipv4_ct_tuple out = *tuple;
+	struct ct_entry *entry;
+
+	out.flags = TUPLE_F_OUT;
+	entry = ct_map_lookup(&out);
+	if (!entry || !(entry->flags & CT_F_LB_LOOPBACK))
+		return false;
+	*rev_nat_index = entry->rev_nat_index;
+	return true;
 }
 
 static __always_inline void ipv4_ct_tuple_reverse(struct ipv4_ct_tuple *tuple)
@@ -237,15 +260,20 @@ static __always_inline int ct_lookup4(struct ipv4_ct_tuple *tuple, const struct 
 	return __ct_lookup4(tuple, action, dir, p->tcp_flags, len, now, state);
 }
 
-/* Create the entry for *tuple (as returned by ct_lookup4 on CT_NEW) and, for
- * OUT/IN entries, its RELATED twin in the any map, so ICMP errors about the
- * flow are recognised (SVC entries get none, as in Cilium's lb4_local).
- * state carries what the caller decided: identity, rev NAT, backend, flags. */
+/* Create the entry for *tuple (as returned by ct_lookup4 on CT_NEW) and, when
+ * related is set, its RELATED twin in the any map, so ICMP errors about the
+ * flow are recognised. Cilium passes no related map for SVC entries
+ * (lb4_local) and for the DSR entry on a backend's node.
+ *
+ * The twin is written before the counters are touched (Cilium v1.16's
+ * ct_create4): it is the main entry as created — flags, seen flags and
+ * lifetime of the first packet — with no packets or bytes. state carries
+ * what the caller decided: identity, rev NAT, backend, flags. */
 static __always_inline int ct_create4(const struct ipv4_ct_tuple *tuple, __u32 len, int dir,
-				      struct ct_state *state)
+				      struct ct_state *state, bool related)
 {
 	struct ct_entry entry = {};
-	struct ipv4_ct_tuple related = {};
+	struct ipv4_ct_tuple twin = {};
 	bool is_tcp = tuple->nexthdr == IPPROTO_TCP;
 
 	entry.flags = state->flags & (CT_F_LB_LOOPBACK | CT_F_NODE_PORT | CT_F_DSR_INTERNAL | CT_F_FROM_TUNNEL);
@@ -254,21 +282,22 @@ static __always_inline int ct_create4(const struct ipv4_ct_tuple *tuple, __u32 l
 	if (dir == CT_SERVICE)
 		entry.backend_id = state->backend_id;
 	ct_update_timeout(&entry, is_tcp, dir, is_tcp ? TCP_FLAG_SYN : 0, lab_now());
+
+	if (related && !lab_fault(FAULT_NO_RELATED)) {
+		twin.daddr = tuple->daddr;
+		twin.saddr = tuple->saddr;
+		twin.nexthdr = IPPROTO_ICMP;
+		twin.flags = tuple->flags | TUPLE_F_RELATED;
+		if (cilium_ct_any4_global.update(&twin, &entry) < 0)
+			return DROP_CT_CREATE_FAILED;
+	}
+#ifdef CONNTRACK_ACCOUNTING
 	entry.packets = 1;
 	entry.bytes = len;
+#endif
 	if (ct_map_update(tuple, &entry) < 0)
 		return DROP_CT_CREATE_FAILED;
 	ct_state_fill(state, &entry);
-
-	if (dir == CT_SERVICE || lab_fault(FAULT_NO_RELATED))
-		return 0;
-	related.daddr = tuple->daddr;
-	related.saddr = tuple->saddr;
-	related.nexthdr = IPPROTO_ICMP;
-	related.flags = tuple->flags | TUPLE_F_RELATED;
-	entry.flags |= CT_F_SEEN_NON_SYN; /* ICMP has no SYN */
-	if (cilium_ct_any4_global.update(&related, &entry) < 0)
-		return DROP_CT_CREATE_FAILED;
 	return 0;
 }
 

@@ -78,7 +78,8 @@ struct ct_state {
 	__u16 flags;
 	__u8 tx_flags_seen;
 	__u8 rx_flags_seen;
-	__u8 pad[2];
+	__u8 syn;     /* the packet that found the entry was a SYN (Cilium's ct_state.syn) */
+	__u8 pad;
 };
 
 #endif /* LABKIT_CT_TYPES_H */

@@ -2,7 +2,14 @@
  * load-balanced to the backend's node (Cilium's --bpf-lb-dsr-dispatch=opt):
  *
  *   type 0x9a (copied on fragmentation, number 26), length 8,
- *   then the frontend port and address, network byte order.
+ *   then the frontend port and address.
+ *
+ * Cilium writes the port and address with bpf_htons()/bpf_htonl() applied to
+ * values that are already in network byte order, and undoes it the same way
+ * when reading (nodeport.h, dsr_set_opt4 and nodeport_extract_dsr_v4; its
+ * tc_nodeport_dsr_backend test builds the option the same way). On a
+ * little-endian host the frontend therefore crosses the wire byte-reversed:
+ * 203.0.113.10:80 travels as `9a 08 50 00 0a 71 00 cb`. labkit does the same.
  *
  * It rides on TCP SYNs and every UDP packet; the backend's node reads it,
  * remembers the frontend for the replies and removes it again.
@@ -66,8 +73,8 @@ static __always_inline int dsr_add_opt4(struct __sk_buff *skb, struct pkt4 *p, _
 	ip.tot_len = lk_htons(lk_ntohs(ip.tot_len) + DSR_IPV4_OPT_LEN);
 	opt.type = DSR_IPV4_OPT_TYPE;
 	opt.len = DSR_IPV4_OPT_LEN;
-	opt.port = svc_port;
-	opt.addr = svc_addr;
+	opt.port = lk_htons(svc_port); /* byte-swapped on the wire, as Cilium's (see above) */
+	opt.addr = lk_htonl(svc_addr);
 	p->l4_off += DSR_IPV4_OPT_LEN;
 	return ipv4_store_header(skb, p->l3_off, &ip, &opt);
 }
@@ -88,8 +95,8 @@ static __always_inline int dsr_parse_opt4(struct __sk_buff *skb, const struct pk
 		return DROP_INVALID;
 	if (opt.type != DSR_IPV4_OPT_TYPE || opt.len != DSR_IPV4_OPT_LEN)
 		return DROP_INVALID;
-	*addr = opt.addr;
-	*port = opt.port;
+	*addr = lk_ntohl(opt.addr);
+	*port = lk_ntohs(opt.port);
 	return 1;
 }
 

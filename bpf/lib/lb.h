@@ -23,17 +23,31 @@
 #define LB_LOOPBACK_IPV4 0x012afea9 /* 169.254.42.1 in network byte order */
 #endif
 
+/* One slot of a service. v1.16 has one service per address and port for
+ * every protocol: the agent writes protocol 0 (ANY) into the key and the
+ * datapath clears it before the lookup (lb4_fill_key: "FIXME: set after
+ * adding support for different L4 protocols in LB"). From 1.17
+ * (cilium/cilium#33434) the key carries the protocol, and a lookup that finds
+ * nothing tries protocol 0 again, for services written the old way. */
 static __always_inline struct lb4_service *lb4_lookup_service(__be32 addr, __be16 port, __u8 proto, __u16 slot,
 							       __u8 scope)
 {
 	struct lb4_key key = {};
+	struct lb4_service *svc;
 
 	key.address = addr;
 	key.dport = port;
 	key.backend_slot = slot;
-	key.proto = proto;
 	key.scope = scope;
-	return cilium_lb4_services_v2.lookup(&key);
+#ifdef CILIUM_LB_PROTO_KEYS
+	key.proto = proto;
+	svc = cilium_lb4_services_v2.lookup(&key);
+	if (svc)
+		return svc;
+#endif
+	key.proto = 0;
+	svc = cilium_lb4_services_v2.lookup(&key);
+	return svc;
 }
 
 /* The service head for the packet's destination. A frontend with
@@ -91,7 +105,9 @@ static __always_inline __u32 lb4_select_backend_id(const struct pkt4 *p, const s
 }
 
 /* The client's remembered backend while the affinity timeout (slot 0's
- * backend_id field) has not run out and the backend is still active. */
+ * backend_id field) has not run out and the backend is still active. The
+ * session is sticky for [last_used, last_used + timeout): an entry whose
+ * last_used + timeout <= now is gone (Cilium's __lb4_affinity_backend_id). */
 static __always_inline __u32 lb4_affinity_backend(__be32 client, const struct lb4_service *svc, __u32 now)
 {
 	struct lb4_affinity_key key = {};
@@ -103,7 +119,7 @@ static __always_inline __u32 lb4_affinity_backend(__be32 client, const struct lb
 	val = cilium_lb4_affinity.lookup(&key);
 	if (!val)
 		return 0;
-	if (val->last_used + svc->backend_id < now) {
+	if (val->last_used + svc->backend_id <= now) {
 		cilium_lb4_affinity.delete(&key);
 		return 0;
 	}
@@ -114,6 +130,8 @@ static __always_inline __u32 lb4_affinity_backend(__be32 client, const struct lb
 	return val->backend_id;
 }
 
+/* Remember (or refresh) the client's backend: every packet to the service
+ * does this, so an active session never runs out (lb4_update_affinity_by_addr). */
 static __always_inline void lb4_affinity_update(__be32 client, const struct lb4_service *svc, __u32 backend_id,
 						__u32 now)
 {
@@ -178,49 +196,64 @@ static __always_inline int lb4_rev_nat(struct __sk_buff *skb, struct pkt4 *p, __
 }
 
 /* Cilium's lb4_local: the SVC entry of a packet to a service frontend, and its
- * backend. An established flow keeps its backend while it exists; a new one
- * (or one whose backend is gone) gets one by affinity, Maglev or random. The
- * SVC entry carries svc_flags (CT_F_NODE_PORT when the client is outside).
- * Returns the service CT result, or a DROP_* reason; *backend is set on success. */
+ * backend. A new flow gets one by affinity, Maglev or random. An established
+ * flow keeps its backend while that is active; if the backend is gone the flow
+ * moves to another at once, and if it is only no longer active (terminating)
+ * the flow drains on it until a new SYN, which moves it ("drain existing
+ * connections, but redirect new ones to only active backends"). The SVC entry
+ * carries svc_flags (CT_F_NODE_PORT when the client is outside). Every packet
+ * refreshes the client's affinity. Returns the service CT result, or a DROP_*
+ * reason; *backend is set on success. */
 static __always_inline int lb4_local(struct __sk_buff *skb, const struct pkt4 *p, const struct lb4_service *svc,
 				     __u8 scope, __u16 svc_flags, struct ct_state *st, struct lb4_backend **backend)
 {
 	struct ipv4_ct_tuple tuple = {};
-	__u32 backend_id = 0, now;
+	__u32 backend_id = 0, now = lab_now();
 	int ret;
 
 	*backend = NULL;
 	ret = ct_lookup4(&tuple, p, skb->len, CT_SERVICE, st);
 	if (ret < 0)
 		return ret;
-	if (ret == CT_ESTABLISHED)
-		*backend = lb4_lookup_backend(st->backend_id);
-	if (*backend)
-		return ret;
-	/* A new flow, or its backend is gone: choose one. */
-	if (svc->count == 0)
-		return DROP_NO_SERVICE;
-	now = lab_now();
-	if (svc->flags & SVC_FLAG_AFFINITY)
-		backend_id = lb4_affinity_backend(p->saddr, svc, now);
-	if (!backend_id)
-		backend_id = lb4_select_backend_id(p, svc, scope);
-	*backend = lb4_lookup_backend(backend_id);
-	if (!*backend)
-		return DROP_NO_SERVICE;
+	if (ret == CT_NEW) {
+		if (svc->count == 0)
+			return DROP_NO_SERVICE;
+		if (svc->flags & SVC_FLAG_AFFINITY)
+			backend_id = lb4_affinity_backend(p->saddr, svc, now);
+		if (!backend_id)
+			backend_id = lb4_select_backend_id(p, svc, scope);
+		*backend = lb4_lookup_backend(backend_id);
+		if (!*backend)
+			return DROP_NO_SERVICE;
+		st->backend_id = backend_id;
+		st->rev_nat_index = svc->rev_nat_index;
+		st->flags = svc_flags;
+		ret = ct_create4(&tuple, skb->len, CT_SERVICE, st, false);
+		if (ret < 0)
+			return ret;
+		ret = CT_NEW;
+	} else {
+		backend_id = st->backend_id;
+		*backend = lb4_lookup_backend(backend_id);
+		if (!*backend || ((*backend)->flags != BE_STATE_ACTIVE && st->syn)) {
+			if (svc->count == 0)
+				return DROP_NO_SERVICE;
+			backend_id = lb4_select_backend_id(p, svc, scope);
+			*backend = lb4_lookup_backend(backend_id);
+			if (!*backend)
+				return DROP_NO_SERVICE;
+			st->backend_id = backend_id;
+			st->rev_nat_index = svc->rev_nat_index;
+			struct ct_entry *entry = ct_map_lookup(&tuple);
+
+			if (entry) { /* Cilium's ct_update_svc_entry */
+				entry->backend_id = backend_id;
+				entry->rev_nat_index = svc->rev_nat_index;
+			}
+		}
+	}
 	if (svc->flags & SVC_FLAG_AFFINITY)
 		lb4_affinity_update(p->saddr, svc, backend_id, now);
-	st->backend_id = backend_id;
-	st->rev_nat_index = svc->rev_nat_index;
-	if (ret == CT_NEW) {
-		st->flags = svc_flags;
-		ret = ct_create4(&tuple, skb->len, CT_SERVICE, st);
-		return ret < 0 ? ret : CT_NEW;
-	}
-	struct ct_entry *entry = ct_map_lookup(&tuple);
-
-	if (entry)
-		entry->backend_id = backend_id;
 	return ret;
 }
 

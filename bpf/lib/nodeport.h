@@ -54,9 +54,11 @@ static __always_inline bool nodeport_uses_dsr(__u8 proto)
 	return LB_MODE == LB_MODE_DSR || (LB_MODE == LB_MODE_HYBRID && proto == IPPROTO_TCP);
 }
 
-/* The OUT entry (flag NodePort) a reply belongs to: the client is the reply's
- * destination. Counts the packet as that entry's ingress. CT_REPLY, or CT_NEW
- * when there is none. */
+/* The OUT entry a reply from a backend belongs to: NodePort (this node
+ * load-balanced the flow) or DSRInternal (another node did, in dsr mode). The
+ * client is the reply's destination, so the reply's own tuple is the entry's
+ * key (Cilium's CT_INGRESS lookup in SCOPE_REVERSE); the packet counts as the
+ * entry's ingress. CT_REPLY, or CT_NEW when there is none. */
 static __always_inline int ct_lookup_nodeport_reply4(struct ipv4_ct_tuple *tuple, const struct pkt4 *p, __u32 len,
 						     struct ct_state *st)
 {
@@ -70,7 +72,7 @@ static __always_inline int ct_lookup_nodeport_reply4(struct ipv4_ct_tuple *tuple
 	tuple->nexthdr = p->proto;
 	tuple->flags = TUPLE_F_OUT;
 	entry = ct_map_lookup(tuple);
-	if (!entry || !(entry->flags & CT_F_NODE_PORT))
+	if (!entry || !(entry->flags & (CT_F_NODE_PORT | CT_F_DSR_INTERNAL)))
 		return CT_NEW;
 	if (p->tcp_flags & (TCP_FLAG_RST | TCP_FLAG_FIN))
 		action = ACTION_CLOSE;
@@ -136,7 +138,8 @@ static __always_inline int nodeport_lb4(struct __sk_buff *skb, struct pkt4 *p, s
 			cst.src_sec_id = IDENTITY_WORLD;
 			cst.rev_nat_index = svc->rev_nat_index;
 			cst.flags = CT_F_NODE_PORT;
-			ret = ct_create4(&tuple, skb->len, CT_EGRESS, &cst);
+			/* No RELATED twin: Cilium's nodeport_lb4 passes no related map. */
+			ret = ct_create4(&tuple, skb->len, CT_EGRESS, &cst, false);
 			if (ret < 0)
 				return ret;
 			if (local) {
@@ -146,7 +149,7 @@ static __always_inline int nodeport_lb4(struct __sk_buff *skb, struct pkt4 *p, s
 
 				in.rev_nat_index = 0;
 				tuple.flags = TUPLE_F_IN;
-				ret = ct_create4(&tuple, skb->len, CT_INGRESS, &in);
+				ret = ct_create4(&tuple, skb->len, CT_INGRESS, &in, true);
 				if (ret < 0)
 					return ret;
 			}
@@ -196,43 +199,71 @@ static __always_inline int nodeport_rev_snat4(struct __sk_buff *skb, struct pkt4
 	return NP_FORWARD;
 }
 
-/* On the backend's node, a packet from the fabric to a local pod. With the
- * DSR option: a NAT entry keyed by the reply that holds the frontend, an OUT
- * entry keyed by the reply with DSRInternal (the pod's hooks then see the
- * client's packets as replies of it), and the option removed. Returns 0
- * (no IP options), 1 (handled), or a DROP_* reason. */
+/* On the backend's node, a packet from the fabric to a local pod (Cilium's
+ * nodeport_dsr_ingress_ipv4). The DSR entry is an OUT entry keyed as a client
+ * on this node would key one, {daddr=client, saddr=backend, dport=backend
+ * port, sport=client port}, printed `OUT client -> backend [ DSRInternal ]`:
+ * the packet carrying the DSR option creates it with a NAT entry that holds
+ * the frontend; every later packet of the flow refreshes it as its egress (the
+ * reply, at to-netdev, as its ingress). It gets no RELATED twin; the pod's own
+ * hooks then create their ordinary IN entry. The option is removed. Returns 1
+ * when an option was handled, 0 otherwise, or a DROP_* reason. */
 static __always_inline int nodeport_dsr_ingress4(struct __sk_buff *skb, struct pkt4 *p, struct trace_event *ev)
 {
+	bool has_opt = p->l4_off != p->l3_off + IPV4_HLEN;
 	struct ipv4_ct_tuple tuple = {};
 	struct ct_state st = {};
+	int action = ACTION_UNSPEC, ret;
 	__be32 addr = 0;
 	__be16 port = 0;
-	int ret;
 
-	if (p->l4_off == p->l3_off + IPV4_HLEN || !lookup_endpoint4(p->daddr))
+	if (p->is_frag || !lookup_endpoint4(p->daddr))
 		return 0;
-	ret = dsr_parse_opt4(skb, p, &addr, &port);
-	if (ret <= 0)
-		return ret;
-	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
-		return DROP_INVALID;
-	ret = dsr_nat_create4(p, addr, port);
-	if (ret < 0)
-		return ret;
-	tuple.daddr = p->daddr;
-	tuple.saddr = p->saddr;
-	tuple.dport = p->sport;
-	tuple.sport = p->dport;
+	if (has_opt) {
+		ret = dsr_parse_opt4(skb, p, &addr, &port);
+		if (ret <= 0)
+			return ret;
+		if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+			return DROP_INVALID;
+	} else if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP) {
+		return 0;
+	}
+	tuple.daddr = p->saddr;
+	tuple.saddr = p->daddr;
+	tuple.dport = p->dport;
+	tuple.sport = p->sport;
 	tuple.nexthdr = p->proto;
 	tuple.flags = TUPLE_F_OUT;
-	if (!ct_map_lookup(&tuple)) {
-		st.src_sec_id = IDENTITY_WORLD;
-		st.flags = CT_F_DSR_INTERNAL;
-		ret = ct_create4(&tuple, skb->len, CT_EGRESS, &st);
+	if (p->proto == IPPROTO_UDP || ((p->tcp_flags & TCP_FLAG_SYN) && !(p->tcp_flags & TCP_FLAG_ACK)))
+		action = ACTION_CREATE;
+	if (p->tcp_flags & (TCP_FLAG_RST | TCP_FLAG_FIN))
+		action = ACTION_CLOSE;
+	/* Only a DSR entry may be refreshed here: a miss without the option is
+	 * an ordinary packet for the pod's hooks. */
+	struct ct_entry *entry = ct_map_lookup(&tuple);
+
+	if (entry && !(entry->flags & CT_F_DSR_INTERNAL))
+		entry = NULL;
+	if (!entry && !has_opt)
+		return 0;
+	ret = entry ? __ct_lookup4(&tuple, action, CT_EGRESS, p->tcp_flags, skb->len, lab_now(), &st) : CT_NEW;
+	/* A TCP SYN with the option on an existing entry is a new connection on
+	 * the same ports: start both entries afresh, as Cilium does. */
+	if (has_opt && (ret == CT_NEW || (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_FLAG_SYN)))) {
+		ret = dsr_nat_create4(p, addr, port);
 		if (ret < 0)
 			return ret;
-		trace_ct(ev, CT_EGRESS, CT_NEW, &st);
+		st.src_sec_id = IDENTITY_WORLD;
+		st.flags = CT_F_DSR_INTERNAL;
+		st.rev_nat_index = 0;
+		ret = ct_create4(&tuple, skb->len, CT_EGRESS, &st, false);
+		if (ret < 0)
+			return ret;
+		ret = CT_NEW;
 	}
+	trace_ct(ev, CT_EGRESS, ret, &st);
+	if (!has_opt)
+		return 0;
 	ret = dsr_strip_opt4(skb, p);
 	if (ret < 0)
 		return ret;
@@ -240,10 +271,11 @@ static __always_inline int nodeport_dsr_ingress4(struct __sk_buff *skb, struct p
 	return 1;
 }
 
-/* At to-netdev: a reply leaving for an outside client. dsr mode on the
- * backend's node: source to the frontend through the NAT map; a local backend
- * of a NodePort flow: source to the frontend through its OUT entry. 1 when
- * translated, 0 when not, or a DROP_* reason. */
+/* At to-netdev: a reply leaving for an outside client. Its OUT entry says
+ * how it goes back: DSRInternal (dsr mode, on the backend's node) — source to
+ * the frontend through the NAT map (Cilium's xlate_dsr_v4); NodePort (a local
+ * backend of a flow this node load-balanced) — source to the frontend through
+ * the entry's reverse NAT. 1 when translated, 0 when not, or a DROP_* reason. */
 static __always_inline int nodeport_rev_egress4(struct __sk_buff *skb, struct pkt4 *p, struct trace_event *ev)
 {
 	struct ipv4_ct_tuple tuple = {};
@@ -252,14 +284,15 @@ static __always_inline int nodeport_rev_egress4(struct __sk_buff *skb, struct pk
 
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return 0;
-	ret = lab_fault(FAULT_NO_DSR_SNAT) ? 0 : nat_apply4(skb, p, NAT_DIR_EGRESS);
-	if (ret > 0)
-		ev->flags |= TRACE_F_SNAT;
-	if (ret != 0)
-		return ret;
 	if (ct_lookup_nodeport_reply4(&tuple, p, skb->len, &st) != CT_REPLY)
 		return 0;
 	trace_ct(ev, CT_INGRESS, CT_REPLY, &st);
+	if (st.flags & CT_F_DSR_INTERNAL) {
+		ret = lab_fault(FAULT_NO_DSR_SNAT) ? 0 : nat_apply4(skb, p, NAT_DIR_EGRESS);
+		if (ret > 0)
+			ev->flags |= TRACE_F_SNAT;
+		return ret;
+	}
 	if (!st.rev_nat_index)
 		return 0;
 	ret = lb4_rev_nat(skb, p, st.rev_nat_index);

@@ -60,19 +60,21 @@ def _shared_lab(name: str, **options):
 
 
 # The shared labs start with the GC timer off: tests move the lab clock far ahead and then read the
-# expired rows; test_gc.py switches it on where the timer is what it tests.
+# expired rows; test_gc.py switches it on where the timer is what it tests. They count packets and bytes
+# (ct_accounting, off on a default node): many tests here pin the counters. What a default node prints
+# (Packets=0 Bytes=0) is pinned by test_golden.py on labs with the default options.
 @pytest.fixture(scope="session")
 def _lab_tunnel(_require_datapath):
     from labkit.config import DatapathConfig
 
-    yield from _shared_lab(tagged("dptest"), config=DatapathConfig(routing="tunnel", gc_timer=False))
+    yield from _shared_lab(tagged("dptest"), config=DatapathConfig(routing="tunnel", gc_timer=False, ct_accounting=True))
 
 
 @pytest.fixture(scope="session")
 def _lab_native(_require_datapath):
     from labkit.config import DatapathConfig
 
-    yield from _shared_lab(tagged("dpnative"), config=DatapathConfig(routing="native", gc_timer=False))
+    yield from _shared_lab(tagged("dpnative"), config=DatapathConfig(routing="native", gc_timer=False, ct_accounting=True))
 
 
 @pytest.fixture
