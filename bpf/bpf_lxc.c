@@ -38,7 +38,7 @@ static __always_inline int lb4_from_container(struct __sk_buff *skb, struct pkt4
 	svc = lb4_lookup_frontend(p, true, &scope);
 	if (!svc)
 		return 0;
-	ret = lb4_local(skb, p, svc, scope, 0, &st, &backend);
+	ret = lb4_local(skb, p, svc, scope, &st, &backend);
 	if (ret < 0)
 		return ret;
 	ev->svc_ct_result = ret;
@@ -203,7 +203,13 @@ int cil_to_container(struct __sk_buff *skb)
 		st.flags = from_tunnel ? CT_F_FROM_TUNNEL : 0;
 		st.rev_nat_index = 0;
 		if (ct_has_loopback_egress_entry4(&tuple, &loopback_rev_nat)) {
-			/* a hairpin flow looping back into its pod */
+			/* A hairpin flow looping back into its pod. Cilium hands it
+			 * back to the endpoint with the pod's own identity as the
+			 * source (ipv4_local_delivery with SECLABEL). */
+			struct endpoint_info *self = lookup_endpoint4(p.daddr);
+
+			if (self)
+				st.src_sec_id = self->sec_id;
 			st.flags |= CT_F_LB_LOOPBACK;
 #ifndef CILIUM_HAIRPIN_IN_NO_REVNAT
 			/* v1.16 still copies the OUT entry's RevNAT, for downgrades

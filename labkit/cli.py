@@ -50,6 +50,9 @@ from . import __version__
 from .config import LB_MODES, MAGLEV_TABLE_SIZES, ROUTING_MODES, SOCKET_LB_MODES, CtTimeouts
 from .services import ALGORITHMS, TRAFFIC_POLICIES
 from .errors import LabkitError
+from .maps.ct import CT_MAPS, list_text
+from .release import DEFAULT_RELEASE, RELEASES, profile
+from .gc import SCAN_MODES
 
 __all__ = ["main", "build_parser"]
 
@@ -144,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--service-mode", choices=("ebpf", "iptables"), default=None,
                    help="where Services live: ebpf (default, the cilium_lb4_* maps) or iptables (kube-proxy's nat "
                         "table in every node, Linux conntrack; the BPF programs still track pod traffic)")
+    p.add_argument("--cilium", choices=RELEASES, default=None,
+                   help=f"the Cilium release whose behaviour and output the lab reproduces (default "
+                        f"{DEFAULT_RELEASE}); `labkit status` lists what differs")
+    p.add_argument("--ct-accounting", choices=("on", "off"), default=None,
+                   help="count packets and bytes in CT entries (default off, as on a node: every row then "
+                        "reads Packets=0 Bytes=0)")
     p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
                    help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (default, fits on "
                         f"screen) to {MAGLEV_TABLE_SIZES[-1]}; Cilium's default is 16381")
@@ -281,11 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="gc_command", metavar="COMMAND", required=True)
     p = gc.add_parser("run", help="collect every node's CT maps now, as the agent's GC does",
                       description="Delete every CT entry whose lifetime is below the lab clock's now (and the NAT "
-                                  "twin of a deleted DSRInternal entry), on every node; print what each map read "
-                                  "and deleted, the time taken and the next interval.")
-    p.add_argument("--mode", choices=("batch", "per-entry"), default="batch",
-                   help="batch: BPF_MAP_LOOKUP_BATCH and DELETE_BATCH (Cilium 1.18, default); per-entry: one "
-                        "lookup per entry and one delete per expired entry (before 1.18)")
+                                  "entries of a deleted OUT entry: its SNAT pair, or a DSRInternal entry's NAT "
+                                  "entry), on every node; print what each map read and deleted, the time taken and "
+                                  "the next interval.")
+    p.add_argument("--mode", choices=SCAN_MODES, default=None,
+                   help="per-entry: one lookup per entry and one delete per expired entry (v1.16); batch: "
+                        "BPF_MAP_LOOKUP_BATCH and DELETE_BATCH (1.18+); default: the lab's release's")
     p.add_argument("--json", action="store_true", help="the run as JSON")
     p.set_defaults(func=cmd_gc_run)
     p = gc.add_parser("status", help="the interval, the last run and the timer",
@@ -387,6 +397,10 @@ def cmd_up(args) -> int:
         changes["maglev_table_size"] = args.maglev_table_size
     if args.service_mode is not None:
         changes["service_mode"] = args.service_mode
+    if args.cilium is not None:
+        changes["cilium"] = args.cilium
+    if args.ct_accounting is not None:
+        changes["ct_accounting"] = args.ct_accounting == "on"
     config = DatapathConfig().with_options(**changes)
     print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
     t0 = time.time()
@@ -450,6 +464,9 @@ def cmd_status(args) -> int:
                      f"({'kube-proxy nat table, Linux conntrack' if st['datapath'].get('service_mode') == 'iptables' else 'cilium_lb4_* maps'})"],
         ["LB mode", f"{st['datapath'].get('lb_mode', '-')} (Maglev tables of "
                     f"{st['datapath'].get('maglev_table_size', '-')} slots)"],
+        ["Cilium", f"{st['datapath'].get('cilium', DEFAULT_RELEASE)} behaviour and output"],
+        ["CT accounting", "on (Packets/Bytes counted)" if st["datapath"].get("ct_accounting")
+                          else "off (as on a node: Packets=0 Bytes=0)"],
         ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
         ["CT GC", st.get("gc", "-")],
         ["faults", ", ".join(st["faults"]) or "none"],
@@ -469,6 +486,11 @@ def cmd_status(args) -> int:
         rows.append([e["name"], "external", e["ip"], "underlay", e["netns"]])
     for row in _table(rows):
         print(row)
+    print()
+    release = st["datapath"].get("cilium", DEFAULT_RELEASE)
+    print(f"Cilium {release}: behaviours that changed between the releases labkit reproduces:")
+    for line in profile(release).lines():
+        print(textwrap.fill(line, width=100, initial_indent="  ", subsequent_indent="      "))
     print()
     print("where the lab differs from Cilium:")
     for diff in st["lab_differences"]:
@@ -538,10 +560,9 @@ def cmd_ct_list(args) -> int:
         _print_json([row.to_json(now) for row in rows])
         return 0
     now = lab.clock.now() if args.remaining else None
-    out = [f"# {command}" for command in lab.ct_command(args.node)] if args.show_command else []
-    out += [row.line(now) for row in rows]
-    if out:
-        sys.stdout.write("\n".join(out) + "\n")
+    if args.show_command:
+        sys.stdout.write("".join(f"# {command}\n" for command in lab.ct_command(args.node)))
+    sys.stdout.write(list_text([[r for r in rows if r.map == m] for m in CT_MAPS], now))
     return 0
 
 
@@ -554,9 +575,8 @@ def cmd_nat_list(args) -> int:
             print(command, file=sys.stderr)
         _print_json([row.to_json() for row in rows])
         return 0
-    out = commands + [row.line() for row in rows]
-    if out:
-        sys.stdout.write("\n".join(out) + "\n")
+    # Cilium prints the map's dump with fmt.Println: a blank line after it
+    sys.stdout.write("".join(line + "\n" for line in commands + [row.line() for row in rows]) + "\n")
     return 0
 
 

@@ -28,7 +28,7 @@ ROUTING_MODES = ("tunnel", "native")
 SOCKET_LB_MODES = ("off", "hostns", "full")
 #: --bpf-lb-mode: how a node forwards outside traffic to a backend on another node.
 LB_MODES = ("snat", "dsr", "hybrid")
-#: --bpf-lb-maglev-table-size choices (prime); labkit's default is the smallest, to fit on screen.
+#: --bpf-lb-maglev-table-size choices (prime); the default is Cilium's, 16381 (251 prints on a screen).
 MAGLEV_TABLE_SIZES = (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071)
 VXLAN_PORT = 8472  # Cilium's default tunnel port
 LAB_DIFFERENCES = (
@@ -41,8 +41,6 @@ LAB_DIFFERENCES = (
     "a pod reaches its gateway through a permanent neighbour entry for the host veth's MAC; Cilium's bpf_lxc "
     "answers the pod's ARP instead",
     "the node's cilium_host is a veth paired with cilium_net that only holds the pods' gateway address",
-    "the SVC entry a node creates for an outside client carries the NodePort flag, so the CT table shows which "
-    "SVC rows came from outside",
     "in dsr mode the backend's node removes the DSR IPv4 option before the pod sees the packet, and drops packets "
     "to its pods that carry any other IP option (DROP_INVALID)",
     "a service uses Maglev when the agent wrote a table for its id into cilium_lb4_maglev (per service, "
@@ -101,7 +99,7 @@ class DatapathConfig:
     ct_any_size: int = 262144  #: cilium_ct_any4_global max entries (Cilium's default)
     lb_map_size: int = 65536  #: max entries of each cilium_lb4_* map (Cilium's --bpf-lb-map-max)
     lb_mode: str = "dsr"  #: --bpf-lb-mode: snat, dsr or hybrid (DSR for TCP, SNAT for UDP)
-    maglev_table_size: int = 251  #: --bpf-lb-maglev-table-size (Cilium's default is 16381)
+    maglev_table_size: int = 16381  #: --bpf-lb-maglev-table-size, Cilium's default (pass 251 for a printable table)
     gc_timer: bool = True  #: the CT garbage collector's timer starts on (labkit/gc.py; `labkit gc timer`)
     #: 'ebpf': Services in the cilium_lb4_* maps; 'iptables': kube-proxy's nat table on every node instead
     service_mode: str = "ebpf"

@@ -21,11 +21,12 @@ below 0.05 (not 0)     interval × 1.5, at most 12 h
     >>> next_interval(12, 0.99), next_interval(40000, 0.01)
     (10, 43200)
 
-Two ways to scan, to compare (``labkit gc run --mode``): **batch**, Cilium
-1.18's ``BPF_MAP_LOOKUP_BATCH`` in chunks of 2^ceil(log2(sqrt(2·max))) (1024
-for the default maps), growing on ENOSPC, and one ``BPF_MAP_DELETE_BATCH``;
-and **per-entry**, the older way: ``BPF_MAP_GET_NEXT_KEY`` and one lookup per
-entry, one delete per expired entry.
+Two ways to scan, to compare (``labkit gc run --mode``): **per-entry**, as
+v1.16 does it (``DumpReliablyWithCallback``): ``BPF_MAP_GET_NEXT_KEY`` and one
+lookup per entry, one delete per expired entry; and **batch**, Cilium 1.18's
+``BPF_MAP_LOOKUP_BATCH`` in chunks of 2^ceil(log2(sqrt(2·max))) (1024 for the
+default maps), growing on ENOSPC, and one ``BPF_MAP_DELETE_BATCH``. A lab's
+GC uses its release's way (:func:`default_mode`) unless told otherwise.
 """
 from __future__ import annotations
 
@@ -38,11 +39,11 @@ from dataclasses import asdict, dataclass
 
 from . import _bpf
 from .maps.base import batch_chunk, open_pinned
-from .maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4
-from .maps.nat import NAT_MAP, NatKey4
+from .maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4, TupleFlags
+from .maps.nat import NAT_MAP, NatEntry, NatKey4
 
-__all__ = ["START_INTERVAL", "MIN_INTERVAL", "MAX_INTERVAL", "SCAN_MODES", "next_interval", "MapScan",
-           "GcRun", "collect_node", "flush_address", "fill_synthetic", "LabGc"]
+__all__ = ["START_INTERVAL", "MIN_INTERVAL", "MAX_INTERVAL", "SCAN_MODES", "default_mode", "next_interval",
+           "MapScan", "GcRun", "collect_node", "flush_address", "fill_synthetic", "LabGc"]
 
 START_INTERVAL = 300  #: Cilium's ConntrackGCStartingInterval: 5 minutes
 MIN_INTERVAL = 10  #: ConntrackGCMinInterval
@@ -53,6 +54,18 @@ _KEY = ctypes.sizeof(CtKey4)  # 14 bytes, packed
 _VALUE = ctypes.sizeof(CtEntry)  # 56 bytes
 _LIFETIME = struct.Struct("<32xIH18x")  # lifetime and flags of a ct_entry
 _NO_BATCH = (errno.EINVAL, 524)
+_NOT_OUT = TupleFlags.IN | TupleFlags.RELATED | TupleFlags.SERVICE  # key flags of entries that own no NAT entry
+
+
+def default_mode(release: str) -> str:
+    """The scan a release's agent does: per-entry up to 1.17, batch from 1.18 (behaviour ``gc_batch``).
+
+    >>> default_mode("1.16"), default_mode("1.20")
+    ('per-entry', 'batch')
+    """
+    from .release import profile
+
+    return "batch" if profile(release).has("gc_batch") else "per-entry"
 
 
 def next_interval(interval: float, ratio: float) -> int:
@@ -74,7 +87,7 @@ class MapScan:
     scanned: int
     deleted: int
     seconds: float
-    nat_deleted: int = 0  #: NAT twins of deleted DSRInternal entries
+    nat_deleted: int = 0  #: NAT entries deleted with their OUT entries (SNAT pairs, DSR twins)
 
     @property
     def ratio(self) -> float:
@@ -117,29 +130,55 @@ class GcRun:
         out = [f"GC at lab clock {self.now} ({self.mode} scan): {self.scanned} entries read, {self.deleted} deleted "
                f"in {self.seconds * 1000:.1f} ms"]
         for m in self.maps:
-            nat = f", {m.nat_deleted} NAT twins" if m.nat_deleted else ""
+            nat = f", {m.nat_deleted} NAT entries" if m.nat_deleted else ""
             out.append(f"  {m.node:8} {m.map:24} read {m.scanned:>8}  deleted {m.deleted:>8}{nat}  "
                        f"ratio {m.ratio:.4f} of {m.max_entries}  {m.seconds * 1000:8.1f} ms")
         out.append(f"largest ratio {self.ratio:.4f}: interval {self.interval} s -> {self.next_interval} s")
         return out
 
 
-def _nat_twin(key: bytes) -> NatKey4:
-    """The NAT entry a DSRInternal OUT entry made: keyed by the reply, ports not swapped.
-    CT {daddr=B, saddr=C, dport=cp, sport=bp} ↔ NAT {saddr=B, daddr=C, sport=bp, dport=cp}."""
+def _dsr_nat_key(key: bytes) -> NatKey4:
+    """The NAT entry a DSRInternal OUT entry made on the backend's node: the CT key with only its ports
+    swapped (Cilium's ``DeleteSwappedMapping4``). CT {daddr=C, saddr=B, dport=bp, sport=cp} →
+    NAT {saddr=B, daddr=C, sport=bp, dport=cp, OUT}, the key of the reply it rewrites."""
     ct = CtKey4.from_buffer_copy(key)
     nat = NatKey4()
-    nat.saddr, nat.daddr, nat.sport, nat.dport = ct.daddr, ct.saddr, ct.sport, ct.dport
-    nat.nexthdr, nat.flags = ct.nexthdr, 0
+    nat.saddr, nat.daddr, nat.sport, nat.dport = ct.saddr, ct.daddr, ct.dport, ct.sport
+    nat.nexthdr, nat.flags = ct.nexthdr, TupleFlags.OUT
     return nat
 
 
+def _snat_out_key(key: bytes) -> NatKey4:
+    """The SNAT entry of the flow an OUT entry tracks: the CT key with its addresses swapped (Cilium's
+    ``DeleteMapping4``). CT {daddr=C, saddr=B, dport=bp, sport=cp} → NAT {saddr=C, daddr=B, sport=cp,
+    dport=bp, OUT}: the request as it left, before its source was rewritten."""
+    ct = CtKey4.from_buffer_copy(key)
+    nat = NatKey4()
+    nat.saddr, nat.daddr, nat.sport, nat.dport = ct.daddr, ct.saddr, ct.sport, ct.dport
+    nat.nexthdr, nat.flags = ct.nexthdr, TupleFlags.OUT
+    return nat
+
+
+def _delete_nat_of(nat_fd: int, key: bytes, dsr: bool) -> int:
+    """Delete what an expired OUT entry stood for in the NAT map; how many NAT entries went."""
+    if dsr:
+        return int(_bpf.delete(nat_fd, _dsr_nat_key(key)))
+    out = _snat_out_key(key)
+    value = NatEntry()
+    if not _bpf.lookup(nat_fd, out, value):
+        return 0
+    # The reverse entry, keyed by the reply: {saddr=backend, sport=its port, daddr=to_addr, dport=to_port, IN}.
+    back = NatKey4(daddr=value.to_addr, saddr=out.daddr, dport=value.to_port, sport=out.dport,
+                   nexthdr=out.nexthdr, flags=TupleFlags.IN)
+    return int(_bpf.delete(nat_fd, out)) + int(_bpf.delete(nat_fd, back))
+
+
 def _scan_batch(fd: int, max_entries: int, now: int) -> tuple[int, list[bytes], list[bytes]]:
-    """(entries read, keys to delete, keys of deleted DSRInternal OUT entries), one syscall per chunk."""
+    """(entries read, keys to delete, (key, is DSRInternal) of the deleted OUT entries), one syscall per chunk."""
     chunk = batch_chunk(max_entries)
     token_size = 8
     in_batch, out_batch = None, ctypes.create_string_buffer(token_size)
-    scanned, expired, dsr = 0, [], []
+    scanned, expired, outs = 0, [], []
     while True:
         keys = ctypes.create_string_buffer(_KEY * chunk)
         values = ctypes.create_string_buffer(_VALUE * chunk)
@@ -155,11 +194,11 @@ def _scan_batch(fd: int, max_entries: int, now: int) -> tuple[int, list[bytes], 
             if lifetime < now:
                 key = raw_keys[i * _KEY:(i + 1) * _KEY]
                 expired.append(key)
-                if flags & CtFlags.DSR_INTERNAL and key[13] & 0x03 == 0:  # an OUT entry, not a RELATED twin
-                    dsr.append(key)
+                if key[13] & _NOT_OUT == 0:  # an OUT entry: not IN, RELATED or SVC
+                    outs.append((key, bool(flags & CtFlags.DSR_INTERNAL)))
         scanned += n
         if done:
-            return scanned, expired, dsr
+            return scanned, expired, outs
         in_batch = ctypes.create_string_buffer(out_batch.raw, token_size)
 
 
@@ -177,7 +216,7 @@ def _delete_batch(fd: int, keys: list[bytes]) -> int:
 
 def _scan_per_entry(fd: int, now: int) -> tuple[int, list[bytes], list[bytes]]:
     """The same, one BPF_MAP_GET_NEXT_KEY and one lookup per entry."""
-    scanned, expired, dsr = 0, [], []
+    scanned, expired, outs = 0, [], []
     prev, cur, value = None, ctypes.create_string_buffer(_KEY), ctypes.create_string_buffer(_VALUE)
     while _bpf.next_key(fd, prev, cur):
         if _bpf.lookup(fd, cur, value):
@@ -186,20 +225,20 @@ def _scan_per_entry(fd: int, now: int) -> tuple[int, list[bytes], list[bytes]]:
             if lifetime < now:
                 key = cur.raw
                 expired.append(key)
-                if flags & CtFlags.DSR_INTERNAL and key[13] & 0x03 == 0:
-                    dsr.append(key)
+                if key[13] & _NOT_OUT == 0:
+                    outs.append((key, bool(flags & CtFlags.DSR_INTERNAL)))
         prev, cur = cur, ctypes.create_string_buffer(_KEY)
-    return scanned, expired, dsr
+    return scanned, expired, outs
 
 
 def _delete_per_entry(fd: int, keys: list[bytes]) -> int:
     return sum(_bpf.delete(fd, ctypes.create_string_buffer(k, _KEY)) for k in keys)
 
 
-def collect_node(node: str, pin_dir: str, now: int, mode: str = "batch",
+def collect_node(node: str, pin_dir: str, now: int, mode: str = "per-entry",
                  map_names: tuple[str, ...] = CT_MAPS) -> list[MapScan]:
     """Scan ``node``'s CT maps (pinned under ``pin_dir``), delete what expired before ``now`` and the NAT
-    twins of deleted DSRInternal entries. One :class:`MapScan` per map."""
+    entries of deleted OUT entries. One :class:`MapScan` per map."""
     if mode not in SCAN_MODES:
         raise ValueError(f"GC scan mode {mode!r}: expected one of {', '.join(SCAN_MODES)}")
     out = []
@@ -211,16 +250,16 @@ def collect_node(node: str, pin_dir: str, now: int, mode: str = "batch",
                 max_entries = _bpf.map_info(fd).max_entries
                 t0 = time.perf_counter()
                 if mode == "batch":
-                    scanned, expired, dsr = _scan_batch(fd, max_entries, now)
+                    scanned, expired, outs = _scan_batch(fd, max_entries, now)
                     deleted = _delete_batch(fd, expired)
                 else:
-                    scanned, expired, dsr = _scan_per_entry(fd, now)
+                    scanned, expired, outs = _scan_per_entry(fd, now)
                     deleted = _delete_per_entry(fd, expired)
                 nat_deleted = 0
-                if dsr:
+                if outs:
                     if nat_fd is None:
                         nat_fd = open_pinned(f"{pin_dir}/{NAT_MAP}")
-                    nat_deleted = sum(_bpf.delete(nat_fd, _nat_twin(k)) for k in dsr)
+                    nat_deleted = sum(_delete_nat_of(nat_fd, k, dsr) for k, dsr in outs)
                 out.append(MapScan(node, map_name, max_entries, scanned, deleted,
                                    round(time.perf_counter() - t0, 6), nat_deleted))
             finally:
@@ -363,8 +402,10 @@ class LabGc:
                 self._save(st)
         return self.lab.clock.now() >= last + st["interval"]
 
-    def run(self, mode: str = "batch") -> GcRun:
-        """Collect every node now: delete what expired before the lab clock's now, then adapt the interval."""
+    def run(self, mode: str | None = None) -> GcRun:
+        """Collect every node now: delete what expired before the lab clock's now, then adapt the interval.
+        ``mode``: 'per-entry' or 'batch'; by default the lab's release's (:func:`default_mode`)."""
+        mode = mode or default_mode(self.lab.config.cilium)
         with self._locked():
             st = self.state()
             now = self.lab.clock.now()

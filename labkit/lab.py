@@ -28,6 +28,7 @@ from typing import Sequence
 from . import _netns
 from .clock import LabClock, mono_seconds
 from .config import LAB_DIFFERENCES, DatapathConfig
+from .release import BEHAVIOURS
 from .errors import ConfigError, DatapathError, LabStateError, LabTimeoutError, NotFoundError
 from .ledger import RUN_DIR, LabLock, Ledger, lab_dir
 from .maps.base import PinnedMap
@@ -745,7 +746,7 @@ class Lab:
         rows = []
         for map_name in CT_MAPS:
             with PinnedMap(f"{pin}/{map_name}", CtKey4, CtEntry) as m:
-                rows += [CtRow.of(k, v, map_name) for k, v in m.items()]
+                rows += [CtRow.of(k, v, map_name, self.config.cilium) for k, v in m.items()]
         return rows
 
     def ct_command(self, node: str) -> list[str]:
@@ -754,8 +755,9 @@ class Lab:
 
     def nat(self, node: str) -> list[NatRow]:
         """Every row of ``node``'s NAT map, ``cilium_snat_v4_external`` (empty until the datapath uses it)."""
+        now = self.clock.now()
         with PinnedMap(f"{self.pin_dir(node)}/{NAT_MAP}", NatKey4, NatEntry) as m:
-            return [NatRow.of(k, v) for k, v in m.items()]
+            return [NatRow.of(k, v, now) for k, v in m.items()]
 
     def conntrack(self, node: str) -> list:
         """Linux conntrack rows of ``node``'s namespace (``conntrack -L`` there): what kube-proxy's iptables mode
@@ -843,6 +845,9 @@ class Lab:
             ],
             "externals": [{"name": e.name, "ip": e.ip, "netns": self.topology.netns(e.name)}
                           for e in self.topology.externals],
+            "cilium": {"release": self.config.cilium, "behaviours": [
+                {"name": b.name, "since": b.since, "change": b.change, "what": b.what,
+                 "on": b.in_release(self.config.cilium)} for b in BEHAVIOURS]},
             "lab_differences": list(LAB_DIFFERENCES),
             "health": self.health(),
         }

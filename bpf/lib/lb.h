@@ -201,11 +201,12 @@ static __always_inline int lb4_rev_nat(struct __sk_buff *skb, struct pkt4 *p, __
  * moves to another at once, and if it is only no longer active (terminating)
  * the flow drains on it until a new SYN, which moves it ("drain existing
  * connections, but redirect new ones to only active backends"). The SVC entry
- * carries svc_flags (CT_F_NODE_PORT when the client is outside). Every packet
- * refreshes the client's affinity. Returns the service CT result, or a DROP_*
+ * carries no identity and no flags but its closing state: callers hand it a
+ * fresh ct_state, whether the client is a pod or outside the cluster. Every
+ * packet refreshes the client's affinity. Returns the service CT result, or a DROP_*
  * reason; *backend is set on success. */
 static __always_inline int lb4_local(struct __sk_buff *skb, const struct pkt4 *p, const struct lb4_service *svc,
-				     __u8 scope, __u16 svc_flags, struct ct_state *st, struct lb4_backend **backend)
+				     __u8 scope, struct ct_state *st, struct lb4_backend **backend)
 {
 	struct ipv4_ct_tuple tuple = {};
 	__u32 backend_id = 0, now = lab_now();
@@ -227,7 +228,7 @@ static __always_inline int lb4_local(struct __sk_buff *skb, const struct pkt4 *p
 			return DROP_NO_SERVICE;
 		st->backend_id = backend_id;
 		st->rev_nat_index = svc->rev_nat_index;
-		st->flags = svc_flags;
+		st->flags = 0;
 		ret = ct_create4(&tuple, skb->len, CT_SERVICE, st, false);
 		if (ret < 0)
 			return ret;

@@ -20,7 +20,13 @@
 /* Cilium's NODEPORT_PORT_MIN_NAT..NODEPORT_PORT_MAX_NAT, the SNAT source ports. */
 #define NAT_PORT_MIN 32768
 #define NAT_PORT_MAX 65535
+/* Ports tried before giving up (Cilium signals the agent to collect once
+ * more than half were taken; labkit has no such signal). */
+#ifdef CILIUM_SNAT_RETRIES_32
 #define SNAT_COLLISION_RETRIES 32
+#else
+#define SNAT_COLLISION_RETRIES 128
+#endif
 
 #ifndef NODE_IP
 #define NODE_IP 0 /* this node's underlay address, network byte order (a build macro) */
@@ -37,34 +43,43 @@ static __always_inline void nat_key4(struct ipv4_ct_tuple *key, __be32 saddr, __
 	key->flags = dir;
 }
 
-/* Cilium's __snat_clamp_port_range over NAT_PORT_MIN..NAT_PORT_MAX. */
-static __always_inline __u16 nat_clamp_port(__u32 value)
+/* Cilium's __snat_clamp_port_range: v1.16 maps a value into [min, max-1];
+ * the closed range [min, max] came with cilium/cilium#33271. */
+static __always_inline __u16 nat_clamp_port(__u16 value)
 {
-	return NAT_PORT_MIN + (value % (NAT_PORT_MAX - NAT_PORT_MIN + 1));
+#ifdef CILIUM_SNAT_RETRIES_32
+	__u32 n = NAT_PORT_MAX - NAT_PORT_MIN + 1;
+
+	return NAT_PORT_MIN + (((__u32)value * n) >> 16);
+#else
+	return (value % (__u16)(NAT_PORT_MAX - NAT_PORT_MIN)) + NAT_PORT_MIN;
+#endif
 }
 
 /* SNAT a request leaving for a remote backend: reuse the flow's mapping, or
- * make one, keeping the client's port when it is free and in range (Cilium's
- * __snat_try_keep_port), else trying random ports. */
+ * make one (Cilium's snat_v4_new_mapping): keep the client's port when it is
+ * in range, else a random one; on a collision try a fresh random port once,
+ * then the ports after it, one by one. */
 static __always_inline int snat_v4_nodeport(struct __sk_buff *skb, struct pkt4 *p)
 {
 	struct ipv4_nat_entry ostate = {}, rstate = {};
 	struct ipv4_ct_tuple okey = {}, rkey = {};
 	struct ipv4_nat_entry *found;
-	__u32 now = lab_now(), port = lk_ntohs(p->sport);
+	__u32 now = lab_now();
+	__u16 port = lk_ntohs(p->sport);
 	int i;
 
 	nat_key4(&okey, p->saddr, p->daddr, p->sport, p->dport, p->proto, NAT_DIR_EGRESS);
 	found = cilium_snat_v4_external.lookup(&okey);
 	if (found)
 		return lb4_rewrite(skb, p, false, found->to_addr, found->to_port);
-	if (port < NAT_PORT_MIN)
-		port = nat_clamp_port(bpf_get_prandom_u32());
+	if (port < NAT_PORT_MIN) /* __snat_try_keep_port: NAT_PORT_MAX is 65535, no port is above it */
+		port = nat_clamp_port((__u16)bpf_get_prandom_u32());
 	for (i = 0; i < SNAT_COLLISION_RETRIES; i++) {
 		nat_key4(&rkey, p->daddr, NODE_IP, p->dport, lk_htons(port), p->proto, NAT_DIR_INGRESS);
 		if (!cilium_snat_v4_external.lookup(&rkey))
 			break;
-		port = nat_clamp_port(bpf_get_prandom_u32());
+		port = nat_clamp_port(i ? port + 1 : (__u16)bpf_get_prandom_u32());
 	}
 	if (i == SNAT_COLLISION_RETRIES)
 		return DROP_NAT_NO_MAPPING;
@@ -76,7 +91,7 @@ static __always_inline int snat_v4_nodeport(struct __sk_buff *skb, struct pkt4 *
 	ostate.to_port = lk_htons(port);
 	if (cilium_snat_v4_external.insert(&rkey, &rstate) < 0)
 		return DROP_NAT_NO_MAPPING;
-	if (cilium_snat_v4_external.update(&okey, &ostate) < 0) {
+	if (cilium_snat_v4_external.insert(&okey, &ostate) < 0) {
 		cilium_snat_v4_external.delete(&rkey);
 		return DROP_NAT_NO_MAPPING;
 	}
@@ -102,7 +117,8 @@ static __always_inline int nat_apply4(struct __sk_buff *skb, struct pkt4 *p, __u
 }
 
 /* DSR, on the backend's node: the reply to this request must leave with
- * svc_addr:svc_port as its source. Keyed by the reply {backend → client}. */
+ * svc_addr:svc_port as its source. Keyed by the reply {backend → client}
+ * (Cilium's snat_v4_create_dsr: created now, NeedsCT 0). */
 static __always_inline int dsr_nat_create4(const struct pkt4 *p, __be32 svc_addr, __be16 svc_port)
 {
 	struct ipv4_nat_entry state = {};

@@ -3,8 +3,8 @@
  * VIPs, handled on the node's uplink.
  *
  * On the node a client's packet reaches (from-netdev):
- *   - lookup of a routable frontend, SVC entry (flag NodePort), backend by
- *     Maglev or random, DNAT;
+ *   - lookup of a routable frontend, SVC entry, backend by Maglev or random,
+ *     DNAT;
  *   - a backend on this node: OUT entry (NodePort) and the IN entry its pod's
  *     hooks find, then the kernel delivers it;
  *   - a remote backend in dsr mode: the frontend goes along in the IPv4
@@ -120,7 +120,7 @@ static __always_inline int nodeport_lb4(struct __sk_buff *skb, struct pkt4 *p, s
 	svc = lb4_lookup_frontend(p, false, &scope);
 	if (!svc || !(svc->flags & SVC_FLAG_ROUTABLE))
 		return NP_PASS; /* a ClusterIP is not reachable from outside */
-	ret = lb4_local(skb, p, svc, scope, CT_F_NODE_PORT, &st, &backend);
+	ret = lb4_local(skb, p, svc, scope, &st, &backend);
 	if (ret < 0)
 		return ret;
 	ev->svc_ct_result = ret;

@@ -7,10 +7,16 @@ compiled BTF with these classes).
     >>> key = CtKey4.make("198.18.1.11", "198.18.2.11", 40000, 8080, 6, TupleFlags.OUT)
     >>> entry = CtEntry(lifetime=100, flags=CtFlags.SEEN_NON_SYN, packets=3, bytes=222,
     ...                 tx_flags_seen=0x12, rx_flags_seen=0x12, src_sec_id=256)
-    >>> print(CtRow.of(key, entry).line())  # doctest: +NORMALIZE_WHITESPACE
+    >>> print(CtRow.of(key, entry).line() + "|")  # doctest: +NORMALIZE_WHITESPACE
     TCP OUT 198.18.1.11:40000 -> 198.18.2.11:8080 expires=100 Packets=3 Bytes=222 RxFlagsSeen=0x12
     LastRxReport=0 TxFlagsSeen=0x12 LastTxReport=0 Flags=0x0010 [ SeenNonSyn ] RevNAT=0
-    SourceSecurityID=256 IfIndex=0 BackendID=0
+    SourceSecurityID=256 IfIndex=0 BackendID=0 |
+
+The grammar is the chosen release's (:mod:`labkit.release`): 1.18 drops
+``IfIndex=``, 1.19 adds ``NatPort=`` at the end.
+
+    >>> print(CtRow.of(key, entry, release="1.20").line()[-40:] + "|")
+    rceSecurityID=256 BackendID=0 NatPort=0 |
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ import socket
 import struct
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
+
+from ..release import DEFAULT_RELEASE, profile
 
 __all__ = [
     "CtKey4",
@@ -33,6 +41,7 @@ __all__ = [
     "CtDiff",
     "diff_rows",
     "proto_name",
+    "list_text",
     "CT_MAPS",
 ]
 
@@ -105,20 +114,23 @@ class CtFlags(enum.IntFlag):
 
     @classmethod
     def names(cls, value: int) -> list[str]:
-        """Cilium's names in Cilium's order, then ``Unknown=0x..`` for other bits.
+        """Cilium's names in Cilium's order, then ``Unknown=0x....`` for bits above the last
+        flag; the reserved bit 0x0200 is never named (Cilium's ``flagsString`` masks it).
 
         >>> CtFlags.names(0x001B)
         ['RxClosing', 'TxClosing', 'LBLoopback', 'SeenNonSyn']
-        >>> CtFlags.names(0x0200)
-        ['Unknown=0x0200']
+        >>> CtFlags.names(0x0200), CtFlags.names(0x0810)
+        ([], ['SeenNonSyn', 'Unknown=0x0800'])
         """
         out = [name for bit, name in _CT_FLAG_NAMES if value & bit]
-        unknown = value & ~sum(bit for bit, _ in _CT_FLAG_NAMES) & 0xFFFF
+        unknown = value & ~(_MAX_FLAGS - 1) & 0xFFFF
         if unknown:
             out.append(f"Unknown={unknown:#06x}")
         return out
 
 
+#: Cilium's MaxFlags (pkg/maps/ctmap): one past the last flag bit, FromTunnel.
+_MAX_FLAGS = 0x0800
 _CT_FLAG_NAMES = [
     (CtFlags.RX_CLOSING, "RxClosing"),
     (CtFlags.TX_CLOSING, "TxClosing"),
@@ -227,12 +239,13 @@ class CtRow:
     last_tx_report: int
     last_rx_report: int
     src_sec_id: int
-    ifindex: int
+    ifindex: int  #: the u16 at offset 40: IfIndex in 1.16, reserved in 1.18, NatPort (network order) in 1.19+
     key: bytes = field(repr=False, compare=False)
+    release: str = field(default=DEFAULT_RELEASE, repr=False, compare=False)  #: whose grammar line() prints
 
     @classmethod
-    def of(cls, key: CtKey4, entry: CtEntry, map_name: str = "") -> "CtRow":
-        """Decode a key/entry pair read from ``map_name``."""
+    def of(cls, key: CtKey4, entry: CtEntry, map_name: str = "", release: str = DEFAULT_RELEASE) -> "CtRow":
+        """Decode a key/entry pair read from ``map_name``, to print in ``release``'s grammar."""
         flags = TupleFlags(key.flags)
         if flags & TupleFlags.SERVICE:
             direction = "SVC"
@@ -264,6 +277,7 @@ class CtRow:
             src_sec_id=entry.src_sec_id,
             ifindex=entry.ifindex,
             key=key.raw(),
+            release=release,
         )
 
     # -- reading ----------------------------------------------------------
@@ -295,17 +309,27 @@ class CtRow:
         return f"{self.src}:{self.sport} -> {self.dst}:{self.dport}"
 
     def line(self, now: int | None = None) -> str:
-        """The row in ``cilium-dbg bpf ct list global`` grammar; ``now`` adds the remaining time (``-d``)."""
+        """The row in ``cilium-dbg bpf ct list global`` grammar of the row's release, with the
+        trailing space Cilium's format leaves; ``now`` adds the remaining time (``-d``).
+
+        Cilium's format (pkg/maps/ctmap/types.go, ``CtEntry.StringWithTimeDiff``), v1.16:
+        ``expires=%d%s Packets=%d Bytes=%d RxFlagsSeen=%#02x LastRxReport=%d TxFlagsSeen=%#02x
+        LastTxReport=%d %s RevNAT=%d SourceSecurityID=%d IfIndex=%d BackendID=%d \\n``; 1.18 drops
+        ``IfIndex=``, 1.19 appends ``NatPort=%d`` (cilium/cilium#43017).
+        """
         remaining = f" (remaining: {self.remaining(now)} sec(s))" if now is not None else ""
         related = "related " if self.related else ""
         names = " ".join(self.flag_names)
+        rel = profile(self.release)
+        ifindex = "" if rel.has("ct_list_no_ifindex") else f"IfIndex={self.ifindex} "
+        nat_port = f"NatPort={socket.ntohs(self.ifindex)} " if rel.has("ct_list_nat_port") else ""
         return (
             f"{self.proto_name} {self.dir} {self.flow()} {related}expires={self.lifetime}{remaining} "
             f"Packets={self.packets} Bytes={self.bytes} RxFlagsSeen={self.rx_flags_seen:#04x} "
             f"LastRxReport={self.last_rx_report} TxFlagsSeen={self.tx_flags_seen:#04x} "
             f"LastTxReport={self.last_tx_report} Flags={self.flags:#06x} [ {names + ' ' if names else ''}] "
-            f"RevNAT={self.rev_nat} SourceSecurityID={self.src_sec_id} IfIndex={self.ifindex} "
-            f"BackendID={self.backend_id}"
+            f"RevNAT={self.rev_nat} SourceSecurityID={self.src_sec_id} {ifindex}"
+            f"BackendID={self.backend_id} {nat_port}"
         )
 
     def to_json(self, now: int | None = None) -> dict:
@@ -326,6 +350,18 @@ class CtRow:
 
     def __str__(self) -> str:
         return self.line()
+
+
+def list_text(maps: "Iterable[Iterable[CtRow]]", now: int | None = None) -> str:
+    """What ``cilium-dbg bpf ct list global`` prints for the given maps, in order: each row
+    on its line, and a blank line after each map (Cilium prints each map's dump with
+    ``fmt.Println``), an empty map being just that blank line.
+
+    >>> k = CtKey4.make("198.18.1.11", "198.18.2.11", 1, 2, 17, 0)
+    >>> list_text([[], [CtRow.of(k, CtEntry())]]).count("\\n"), list_text([[], []])
+    (3, '\\n\\n')
+    """
+    return "".join("".join(row.line(now) + "\n" for row in rows) + "\n" for rows in maps)
 
 
 @dataclass(frozen=True)

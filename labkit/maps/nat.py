@@ -10,16 +10,20 @@ packet comes from and ``daddr:dport`` where it goes. An OUT entry (egress)
 rewrites the source of a leaving packet; an IN entry rewrites the destination
 of the reply coming back. The entry holds the rewrite, ``to_addr:to_port``.
 
-This is groundwork for NodePort, SNAT and DSR: every node pins the map, but
-the datapath (bpf_host.c) neither reads nor writes it yet; that is the next
-step. Until then it holds only what was written into it from user space.
+The NodePort code of bpf_host.c writes it: SNAT pairs in snat mode, the
+frontend of a DSR flow on the backend's node (bpf/lib/nat.h).
+
+``Created=`` is how long ago the entry was made, in seconds, as Cilium's
+``NatEntry4.Dump`` prints it with the agent's clock source; a row read from a
+lab carries the lab clock at the time it was read (``now``). Without it
+Cilium prints the raw value, and so does labkit.
 
     >>> out = NatKey4.make("198.18.1.11", "203.0.113.7", 40000, 80, 6, TupleFlags.OUT)
-    >>> print(NatRow.of(out, NatEntry.make("198.51.100.11", 40000, created=1200, needs_ct=1)).line())
-    TCP OUT 198.18.1.11:40000 -> 203.0.113.7:80 XLATE_SRC 198.51.100.11:40000 Created=1200 NeedsCT=1
+    >>> print(NatRow.of(out, NatEntry.make("198.51.100.11", 40000, created=1200, needs_ct=1), now=1212).line())
+    TCP OUT 198.18.1.11:40000 -> 203.0.113.7:80 XLATE_SRC 198.51.100.11:40000 Created=12sec ago NeedsCT=1
     >>> back = NatKey4.make("203.0.113.7", "198.51.100.11", 80, 40000, 6, TupleFlags.IN)
     >>> print(NatRow.of(back, NatEntry.make("198.18.1.11", 40000, created=1200, needs_ct=1)).line())
-    TCP IN 203.0.113.7:80 -> 198.51.100.11:40000 XLATE_DST 198.18.1.11:40000 Created=1200 NeedsCT=1
+    TCP IN 203.0.113.7:80 -> 198.51.100.11:40000 XLATE_DST 198.18.1.11:40000 Created=? (raw 1200) NeedsCT=1
 """
 from __future__ import annotations
 
@@ -133,10 +137,11 @@ class NatRow:
     created: int  #: lab-clock seconds
     needs_ct: int
     key: bytes = field(repr=False, compare=False)
+    now: int | None = field(default=None, repr=False, compare=False)  #: the lab clock when it was read
 
     @classmethod
-    def of(cls, key: NatKey4, entry: NatEntry) -> "NatRow":
-        """Decode a key/entry pair read from the NAT map."""
+    def of(cls, key: NatKey4, entry: NatEntry, now: int | None = None) -> "NatRow":
+        """Decode a key/entry pair read from the NAT map at lab-clock second ``now``."""
         return cls(
             proto=key.nexthdr,
             dir="IN" if key.flags & TupleFlags.IN else "OUT",
@@ -149,6 +154,7 @@ class NatRow:
             created=entry.created,
             needs_ct=entry.needs_ct,
             key=bytes(key),
+            now=now,
         )
 
     # -- reading ----------------------------------------------------------
@@ -177,9 +183,11 @@ class NatRow:
         return f"{self.src}:{self.sport} -> {self.dst}:{self.dport}"
 
     def line(self) -> str:
-        """The row in ``cilium-dbg bpf nat list`` grammar (``Created=`` in lab-clock seconds)."""
+        """The row in ``cilium-dbg bpf nat list`` grammar: the key (``TupleKey4Global.Dump``, no
+        port swap) then ``XLATE_%s %s:%d Created=%s NeedsCT=%d`` (``NatEntry4.Dump``)."""
+        created = f"{self.now - self.created}sec ago" if self.now is not None else f"? (raw {self.created})"
         return (f"{self.proto_name} {self.dir} {self.flow()} XLATE_{self.xlate} {self.to_addr}:{self.to_port} "
-                f"Created={self.created} NeedsCT={self.needs_ct}")
+                f"Created={created} NeedsCT={self.needs_ct}")
 
     def to_json(self) -> dict:
         """Plain data: proto (by name), dir, src, sport, dst, dport, xlate, to_addr, to_port, created, needs_ct."""
@@ -187,6 +195,9 @@ class NatRow:
         data.pop("key")
         data["proto"] = self.proto_name
         data["xlate"] = self.xlate
+        data.pop("now")
+        if self.now is not None:
+            data["age"] = self.now - self.created
         return data
 
     def __str__(self) -> str:

@@ -80,9 +80,18 @@ def test_tcp_open_exchange_close(any_lab):
     inn = wait_for(lambda: [r for r in rows(lab, "node-b", "TCP", "IN") if r.flags & CLOSING == CLOSING],
                    what="both FINs on node-b")[0]
     assert 0 <= inn.remaining(lab.clock.now()) <= t.close
-    # The twin for ICMP errors about this flow, in the any map.
+    # The twin for ICMP errors about this flow, in the any map: the entry as the SYN created it (Cilium's
+    # ct_create4 writes it before the counters): no flags, only the SYN seen, nothing counted.
     twins = rows(lab, "node-a", "ICMP", "OUT", related=True)
     assert [(x.src, x.dst, x.sport, x.dport) for x in twins] == [(a1.ip, b1.ip, 0, 0)]
+    assert (twins[0].flags, twins[0].tx_flags_seen, twins[0].rx_flags_seen, twins[0].packets) == (0, SYN, 0, 0)
+    # On the server's node the twin of the IN entry saw the SYN as ingress; in tunnel mode both carry
+    # FromTunnel (the SYN came through the overlay: bpf_lxc's from_tunnel), in native mode neither does.
+    from_tunnel = CtFlags.FROM_TUNNEL if lab.config.routing == "tunnel" else 0
+    assert inn.flags & CtFlags.FROM_TUNNEL == from_tunnel
+    twins = rows(lab, "node-b", "ICMP", "IN", related=True)
+    assert [(x.src, x.dst, x.flags, x.tx_flags_seen, x.rx_flags_seen, x.packets) for x in twins] == [
+        (a1.ip, b1.ip, from_tunnel, 0, SYN, 0)]
 
 
 def test_lone_syn_keeps_syn_lifetime(lab):
@@ -139,7 +148,14 @@ def test_udp_rows_in_any_map_with_related_twins(any_lab):
         assert [(x.map, x.src, x.dst, x.sport, x.dport) for x in twins] == [
             ("cilium_ct_any4_global", a1.ip, b2.ip, 0, 0)
         ]
-        assert twins[0].flags & CtFlags.SEEN_NON_SYN
+        # The twin is the entry as it was created, written before any counter (Cilium's ct_create4):
+        # no flags but FromTunnel on an IN entry whose datagram came through the overlay, no packets,
+        # the non-TCP lifetime of the first datagram.
+        tunnel_in = direction == "IN" and lab.config.routing == "tunnel"
+        assert (twins[0].flags, twins[0].packets, twins[0].bytes) == (CtFlags.FROM_TUNNEL if tunnel_in else 0, 0, 0)
+        assert udp[0].flags == (CtFlags.FROM_TUNNEL if tunnel_in else 0)
+        assert twins[0].lifetime == twins[0].last_tx_report + lab.config.timeouts.any if direction == "OUT" else \
+            twins[0].lifetime == twins[0].last_rx_report + lab.config.timeouts.any
         nontcp = lab.config.timeouts.any
         assert nontcp - 2 <= udp[0].remaining(lab.clock.now()) <= nontcp
 
