@@ -31,24 +31,38 @@ LB_MODES = ("snat", "dsr", "hybrid")
 #: --bpf-lb-maglev-table-size choices (prime); the default is Cilium's, 16381 (251 prints on a screen).
 MAGLEV_TABLE_SIZES = (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071)
 VXLAN_PORT = 8472  # Cilium's default tunnel port
+#: What labkit still does differently from Cilium, on purpose, each with the reason (``labkit status`` prints
+#: them). Behaviours that differ between Cilium releases are not here: they are the release profile's
+#: (labkit/release.py).
 LAB_DIFFERENCES = (
-    "CT lifetimes are absolute seconds of CLOCK_MONOTONIC plus a lab clock offset (labkit_config map), "
-    "so `labkit clock advance` can move time forward",
-    "every packet at every hook is reported to a ring buffer (labkit_events); Cilium aggregates trace events",
-    "IPv4 fragments are dropped (DROP_FRAG_NOSUPPORT), as Cilium does with fragment tracking disabled",
-    "traffic reaching a node is routed to the pod by the node's kernel; the CT ingress work Cilium does in the "
-    "endpoint's policy program runs at to-container on the pod's host veth",
-    "a pod reaches its gateway through a permanent neighbour entry for the host veth's MAC; Cilium's bpf_lxc "
-    "answers the pod's ARP instead",
-    "the node's cilium_host is a veth paired with cilium_net that only holds the pods' gateway address",
-    "in dsr mode the backend's node removes the DSR IPv4 option before the pod sees the packet, and drops packets "
-    "to its pods that carry any other IP option (DROP_INVALID)",
+    "CT lifetimes are absolute seconds of CLOCK_MONOTONIC plus a lab clock offset (the labkit_config map), so "
+    "that `labkit clock advance` shows a lifetime running out without waiting; on a node the offset is 0",
+    "every packet at every hook is reported to a ring buffer (labkit_events), so that a step can show each "
+    "packet's whole path; Cilium aggregates trace events (MONITOR_AGGREGATION) and reports a flow again only "
+    "after a report interval or a flag change",
+    "IPv4 fragments are dropped (DROP_FRAG_NOSUPPORT), as Cilium does with --enable-ipv4-fragment-tracking=false "
+    "(its default tracks them): lab traffic never fragments, and the datapath stays short enough to read",
+    "traffic reaching a node is routed to the pod by the node's kernel, and the CT ingress work Cilium does in "
+    "the endpoint's policy program (tail-called from from-overlay/from-netdev) runs at to-container on the pod's "
+    "host veth, so that each attach point is one program a learner can read whole, without tail calls; the "
+    "packet's arrival through the tunnel (Cilium's CB_FROM_TUNNEL) crosses the routing in skb->mark",
+    "a pod reaches its gateway through a permanent neighbour entry for the host veth's MAC, where Cilium's "
+    "bpf_lxc answers the pod's ARP: ARP handling would add a path that has nothing to do with conntrack",
+    "the node's cilium_host is a veth paired with cilium_net that only holds the pods' gateway address; bpf_host's "
+    "from-host/to-host programs are not part of the lab, since no lab traffic starts in a node's own stack "
+    "except through socket LB",
+    "in dsr mode the backend's node removes the DSR IPv4 option before the pod sees the packet, so that the step "
+    "shows where the option is read and consumed, and drops packets to its pods that carry any other IP option "
+    "(DROP_INVALID)",
+    "dsr dispatch is the IPv4 option in both routing modes, where Cilium wants Geneve dispatch with tunnels: this "
+    "lab's kernel has no geneve device, and the option crosses the VXLAN tunnel unchanged",
     "a service uses Maglev when the agent wrote a table for its id into cilium_lb4_maglev (per service, "
-    "`--algorithm maglev`), else random; Cilium chooses per agent (--bpf-lb-algorithm) or by annotation",
-    "dsr dispatch is the IPv4 option only, in both routing modes (Cilium wants Geneve dispatch with tunnels); "
-    "the reply is SNATed to the frontend at to-netdev of the backend's node",
-    "the CT garbage collector's interval runs on the lab clock (checked every second), so `labkit clock "
+    "`--algorithm maglev`), so that one lab can compare both algorithms; Cilium chooses one for every service "
+    "with --bpf-lb-algorithm",
+    "the CT garbage collector's interval runs on the lab clock (checked every second), so that `labkit clock "
     "advance` brings the next run forward; Cilium's runs on wall-clock time",
+    "socket LB attaches connect4, sendmsg4, recvmsg4 and getpeername4, not bind4/post_bind4: those guard "
+    "hostPort and NodePort binds, which no lab process makes",
     "--service-mode iptables writes kube-proxy's nat table without --random-fully on MASQUERADE (a masqueraded "
     "flow keeps its port), and no rules for a Service without endpoints (kube-proxy REJECTs in the filter table)",
 )

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from labkit.maps.base import PinnedMap
-from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4
+from labkit.maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4
 
 from labtag import tagged
 
@@ -106,18 +106,71 @@ def test_scan_modes_delete_the_same_entries(lab, mode):
     assert len(left) == 1000 and not left & expired
 
 
-def test_gc_deletes_the_nat_twin_of_a_dsr_entry(native_lab):
-    """A closed DSR connection: the run that deletes node-b's DSRInternal row also deletes its NAT row."""
-    lab = native_lab
+def _closed_from_outside(lab) -> int:
+    """ext opens, uses and closes a connection to a LoadBalancer service with its backend on node-b; its port."""
     lab.services.add("web", 80, ["b1:8080"], type="LoadBalancer")
     conn = lab.external("ext").tcp("web", 80)
-    conn.open()
+    cp = conn.open().result["sport"]
+    conn.send(b"gc")
     conn.close()
-    assert len(lab.nat("node-b")) == 1
-    lab.clock.advance(11)
+    return cp
+
+
+def test_gc_removes_a_closed_dsr_flow_on_the_backend_node(any_lab):
+    """dsr: node-b holds the DSRInternal OUT row (ext -> b1), b1's own IN row and the NAT row; once the close
+    timeout has passed, one GC run deletes all three — the NAT row as the DSR entry's, found by swapping the
+    entry's ports (Cilium's purgeCtEntry4 -> DeleteSwappedMapping4)."""
+    lab = any_lab
+    cp = _closed_from_outside(lab)
+    ext, b1 = lab.topology.external("ext").ip, lab.pod("b1").ip
+
+    def flow_rows():
+        return {(r.dir, r.flags & CtFlags.DSR_INTERNAL != 0) for r in lab.ct("node-b")
+                if not r.related and (r.src, r.sport, r.dst, r.dport) == (ext, cp, b1, 8080)}
+
+    assert flow_rows() == {("OUT", True), ("IN", False)}
+    (nat,) = lab.nat("node-b")
+    assert (nat.src, nat.sport, nat.dst, nat.dport) == (b1, 8080, ext, cp)
+    lab.clock.advance(lab.config.timeouts.close + 1)
     run = lab.gc.run()
     assert sum(m.nat_deleted for m in run.maps if m.node == "node-b") == 1
-    assert lab.nat("node-b") == [] and not [r for r in lab.ct("node-b") if r.dir == "OUT" and not r.related]
+    assert flow_rows() == set() and lab.nat("node-b") == []
+
+
+def test_gc_removes_a_closed_snat_flow_and_both_nat_entries(snat_gc_lab):
+    """snat: node-a's NodePort OUT row goes with both entries of its SNAT pair (Cilium's DeleteMapping4: the OUT
+    entry found by the CT key with its addresses swapped, then the reverse IN entry it points at)."""
+    lab = snat_gc_lab
+    cp = _closed_from_outside(lab)
+    ext = lab.topology.external("ext").ip
+    assert sorted(r.dir for r in lab.nat("node-a")) == ["IN", "OUT"]
+    assert [r for r in lab.ct("node-a") if r.dir == "OUT" and (r.src, r.sport) == (ext, cp)]
+    lab.clock.advance(lab.config.timeouts.close + 1)
+    run = lab.gc.run()
+    assert sum(m.nat_deleted for m in run.maps if m.node == "node-a") == 2
+    assert lab.nat("node-a") == []
+    assert not [r for r in lab.ct("node-a") if r.dir == "OUT" and (r.src, r.sport) == (ext, cp)]
+
+
+@pytest.fixture(scope="module")
+def _snat_gc(_require_datapath):
+    from labkit import Lab
+    from labkit.config import DatapathConfig
+
+    lab = Lab.up(tagged("dpgcsnat"), config=DatapathConfig(routing="native", lb_mode="snat", gc_timer=False))
+    yield lab
+    lab.down()
+
+
+@pytest.fixture
+def snat_gc_lab(_snat_gc):
+    _snat_gc.reset()
+    return _snat_gc
+
+
+def test_gc_scans_as_the_release_does(lab):
+    """Without --mode, a 1.16 lab's GC reads one entry per syscall (per-entry), as v1.16's agent does."""
+    assert lab.config.cilium == "1.16" and lab.gc.run().mode == "per-entry"
 
 
 def test_timer_runs_when_the_lab_clock_is_due(lab):

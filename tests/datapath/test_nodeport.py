@@ -73,8 +73,9 @@ def packets_to_client(step) -> list:
 
 
 def test_dsr_lb_vip_backend_on_other_node(any_lab):
-    """dsr: node-a keeps only the SVC row (NodePort flag), node-b the DSRInternal OUT row and the NAT row
-    {b1:8080 -> ext:cp} -> VIP:80; the client talks to VIP:80 and no reply packet touches node-a."""
+    """dsr: node-a keeps only the SVC row; node-b the DSRInternal OUT row keyed client -> backend, the pod's
+    own IN row and the NAT row {b1:8080 -> ext:cp} -> VIP:80; the client talks to VIP:80 and no reply
+    packet touches node-a."""
     lab = any_lab
     svc = lab.services.add("web", 80, ["b1:8080"], type="LoadBalancer")
     conn = lab.external("ext").tcp("web", 80)
@@ -84,16 +85,19 @@ def test_dsr_lb_vip_backend_on_other_node(any_lab):
 
     (svc_row,) = rows(lab, "node-a", "SVC")
     assert (svc_row.src, svc_row.sport, svc_row.dst, svc_row.dport) == (EXT, cp, svc.lb_vip, 80)
-    assert svc_row.flags & CtFlags.NODE_PORT
+    assert not svc_row.flags & CtFlags.NODE_PORT  # Cilium's lb4_local gets a fresh ct_state
     assert svc_row.rev_nat == frontend_id(svc, "LoadBalancer")
     assert svc_row.backend_id == svc.backend("b1:8080").id
     assert rows(lab, "node-a", "OUT") == [] and rows(lab, "node-a", "IN") == []
     assert lab.nat("node-a") == []
 
+    # nodeport_dsr_ingress_ipv4 keys the entry like any OUT entry of a client on this node: C:cp -> B:bp.
     (out,) = rows(lab, "node-b", "OUT")
-    assert (out.src, out.sport, out.dst, out.dport) == (B1, 8080, EXT, cp)
+    assert (out.src, out.sport, out.dst, out.dport) == (EXT, cp, B1, 8080)
     assert out.flags & CtFlags.DSR_INTERNAL and not out.flags & CtFlags.NODE_PORT
-    assert rows(lab, "node-b", "IN") == []
+    assert not [r for r in lab.ct("node-b") if r.related and r.dir == "OUT"]  # ct_create4 got no related map
+    (inn,) = rows(lab, "node-b", "IN")  # the backend pod's own ingress entry
+    assert (inn.src, inn.sport, inn.dst, inn.dport, inn.src_sec_id) == (EXT, cp, B1, 8080, 2)
     (nat,) = lab.nat("node-b")
     assert (nat.dir, nat.src, nat.sport, nat.dst, nat.dport) == ("OUT", B1, 8080, EXT, cp)
     assert (nat.to_addr, nat.to_port) == (svc.lb_vip, 80)
@@ -201,9 +205,9 @@ def test_nodeport_on_node_b_reaches_backend_on_node_a(native_lab):
     opened = conn.open()
     assert opened.ok and opened.result["peer"] == f"{NODE_B}:30080"
     (svc_row,) = rows(lab, "node-b", "SVC")
-    assert svc_row.rev_nat == frontend_id(svc, "NodePort", NODE_B) and svc_row.flags & CtFlags.NODE_PORT
+    assert svc_row.rev_nat == frontend_id(svc, "NodePort", NODE_B) and not svc_row.flags & CtFlags.NODE_PORT
     (out,) = rows(lab, "node-a", "OUT")
-    assert out.src == A1 and out.flags & CtFlags.DSR_INTERNAL
+    assert (out.src, out.dst, out.dport) == (EXT, A1, 8080) and out.flags & CtFlags.DSR_INTERNAL
     assert f"client={EXT}:" in lab.pod("a1").server_log()[-1]
     conn.close()
 
@@ -314,6 +318,48 @@ def test_maglev_removing_a_backend_moves_only_its_flows(native_lab):
               f"{len(others_moved)} of {len(ports) - len(on_gone)} others moved")
     finally:
         lab.trace_mode("all")
+
+
+_SYN_CATCHER = r"""
+import socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+s.bind(("eth0", 0))
+s.settimeout(10)
+print("ready", flush=True)
+while True:
+    frame = s.recv(2048)
+    ip = frame[14:]
+    ihl = (ip[0] & 0x0F) * 4
+    if ip[9] == 6 and ip[16:20] == socket.inet_aton(sys.argv[1]) and ip[ihl + 13] & 0x02:
+        print(ip[:ihl].hex(), flush=True)
+        break
+"""
+
+
+def test_dsr_option_bytes_on_the_wire(native_lab):
+    """The SYN node-a forwards to node-b carries the DSR option exactly as Cilium writes it: type 0x9a, length 8,
+    then the frontend's port and address with bpf_htons/bpf_htonl applied to values already in network order —
+    byte-reversed on the wire (nodeport.h dsr_set_opt4; bpf/tests/tc_nodeport_dsr_backend builds the option
+    with opt->port = bpf_ntohs(FRONTEND_PORT), opt->addr = bpf_ntohl(FRONTEND_IP))."""
+    import subprocess
+
+    lab = native_lab
+    svc = lab.services.add("web", 80, ["b1:8080"], type="LoadBalancer")
+    catcher = lab.popen("node-b", [sys.executable, "-c", _SYN_CATCHER, B1], stdout=subprocess.PIPE, text=True)
+    try:
+        assert catcher.stdout.readline().strip() == "ready"
+        conn = lab.external("ext").tcp("web", 80)
+        assert conn.open().ok
+        header = bytes.fromhex(catcher.stdout.readline().strip())
+        conn.close()
+    finally:
+        catcher.kill()
+        catcher.wait()
+    assert header[0] == 0x47  # IPv4, IHL 7: 20 bytes and the 8-byte option
+    option = header[20:28]
+    assert option == b"\x9a\x08" + (80).to_bytes(2, "big")[::-1] + socket.inet_aton(svc.lb_vip)[::-1]
+    if svc.lb_vip == "203.0.113.10":
+        assert option.hex(" ") == "9a 08 50 00 0a 71 00 cb"
 
 
 # -- malformed input on the wire ------------------------------------------------------------

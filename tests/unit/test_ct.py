@@ -16,6 +16,7 @@ from labkit.maps.ct import (
     CtRow,
     TupleFlags,
     diff_rows,
+    list_text,
     proto_name,
 )
 
@@ -31,7 +32,7 @@ LINE = re.compile(
     r"Packets=(?P<packets>\d+) Bytes=(?P<bytes>\d+) RxFlagsSeen=0x(?P<rx>[0-9a-f]{2}) LastRxReport=(?P<lrx>\d+) "
     r"TxFlagsSeen=0x(?P<tx>[0-9a-f]{2}) LastTxReport=(?P<ltx>\d+) Flags=0x(?P<flags>[0-9a-f]{4}) "
     r"\[ (?P<names>(?:\S+ )*)\] RevNAT=(?P<revnat>\d+) SourceSecurityID=(?P<secid>\d+) "
-    r"IfIndex=(?P<ifindex>\d+) BackendID=(?P<backend>\d+)$"
+    r"IfIndex=(?P<ifindex>\d+) BackendID=(?P<backend>\d+) $"  # "... BackendID=%d \n": a trailing space
 )
 CILIUM_FLAG_NAMES = [
     (0x0001, "RxClosing"),
@@ -193,7 +194,7 @@ def test_line_exact_out():
     assert row.line() == (
         "TCP OUT 198.18.1.11:40000 -> 198.18.2.11:8080 expires=12345 Packets=5 Bytes=400 RxFlagsSeen=0x12 "
         "LastRxReport=100 TxFlagsSeen=0x1b LastTxReport=101 Flags=0x001b [ RxClosing TxClosing LBLoopback "
-        "SeenNonSyn ] RevNAT=177 SourceSecurityID=256 IfIndex=7 BackendID=0"
+        "SeenNonSyn ] RevNAT=177 SourceSecurityID=256 IfIndex=7 BackendID=0 "
     )
     assert str(row) == row.line()
 
@@ -204,7 +205,7 @@ def test_line_exact_svc_with_remaining():
     assert row.line(100) == (
         "TCP SVC 198.18.1.11:40000 -> 198.19.0.10:80 expires=160 (remaining: 60 sec(s)) Packets=0 Bytes=0 "
         "RxFlagsSeen=0x00 LastRxReport=0 TxFlagsSeen=0x00 LastTxReport=0 Flags=0x0000 [ ] RevNAT=3 "
-        "SourceSecurityID=0 IfIndex=0 BackendID=2"
+        "SourceSecurityID=0 IfIndex=0 BackendID=2 "
     )
 
 
@@ -214,8 +215,28 @@ def test_line_exact_related_icmp():
     assert row.line() == (
         "ICMP OUT 198.18.1.11:7 -> 198.18.2.11:0 related expires=60 Packets=0 Bytes=0 RxFlagsSeen=0x00 "
         "LastRxReport=0 TxFlagsSeen=0x00 LastTxReport=0 Flags=0x0000 [ ] RevNAT=0 SourceSecurityID=0 "
-        "IfIndex=0 BackendID=0"
+        "IfIndex=0 BackendID=0 "
     )
+
+
+def test_line_grammar_of_later_releases():
+    """1.18 drops IfIndex= (commit 105cd80bf473, the field became reserved); 1.19 appends NatPort=%d, the
+    port field in network order (cilium/cilium#43017); the 1.20 profile prints both changes."""
+    row = CtRow.of(raw_key(C, S, SP, CP, 6, 0), raw_entry(lifetime=12345, ifindex=socket.htons(40001)), release="1.20")
+    assert row.line() == (
+        "TCP OUT 198.18.1.11:40000 -> 198.18.2.11:8080 expires=12345 Packets=0 Bytes=0 RxFlagsSeen=0x00 "
+        "LastRxReport=0 TxFlagsSeen=0x00 LastTxReport=0 Flags=0x0000 [ ] RevNAT=0 SourceSecurityID=0 "
+        "BackendID=0 NatPort=40001 "
+    )
+
+
+def test_list_text_blank_line_after_each_map():
+    """list_text: every row on its line, then the blank line cilium-dbg's fmt.Println adds after each map,
+    an empty map being only that line."""
+    out = CtRow.of(raw_key(C, S, SP, CP, 6, 0), raw_entry(lifetime=1))
+    twin = CtRow.of(raw_key(C, S, 0, 0, 1, 2), raw_entry(lifetime=1))
+    assert list_text([[out], [twin]]) == f"{out.line()}\n\n{twin.line()}\n\n"
+    assert list_text([[], []]) == "\n\n"
 
 
 def test_line_remaining_negative_when_expired():
@@ -243,9 +264,11 @@ def test_each_flag_name(bit, name):
 
 
 def test_flag_names_order_and_unknown():
-    """All known bits print in Cilium's order, then unknown high bits as Unknown=0x%04x."""
+    """All known bits print in Cilium's order, then bits from MaxFlags (0x0800) up as Unknown=0x%04x; the
+    reserved bit 0x0200 below it is never printed (flagsString: unknownFlags &^= MaxFlags - 1)."""
     every = sum(bit for bit, _ in CILIUM_FLAG_NAMES)
     assert CtFlags.names(every) == [name for _, name in CILIUM_FLAG_NAMES]
+    assert CtFlags.names(0x0200) == [] and CtFlags.names(0x0210) == ["SeenNonSyn"]
     assert CtFlags.names(0x0800) == ["Unknown=0x0800"]
     assert CtFlags.names(0x8001) == ["RxClosing", "Unknown=0x8000"]
     assert CtFlags.names(0xF000 | 0x0010) == ["SeenNonSyn", "Unknown=0xf000"]

@@ -7,6 +7,7 @@ import pytest
 
 from labkit import gc
 from labkit.gc import MAX_INTERVAL, MIN_INTERVAL, START_INTERVAL, GcRun, MapScan, next_interval
+from labkit.maps.ct import CtKey4
 
 
 @pytest.mark.parametrize("interval, ratio, expected", [
@@ -44,7 +45,7 @@ def test_run_ratio_is_the_largest_over_the_maps():
     run = GcRun(500, "batch", maps, 0.002, 300, next_interval(300, 0.3))
     assert run.ratio == 0.3 and (run.deleted, run.scanned) == (40, 150) and run.next_interval == 210
     text = "\n".join(run.lines())
-    assert "cilium_ct_any4_global" in text and "2 NAT twins" in text and "300 s -> 210 s" in text
+    assert "cilium_ct_any4_global" in text and "2 NAT entries" in text and "300 s -> 210 s" in text
     assert run.to_json()["ratio"] == 0.3
 
 
@@ -52,3 +53,32 @@ def test_doctests():
     """The examples in labkit.gc run and give what they show."""
     result = doctest.testmod(gc)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_dsr_nat_key_swaps_only_the_ports():
+    """A DSRInternal entry {daddr=C, saddr=B, dport=bp, sport=cp} owns the NAT entry {saddr=B, daddr=C,
+    sport=bp, dport=cp, OUT}: Cilium's DeleteSwappedMapping4 swaps the ports and keeps the addresses."""
+    from labkit.gc import _dsr_nat_key
+    from labkit.maps.ct import TupleFlags
+    from labkit.maps.nat import NatKey4
+
+    ct = CtKey4.make("198.51.100.100", "198.18.2.11", 40000, 8080, 6, TupleFlags.OUT)  # OUT C:cp -> B:bp
+    assert bytes(_dsr_nat_key(bytes(ct))) == bytes(NatKey4.make("198.18.2.11", "198.51.100.100", 8080, 40000, 6))
+
+
+def test_snat_out_key_swaps_the_addresses():
+    """An OUT entry of a SNATed flow {daddr=C, saddr=B, dport=bp, sport=cp} finds its NAT OUT entry keyed by
+    the request {saddr=C, daddr=B, sport=cp, dport=bp}: Cilium's DeleteMapping4 swaps the addresses."""
+    from labkit.gc import _snat_out_key
+    from labkit.maps.ct import TupleFlags
+    from labkit.maps.nat import NatKey4
+
+    ct = CtKey4.make("198.51.100.100", "198.18.2.11", 40000, 8080, 6, TupleFlags.OUT)
+    assert bytes(_snat_out_key(bytes(ct))) == bytes(NatKey4.make("198.51.100.100", "198.18.2.11", 40000, 8080, 6))
+
+
+def test_default_scan_follows_the_release():
+    """v1.16 scans per entry (DumpReliablyWithCallback); batch came with 1.18 (cilium/cilium#36288)."""
+    from labkit.gc import default_mode
+
+    assert (default_mode("1.16"), default_mode("1.20")) == ("per-entry", "batch")

@@ -29,7 +29,8 @@ NODE, NP = "198.51.100.11", 61000  # the node's address and the port SNAT picked
 _IP = r"\d{1,3}(?:\.\d{1,3}){3}"
 LINE = re.compile(
     rf"^(?P<proto>\S+) (?P<dir>OUT|IN) (?P<src>{_IP}):(?P<sport>\d+) -> (?P<dst>{_IP}):(?P<dport>\d+) "
-    rf"XLATE_(?P<xlate>SRC|DST) (?P<to_addr>{_IP}):(?P<to_port>\d+) Created=(?P<created>\d+) NeedsCT=(?P<needs_ct>\d+)$"
+    rf"XLATE_(?P<xlate>SRC|DST) (?P<to_addr>{_IP}):(?P<to_port>\d+) Created=(?P<created>-?\d+)sec ago "
+    r"NeedsCT=(?P<needs_ct>\d+)$"
 )
 
 
@@ -48,19 +49,23 @@ def raw_entry(to_addr: str, to_port: int, created: int = 0, needs_ct: int = 0) -
     return NatEntry.from_buffer_copy(raw)
 
 
+NOW = 1230  # the lab clock when the rows below were read
+
+
 def out_row(created: int = 1200) -> NatRow:
-    return NatRow.of(raw_key(POD, REMOTE, PP, RP, 6, 0), raw_entry(NODE, NP, created, 1))
+    return NatRow.of(raw_key(POD, REMOTE, PP, RP, 6, 0), raw_entry(NODE, NP, created, 1), NOW)
 
 
 def in_row(created: int = 1200) -> NatRow:
-    return NatRow.of(raw_key(REMOTE, NODE, RP, NP, 6, 1), raw_entry(POD, PP, created, 1))
+    return NatRow.of(raw_key(REMOTE, NODE, RP, NP, 6, 1), raw_entry(POD, PP, created, 1), NOW)
 
 
 # -- the grammar ---------------------------------------------------------------
 def test_out_line_by_hand():
-    """An OUT entry prints `TCP OUT src:sport -> dst:dport XLATE_SRC to:port Created= NeedsCT=`."""
+    """An OUT entry prints `TCP OUT src:sport -> dst:dport XLATE_SRC to:port Created=<age>sec ago NeedsCT=`
+    (NatEntry4.Dump: "XLATE_%s %s:%d Created=%s NeedsCT=%d", the age "%dsec ago" from the clock source)."""
     line = out_row().line()
-    assert line == f"TCP OUT {POD}:{PP} -> {REMOTE}:{RP} XLATE_SRC {NODE}:{NP} Created=1200 NeedsCT=1"
+    assert line == f"TCP OUT {POD}:{PP} -> {REMOTE}:{RP} XLATE_SRC {NODE}:{NP} Created=30sec ago NeedsCT=1"
     m = LINE.match(line)
     assert m and (m["dir"], m["xlate"]) == ("OUT", "SRC")
     assert str(out_row()) == line
@@ -68,8 +73,8 @@ def test_out_line_by_hand():
 
 def test_in_line_by_hand():
     """An IN entry prints the reply's tuple and XLATE_DST with the address the reply is rewritten to."""
-    line = in_row(7).line()
-    assert line == f"TCP IN {REMOTE}:{RP} -> {NODE}:{NP} XLATE_DST {POD}:{PP} Created=7 NeedsCT=1"
+    line = in_row(1223).line()
+    assert line == f"TCP IN {REMOTE}:{RP} -> {NODE}:{NP} XLATE_DST {POD}:{PP} Created=7sec ago NeedsCT=1"
     m = LINE.match(line)
     assert m and (m["dir"], m["xlate"], m["created"]) == ("IN", "DST", "7")
 
@@ -77,8 +82,14 @@ def test_in_line_by_hand():
 @pytest.mark.parametrize("proto,name", [(17, "UDP"), (1, "ICMP"), (132, "SCTP"), (47, "47")])
 def test_line_protocol_names(proto, name):
     """The line starts with Cilium's protocol name (the number for unknown protocols)."""
-    row = NatRow.of(NatKey4.make(POD, REMOTE, PP, RP, proto), NatEntry.make(NODE, NP))
+    row = NatRow.of(NatKey4.make(POD, REMOTE, PP, RP, proto), NatEntry.make(NODE, NP), NOW)
     assert row.line().startswith(f"{name} OUT ") and LINE.match(row.line())
+
+
+def test_line_without_a_clock_prints_the_raw_value():
+    """Without the agent's clock source Cilium prints `Created=? (raw N)`; so does a row read without one."""
+    row = NatRow.of(NatKey4.make(POD, REMOTE, PP, RP, 6), NatEntry.make(NODE, NP, created=1200))
+    assert " Created=? (raw 1200) NeedsCT=0" in row.line()
 
 
 def test_dir_comes_from_the_in_bit_only():
@@ -128,10 +139,11 @@ def test_row_decodes_to_host_form():
 
 # -- JSON, identity and diffs ----------------------------------------------------
 def test_to_json():
-    """to_json has the row's fields, proto by name and xlate, and no raw key; it is JSON-serialisable."""
+    """to_json has the row's fields, proto by name and xlate, the age when the row was read with a clock, and
+    no raw key; it is JSON-serialisable."""
     data = in_row().to_json()
     assert data == {"proto": "TCP", "dir": "IN", "src": REMOTE, "sport": RP, "dst": NODE, "dport": NP,
-                    "xlate": "DST", "to_addr": POD, "to_port": PP, "created": 1200, "needs_ct": 1}
+                    "xlate": "DST", "to_addr": POD, "to_port": PP, "created": 1200, "needs_ct": 1, "age": 30}
     assert json.loads(json.dumps(data)) == data
 
 
@@ -212,10 +224,10 @@ def test_parse_nat_list():
 
 
 def test_nat_list_prints_only_rows(fake, capsys):
-    """nat list prints one cilium-dbg line per entry and nothing else."""
+    """nat list prints one cilium-dbg line per entry, then the blank line fmt.Println adds after the map."""
     assert cli.main(["nat", "list", "node-b"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines == [out_row().line(), in_row().line()] and all(LINE.match(x) for x in lines)
+    out = capsys.readouterr().out
+    assert out == f"{out_row().line()}\n{in_row().line()}\n\n" and all(LINE.match(x) for x in out.split("\n")[:2])
     assert fake.asked == ["node-b"]
 
 
@@ -223,7 +235,7 @@ def test_nat_list_show_command(fake, capsys):
     """--show-command prints the bpftool command as a '# ' line before the rows (on stderr with --json)."""
     assert cli.main(["nat", "list", "node-a", "--show-command"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [f"# {fake.nat_command('node-a')[0]}", out_row().line(), in_row().line()]
+    assert lines == [f"# {fake.nat_command('node-a')[0]}", out_row().line(), in_row().line(), ""]
     assert cli.main(["nat", "list", "node-a", "--json", "--show-command"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out) == [out_row().to_json(), in_row().to_json()]

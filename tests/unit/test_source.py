@@ -36,7 +36,7 @@ def test_tunnel_macros(topo):
         "NODE_IP": int.from_bytes(bytes([198, 51, 100, 12]), "little"),
         "NATIVE_DEV_IFINDEX": 0,
         "LB_MODE": 1,  # dsr
-        "LB_MAGLEV_LUT_SIZE": 251,
+        "LB_MAGLEV_LUT_SIZE": 16381,  # DatapathConfig.maglev_table_size: Cilium's default
         "LB_FLOW_HASH_SEED": FLOW_HASH_SEED,
         "ROUTING_TUNNEL": 1,
         "VXLAN_IFINDEX": 42,
@@ -52,6 +52,7 @@ def test_tunnel_macros(topo):
         "CT_SERVICE_CLOSE_REBALANCE": 60,
         "CT_SYN_TIMEOUT": 7,
         "CT_CLOSE_TIMEOUT": 10,
+        "CILIUM_SVC_CLOSE_BOTH": 1,  # the 1.16 profile's one release behaviour (labkit/release.py)
     }
 
 
