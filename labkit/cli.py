@@ -19,6 +19,7 @@ Examples::
     labkit service list                             # services, their VIPs and backends
     labkit service backend web b1:8080 --state terminating
     labkit lb list node-a                           # like `cilium service list`, from node-a's maps
+    labkit lb list node-a --bpf                     # like `cilium-dbg bpf lb list`
     labkit lb list node-a --raw                     # ... every slot, backend and reverse NAT entry
     labkit trace --last 20                          # the last 20 flows, Hubble style
     labkit trace --follow --node node-b             # new flows of node-b until Ctrl-C
@@ -154,8 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="count packets and bytes in CT entries (default off, as on a node: every row then "
                         "reads Packets=0 Bytes=0)")
     p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
-                   help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (default, fits on "
-                        f"screen) to {MAGLEV_TABLE_SIZES[-1]}; Cilium's default is 16381")
+                   help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (fits on a screen) to "
+                        f"{MAGLEV_TABLE_SIZES[-1]}; default 16381, Cilium's")
     p.set_defaults(func=cmd_up)
 
     p = add("down", "remove everything the lab created, then check that nothing is left")
@@ -248,10 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
     lb = add("lb", "the load-balancing maps of a node").add_subparsers(
         dest="lb_command", metavar="COMMAND", required=True)
     p = lb.add_parser("list", help="a node's services as `cilium service list` prints them",
-                      description="The services in NODE's cilium_lb4_* maps, in `cilium service list` style "
-                                  "(one line per backend); --raw shows every map entry with its slot.")
+                      description="The services in NODE's cilium_lb4_* maps as the lab's Cilium release prints "
+                                  "them: `cilium service list` (one line per backend), or with --bpf "
+                                  "`cilium-dbg bpf lb list` (one line per map entry); --raw shows every map entry "
+                                  "with its slot in labkit's own words.")
     p.add_argument("node", metavar="NODE", help="the node whose maps to read (node-a, node-b, ...)")
-    p.add_argument("--raw", action="store_true", help="every slot, backend and reverse NAT entry as stored")
+    view = p.add_mutually_exclusive_group()
+    view.add_argument("--bpf", action="store_true",
+                      help="as `cilium-dbg bpf lb list` prints the services map (with --json: its key -> entries)")
+    view.add_argument("--raw", action="store_true", help="every slot, backend and reverse NAT entry as stored")
     p.add_argument("--json", action="store_true", help="as JSON")
     p.add_argument("--show-command", action="store_true",
                    help="first print the bpftool commands that dump the same maps, as '# ' lines")
@@ -704,10 +710,12 @@ def cmd_lb_list(args) -> int:
         for command in lab.services.lb_command(args.node):
             print(f"# {command}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        _print_json(snap.raw_json() if args.raw else snap.to_json())
+        _print_json(snap.bpf_json() if args.bpf else snap.raw_json() if args.raw else snap.to_json())
         return 0
-    lines = snap.raw_lines() if args.raw else snap.lines()
-    sys.stdout.write("\n".join(lines) + "\n")
+    if args.raw:
+        sys.stdout.write("\n".join(snap.raw_lines()) + "\n")
+    else:  # Go's tabwriter output as it is: every line padded, trailing spaces kept
+        sys.stdout.write(snap.bpf_text() if args.bpf else snap.text())
     return 0
 
 

@@ -1,6 +1,6 @@
-"""Maglev consistent hashing: how Cilium (pkg/maglev, v1.16) turns a service's
-backends into a lookup table of M slots, so that every node sends a flow to the
-same backend and a backend change moves as few flows as possible.
+"""Maglev consistent hashing: how Cilium (pkg/maglev) turns a service's backends
+into a lookup table of M slots, so that every node sends a flow to the same
+backend and a backend change moves as few flows as possible.
 
 The idea, in three steps:
 
@@ -17,23 +17,27 @@ The idea, in three steps:
    handed out again and the other backends keep almost all of theirs.
 
     >>> backends = {"198.18.2.11:8080": 1, "198.18.2.12:8080": 2, "198.18.3.11:8080": 3}
-    >>> table = lookup_table(backends)               # M = LAB_DEFAULT_M = 251
+    >>> table = lookup_table(backends, SMALL_M)      # 251 slots, to print; a lab's default is 16381
     >>> len(table), sorted(shares(table))
     (251, [1, 2, 3])
     >>> sorted(table.count(i) for i in (1, 2, 3))    # 251 = 84 + 84 + 83
     [83, 84, 84]
     >>> del backends["198.18.3.11:8080"]
-    >>> after = lookup_table(backends)
+    >>> after = lookup_table(backends, SMALL_M)
     >>> moved = [s for s in range(251) if table[s] != after[s]]
-    >>> len(moved), sum(table[s] == 3 for s in moved)  # backend 3's 83 slots, and one more
-    (84, 83)
+    >>> len(moved), sum(table[s] == 3 for s in moved)  # backend 3's 83 slots, and no other
+    (83, 83)
 
-How labkit differs from Cilium: Cilium hashes its own string for a backend (built
-from the backend's address and port) with a seed taken from the first four bytes
-of ``--bpf-lb-maglev-hash-seed`` (see :func:`cilium_seed`); labkit hashes the
-``"ip:port"`` string you give it, with seed 0 unless told otherwise. Backend ids
-are the node-local ids of ``cilium_lb4_backends_v3``; names, not ids, decide the
-table, which is why all nodes agree.
+What labkit takes from Cilium as it is: the table size (``DEFAULT_M`` = 16381,
+``--bpf-lb-maglev-table-size``, also a lab's default), the Murmur seed (the first
+four bytes of ``--bpf-lb-maglev-hash-seed``'s default, :data:`MURMUR_SEED`, what
+every function here uses unless told otherwise), the weights, and the name each
+backend is hashed by, which depends on the release (:func:`backend_name`):
+``198.18.2.11:8080`` on v1.16, ``[198.18.2.11:8080/TCP,State:active]`` on 1.18+.
+The agent (:mod:`labkit.services`) builds every table this way, so a table
+computed here equals the one in the node's ``cilium_lb4_maglev``. Backend ids
+are the ids of ``cilium_lb4_backends_v3``; names, not ids, decide the table,
+which is why all nodes agree.
 """
 from __future__ import annotations
 
@@ -48,8 +52,11 @@ __all__ = [
     "PRIMES",
     "DEFAULT_M",
     "LAB_DEFAULT_M",
+    "SMALL_M",
     "CILIUM_DEFAULT_HASH_SEED",
+    "MURMUR_SEED",
     "cilium_seed",
+    "backend_name",
     "offset_skip",
     "permutation",
     "lookup_table",
@@ -65,10 +72,13 @@ __all__ = [
 #: The table sizes Cilium accepts for ``--bpf-lb-maglev-table-size`` (all prime).
 #: Cilium recommends M larger than 100 × the number of backends.
 PRIMES = (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071)
-#: Cilium's default table size.
+#: Cilium's default table size (``--bpf-lb-maglev-table-size``).
 DEFAULT_M = 16381
-#: labkit's default: small enough to print in a notebook.
-LAB_DEFAULT_M = 251
+#: A lab's default table size (``DatapathConfig.maglev_table_size``): Cilium's.
+LAB_DEFAULT_M = DEFAULT_M
+#: The smallest size Cilium accepts: a table that fits on a screen. A notebook that wants to
+#: print a table brings its lab up with ``maglev_table_size=SMALL_M``.
+SMALL_M = 251
 #: Cilium's default ``--bpf-lb-maglev-hash-seed`` (12 random bytes, base64).
 CILIUM_DEFAULT_HASH_SEED = "JLfvgnHc2kaSUFaI"
 _SIZES = ", ".join(map(str, PRIMES))
@@ -151,6 +161,30 @@ def cilium_seed(hash_seed: str = CILIUM_DEFAULT_HASH_SEED) -> int:
     return int.from_bytes(raw[:4], "big")
 
 
+#: The Murmur seed of Cilium's default ``--bpf-lb-maglev-hash-seed`` (0x24b7ef82): the seed
+#: every table, preference order and offset here is computed with unless told otherwise.
+MURMUR_SEED = cilium_seed()
+
+#: The string Cilium hashes for a backend, per release: v1.16's pkg/service keys the active
+#: backends by ``Backend.String()`` = ``L3n4Addr.String()`` = ``"%s:%d%s"`` (no protocol; ``/i``
+#: only for a frontend's internal scope); from 1.18 pkg/maglev hashes ``BackendInfo.hashString``,
+#: ``"[" + addr + ":" + port + "/" + protocol + ",State:active]"`` (a form Cilium promises to keep,
+#: so that tables agree across upgrades).
+_NAME_FORMATS = {"1.16": "{ip}:{port}", "1.20": "[{ip}:{port}/{proto},State:active]"}
+
+
+def backend_name(ip: str, port: int, protocol: str = "TCP", cilium: str = "1.16") -> str:
+    """The name release ``cilium`` hashes (and sorts) a backend by.
+
+    >>> backend_name("198.18.2.11", 8080), backend_name("198.18.2.11", 8080, "UDP", "1.20")
+    ('198.18.2.11:8080', '[198.18.2.11:8080/UDP,State:active]')
+    """
+    from .release import profile
+
+    profile(cilium)  # ConfigError names the releases
+    return _NAME_FORMATS[cilium].format(ip=ip, port=int(port), proto=str(protocol).upper())
+
+
 def _is_prime(m: int) -> bool:
     return m >= 2 and all(m % d for d in range(2, int(m**0.5) + 1))
 
@@ -161,12 +195,12 @@ def _check_name(name: object) -> str:
     return name
 
 
-def offset_skip(name: str, m: int, seed: int = 0) -> tuple[int, int]:
+def offset_skip(name: str, m: int, seed: int = MURMUR_SEED) -> tuple[int, int]:
     """Where ``name``'s preference order starts, and its stride: ``h1 % m`` and
-    ``h2 % (m - 1) + 1`` of its Murmur hash. ``m`` must be prime.
+    ``h2 % (m - 1) + 1`` of its Murmur hash (Cilium's ``getOffsetAndSkip``). ``m`` must be prime.
 
     >>> offset_skip("198.18.2.11:8080", 251)
-    (232, 87)
+    (143, 183)
     """
     if isinstance(m, bool) or not isinstance(m, int) or not _is_prime(m):
         raise ConfigError(f"Maglev table size: expected a prime (Cilium takes {_SIZES}), got {m!r}")
@@ -174,12 +208,12 @@ def offset_skip(name: str, m: int, seed: int = 0) -> tuple[int, int]:
     return h1 % m, h2 % (m - 1) + 1
 
 
-def permutation(name: str, m: int, seed: int = 0) -> list[int]:
+def permutation(name: str, m: int, seed: int = MURMUR_SEED) -> list[int]:
     """``name``'s preference order over the ``m`` slots: row j is
     ``(offset + j * skip) % m``, a permutation of ``range(m)`` because ``m`` is prime.
 
     >>> permutation("198.18.2.11:8080", 7)
-    [5, 1, 4, 0, 3, 6, 2]
+    [2, 3, 4, 5, 6, 0, 1]
     """
     offset, skip = offset_skip(name, m, seed)
     return [(offset + j * skip) % m for j in range(m)]
@@ -230,12 +264,17 @@ def _check_weights(weights: object, names: Iterable[str]) -> dict[str, int]:
 def lookup_table(
     backends: dict[str, int] | list[tuple[str, int]],
     m: int = LAB_DEFAULT_M,
-    seed: int = 0,
+    seed: int = MURMUR_SEED,
     weights: dict[str, int] | None = None,
 ) -> list[int]:
     """The M-slot table of backend ids for ``backends`` (name -> id), as Cilium's
     ``GetLookupTable`` fills it: names sorted, round-robin turns, each turn claiming
     the backend's next free preferred slot.
+
+    The defaults are Cilium's: ``m`` 16381 (``LAB_DEFAULT_M`` = ``DEFAULT_M``, a lab's
+    default too; pass the lab's ``maglev_table_size`` when it has another) and the seed
+    of its default hash seed (:data:`MURMUR_SEED`). Name backends with :func:`backend_name`
+    for the release the lab reproduces.
 
     ``weights`` (name -> 0..65535, one per backend) follows Cilium exactly: a
     weight-0 backend is left out (Cilium puts it in maintenance); then a backend
@@ -244,9 +283,10 @@ def lookup_table(
     applies this when ``sum(weights) // N > 1`` -- its default weight is 100 --
     so tiny weights such as 2 and 1 for two backends are treated as equal.
 
-    >>> t = lookup_table({"10.0.0.1:80": 7, "10.0.0.2:80": 9}, weights={"10.0.0.1:80": 300, "10.0.0.2:80": 100})
+    >>> t = lookup_table({"10.0.0.1:80": 7, "10.0.0.2:80": 9}, SMALL_M,
+    ...                  weights={"10.0.0.1:80": 300, "10.0.0.2:80": 100})
     >>> t[:8], t.count(7), t.count(9)
-    ([7, 7, 7, 7, 7, 9, 7, 7], 188, 63)
+    ([7, 9, 9, 7, 9, 7, 7, 9], 188, 63)
     """
     if isinstance(m, bool) or m not in PRIMES:
         raise ConfigError(f"Maglev table size: expected one of {_SIZES}, got {m!r}")
@@ -365,7 +405,7 @@ def flow_hash(src: str, sport: int, dport: int, proto: int, seed: int = FLOW_HAS
 def flow_slot(src: str, sport: int, dport: int, proto: int, m: int = LAB_DEFAULT_M) -> int:
     """The Maglev slot the datapath reads for this flow: ``flow_hash(...) % m``.
 
-    >>> 0 <= flow_slot("198.51.100.100", 40000, 80, 6) < 251
+    >>> 0 <= flow_slot("198.51.100.100", 40000, 80, 6) < 16381
     True
     """
     return slot_for(flow_hash(src, sport, dport, proto), m)

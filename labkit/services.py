@@ -24,6 +24,14 @@ every frontend has its own head and slots, its own service id and reverse NAT
 entry (back to that frontend's address:port), and they all share the backends.
 The write order above holds across all of a service's frontends at once.
 
+What the agent writes depends on the Cilium release the lab reproduces (``lab.config.cilium``,
+:mod:`labkit.release`): v1.16's agent writes protocol 0 in every service key and backend, so
+one VIP:port holds one service whatever its protocol (two that differ only in protocol are
+refused), and names Maglev backends ``ip:port``; 1.17+ writes the protocol
+(cilium/cilium#33434) and 1.18+ hashes ``[ip:port/TCP,State:active]``
+(:func:`labkit.maglev.backend_name`). Maglev tables are Cilium's: the lab's table size
+(16381 by default) and the seed of ``--bpf-lb-maglev-hash-seed``'s default.
+
 Service ids (1, 2, ...; one per frontend) and backend ids are allocated per lab, the same on
 every node; a backend id belongs to one address:port/protocol and is shared by
 every service that uses it (as in Cilium), and freed when the last one stops.
@@ -37,12 +45,13 @@ Without a kernel, the same agent writes into dictionaries::
     >>> web = svcs.add("web", 80, ["b1:8080", "b2:8080"])
     >>> web.frontend, web.id, [str(b) for b in web.backends]
     ('198.19.0.10:80/TCP', 1, ['b1:8080', 'b2:8080'])
-    >>> print("\\n".join(svcs.lb("node-a").lines()))
-    ID   Frontend             Service Type   Backend
-    1    198.19.0.10:80/TCP   ClusterIP      1 => 198.18.2.11:8080/TCP (active)
-                                             2 => 198.18.2.12:8080/TCP (active)
-    >>> svcs.maps.ops[:6]  # node-a, in the order written
-    ['update node-a cilium_lb4_backends_v3 backend 1', 'update node-a cilium_lb4_backends_v3 backend 2', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/TCP slot 1', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/TCP slot 2', 'update node-a cilium_lb4_reverse_nat rev_nat 1', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/TCP slot 0']
+    >>> for line in svcs.lb("node-a").lines():  # `cilium service list` on v1.16 (its lines end in spaces)
+    ...     print(line.rstrip())
+    ID   Frontend         Service Type   Backend
+    1    198.19.0.10:80   ClusterIP      1 => 198.18.2.11:8080 (active)
+                                         2 => 198.18.2.12:8080 (active)
+    >>> svcs.maps.ops[:6]  # node-a, in the order written; v1.16 keys carry protocol 0 (ANY)
+    ['update node-a cilium_lb4_backends_v3 backend 1', 'update node-a cilium_lb4_backends_v3 backend 2', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/ANY slot 1', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/ANY slot 2', 'update node-a cilium_lb4_reverse_nat rev_nat 1', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/ANY slot 0']
 
 On a running lab the same calls are ``lab.services.add(...)``, and
 ``labkit service add web --port 80 --backend b1:8080 --backend b2:8080``.
@@ -52,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import ipaddress
 import json
 import os
@@ -61,7 +71,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, Protocol, Sequence
 
 from .errors import ConfigError, DatapathError, LabkitError, NotFoundError
-from .maglev import LAB_DEFAULT_M, lookup_table
+from .maglev import LAB_DEFAULT_M, MURMUR_SEED, backend_name, lookup_table
 from .maps.lb import (
     AFFINITY_MAP,
     BACKENDS_MAP,
@@ -82,7 +92,9 @@ from .maps.lb import (
     PinnedMaglev,
     ServiceFlags,
     ServiceFlags2,
+    proto_number,
 )
+from .release import DEFAULT_RELEASE, profile
 from .topology import CLUSTERIP_RANGE, LB_RANGE, Topology
 
 __all__ = [
@@ -617,16 +629,28 @@ _PUT = {SERVICES_MAP: "slot_put", BACKENDS_MAP: "be_new", REVNAT_MAP: "revnat_pu
 _DEL = {SERVICES_MAP: "slot_del", BACKENDS_MAP: "be_del", REVNAT_MAP: "revnat_del", MAGLEV_MAP: "maglev_del"}
 
 
-def _entries(state: _State, topo: Topology, node: str, maglev_m: int = LAB_DEFAULT_M) -> _Entries:
-    """Every row ``node``'s service maps should hold for ``state``.
+@functools.lru_cache(maxsize=256)
+def _maglev_lut(names: tuple[tuple[str, int], ...], m: int) -> MaglevLut:
+    """One Maglev table (the frontends of a service share it, and old and new states mostly agree)."""
+    return MaglevLut(lookup_table(list(names), m, MURMUR_SEED))
 
+
+def _entries(state: _State, topo: Topology, node: str, maglev_m: int = LAB_DEFAULT_M,
+             cilium: str = DEFAULT_RELEASE) -> _Entries:
+    """Every row ``node``'s service maps should hold for ``state``, as release ``cilium``'s agent writes them.
+
+    Keys and backends carry protocol 0 on v1.16 (pkg/maps/lbmap: ``u8proto.ANY``) and the
+    service's protocol on 1.17+; heads carry the service's flags, slots flags 0.
     Nodes differ only where a frontend has externalTrafficPolicy=Local: its external
     scope lists the node's own backends (flag Local); its internal scope, read by pods
     and node processes (flag TWO_SCOPES on the external head), lists them all.
-    A Maglev service gets one table per frontend, over what the external scope lists."""
+    A Maglev service gets one table per frontend, over what the external scope lists,
+    built as Cilium builds it (:func:`labkit.maglev.backend_name`, Cilium's seed)."""
     out: _Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}}
-    backends: dict[int, tuple[str, int, str, bool]] = {}
+    proto_keys = profile(cilium).has("lb_proto_keys")
+    backends: dict[int, tuple[str, int, int, bool]] = {}
     for svc in state.services.values():
+        wire = proto_number(svc.protocol) if proto_keys else 0
         slots = svc.slots  # once per service: every frontend lists the same backends
         n_active = sum(b.state == "active" for b in slots)
         for fe in svc.frontends:  # each its own head, slots and reverse NAT; the same backends
@@ -639,23 +663,24 @@ def _entries(state: _State, topo: Topology, node: str, maglev_m: int = LAB_DEFAU
                 scopes = [(LookupScope.EXT, here, sum(b.state == "active" for b in here)),
                           (LookupScope.INT, slots, n_active)]
             for scope, listed, active in scopes:
-                head_key = Lb4Key.make(fe.address, fe.port, svc.protocol, scope=scope)
+                head_key = Lb4Key.make(fe.address, fe.port, wire, scope=scope)
                 head = Lb4Service.head(active, fe.id, flags, flags2, svc.affinity_timeout)
                 out[SERVICES_MAP][bytes(head_key)] = (head_key, head)
                 for slot, b in enumerate(listed, start=1):
                     key = head_key.with_slot(slot)
-                    out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, fe.id, flags, flags2))
+                    out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, fe.id))
             rn_key = Lb4RevNatKey.make(fe.id)
             out[REVNAT_MAP][bytes(rn_key)] = (rn_key, Lb4ReverseNat.make(fe.address, fe.port))
             if svc.algorithm == "maglev":
                 ext_active = [b for b in scopes[0][1] if b.state == "active"]
                 if ext_active:
-                    table = lookup_table({f"{topo.pod(b.pod).ip}:{b.port}": b.id for b in ext_active}, maglev_m)
-                    out[MAGLEV_MAP][bytes(rn_key)] = (rn_key, MaglevLut(table))
+                    names = tuple(sorted((backend_name(topo.pod(b.pod).ip, b.port, svc.protocol, cilium), b.id)
+                                         for b in ext_active))
+                    out[MAGLEV_MAP][bytes(rn_key)] = (rn_key, _maglev_lut(names, maglev_m))
         for b in slots:
             ip = topo.pod(b.pod).ip
-            was_active = backends.get(b.id, (ip, b.port, svc.protocol, False))[3]
-            backends[b.id] = (ip, b.port, svc.protocol, was_active or b.state == "active")
+            was_active = backends.get(b.id, (ip, b.port, wire, False))[3]
+            backends[b.id] = (ip, b.port, wire, was_active or b.state == "active")
     for bid, (ip, port, proto, active) in backends.items():
         # Shared by several services: active while any of them still counts it.
         state_ = BackendState.ACTIVE if active else BackendState.TERMINATING
@@ -742,12 +767,14 @@ class Services:
     """
 
     def __init__(self, lab: str, topology: Topology, maps: MapWriter, store: ServiceStore,
-                 maglev_m: int = LAB_DEFAULT_M, mode: str = "ebpf", tables=None):
+                 maglev_m: int = LAB_DEFAULT_M, mode: str = "ebpf", tables=None, cilium: str = DEFAULT_RELEASE):
         self.lab = lab
         self.topology = topology
         self.maps = maps
         self.store = store
         self.maglev_m = maglev_m  #: the lab's Maglev table size (its datapath was compiled for it)
+        #: the Cilium release whose agent this one plays: what its keys, backends, tables and views hold
+        self.cilium = profile(cilium).release
         #: 'ebpf' (the cilium_lb4_* maps) or 'iptables' (kube-proxy's nat table on every node, no LB map entry)
         self.mode = mode
         #: iptables mode: ``tables(node, text)`` installs a whole nat table; in memory: the last text per node
@@ -765,12 +792,14 @@ class Services:
         m = lab.config.maglev_table_size
         mode = getattr(lab.config, "service_mode", "ebpf")
         tables = lambda node, text: restore(lab.topology.netns(node), text)  # noqa: E731
-        return cls(lab.name, lab.topology, PinnedMaps(pins, m), JsonStore(lab.name), m, mode, tables)
+        return cls(lab.name, lab.topology, PinnedMaps(pins, m), JsonStore(lab.name), m, mode, tables,
+                   lab.config.profile.release)
 
     @classmethod
-    def in_memory(cls, topology: Topology) -> "Services":
-        """An agent writing into :class:`MemoryMaps` and a :class:`MemoryStore` (no kernel)."""
-        return cls(topology.lab, topology, MemoryMaps(n.name for n in topology.nodes), MemoryStore())
+    def in_memory(cls, topology: Topology, cilium: str = DEFAULT_RELEASE, maglev_m: int = LAB_DEFAULT_M) -> "Services":
+        """An agent of release ``cilium`` writing into :class:`MemoryMaps` and a :class:`MemoryStore` (no kernel)."""
+        return cls(topology.lab, topology, MemoryMaps(n.name for n in topology.nodes), MemoryStore(), maglev_m,
+                   cilium=cilium)
 
     # -- reading -------------------------------------------------------------------
     def _state(self) -> _State:
@@ -807,7 +836,8 @@ class Services:
         """``node``'s three service maps as they are now (``labkit lb list NODE``)."""
         self.topology.node(node)
         try:
-            return LbSnapshot.of(*(self.maps.items(node, m) for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)))
+            return LbSnapshot.of(*(self.maps.items(node, m) for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)),
+                                 cilium=self.cilium)
         finally:
             self.maps.close()
 
@@ -817,7 +847,7 @@ class Services:
         None: no table in the map, or none expected (random algorithm, no active backend)."""
         self.topology.node(node)
         svc = self.get(name)
-        want = _entries(_State(services={svc.name: svc}), self.topology, node, self.maglev_m)[MAGLEV_MAP]
+        want = _entries(_State(services={svc.name: svc}), self.topology, node, self.maglev_m, self.cilium)[MAGLEV_MAP]
         try:
             out = {}
             for fe in svc.frontends:
@@ -884,7 +914,7 @@ class Services:
                 vip = self._free_vip(state)
             if type != "ClusterIP":
                 if node_port is None:
-                    node_port = self._free_node_port(state, protocol)
+                    node_port = self._free_node_port(state, protocol, profile(self.cilium).has("lb_proto_keys"))
                 else:
                     for other in state.services.values():
                         if other.node_port == node_port and other.protocol == protocol:
@@ -898,12 +928,7 @@ class Services:
                 wanted += [("NodePort", n.ip, node_port) for n in self.topology.nodes]
             if type == "LoadBalancer":
                 wanted.append(("LoadBalancer", lb_vip, port))
-            taken = {fe.l4(other.protocol): other.name for other in state.services.values() for fe in other.frontends}
-            for _, address, p in wanted:
-                frontend = _l4(address, p, protocol)
-                if frontend in taken:
-                    raise ConfigError(f"service '{name}': frontend {frontend} is already service '{taken[frontend]}'; "
-                                      f"expected a VIP:port/protocol no other service uses")
+            self._check_frontends_free(state, name, protocol, [(address, p) for _, address, p in wanted])
             used = {i for s in state.services.values() for i in s.ids}
             next_sid = state.next_service_id
             frontends = []
@@ -1004,8 +1029,8 @@ class Services:
             for node in (n.name for n in self.topology.nodes):
                 which = node if per_node else None
                 if which not in plans:
-                    plans[which] = _plan(_entries(old, self.topology, node, self.maglev_m),
-                                         _entries(new, self.topology, node, self.maglev_m), grow)
+                    plans[which] = _plan(_entries(old, self.topology, node, self.maglev_m, self.cilium),
+                                         _entries(new, self.topology, node, self.maglev_m, self.cilium), grow)
                 for op in plans[which]:
                     txn.apply(node, op)
             op = None
@@ -1085,8 +1110,30 @@ class Services:
             out.append(be)
         return out
 
-    def _free_node_port(self, state: _State, protocol: str) -> int:
-        used = {s.node_port for s in state.services.values() if s.protocol == protocol}
+    def _check_frontends_free(self, state: _State, name: str, protocol: str, wanted: list[tuple[str, int]]) -> None:
+        """ConfigError if one of ``wanted`` (address, port) would take another service's map key. On v1.16
+        every key carries protocol 0, so a VIP:port is one key whatever the protocol."""
+        proto_keys = profile(self.cilium).has("lb_proto_keys")
+        for other in state.services.values():
+            for fe in other.frontends:
+                for address, p in wanted:
+                    if (fe.address, fe.port) != (address, p):
+                        continue
+                    frontend = _l4(address, p, protocol)
+                    if other.protocol == protocol:
+                        raise ConfigError(f"service '{name}': frontend {frontend} is already service "
+                                          f"'{other.name}'; expected a VIP:port/protocol no other service uses")
+                    if not proto_keys:
+                        raise ConfigError(
+                            f"service '{name}': frontend {frontend} would share its cilium_lb4_services_v2 key "
+                            f"with service '{other.name}' ({fe.l4(other.protocol)}): Cilium {self.cilium} writes "
+                            f"protocol 0 in every service key, so one VIP:port holds one service whatever its "
+                            f"protocol (keys per protocol came with 1.17, cilium/cilium#33434); expected another "
+                            f"VIP or port, or a lab of Cilium 1.20 (`labkit up --cilium 1.20`)")
+
+    def _free_node_port(self, state: _State, protocol: str, proto_keys: bool = True) -> int:
+        """The first node port no service of ``protocol`` uses (of any protocol without per-protocol keys)."""
+        used = {s.node_port for s in state.services.values() if s.protocol == protocol or not proto_keys}
         for p in NODE_PORT_RANGE:
             if p not in used:
                 return p

@@ -11,12 +11,16 @@ follow after count, where the random pick ``slot = rand % count + 1`` never
 lands. Byte orders are the kernel's: addresses, ports and ``rev_nat_index``
 in network order, ``backend_slot``, ``backend_id`` and ``count`` in host order.
 
-    >>> key = Lb4Key.make("198.19.0.10", 80, "TCP")
+The protocol byte depends on the release (:mod:`labkit.release`, ``lb_proto_keys``):
+Cilium v1.16's agent writes 0 (ANY) in every key and backend, 1.17+ writes the
+L4 protocol (cilium/cilium#33434). The views print what that release prints.
+
+    >>> key = Lb4Key.make("198.19.0.10", 80, 0)
     >>> head = Lb4Service.head(count=2, rev_nat_index=1)
     >>> str(key), head.head_text()
-    ('198.19.0.10:80/TCP slot 0', 'head: count=2 rev_nat=1 flags=[ClusterIP, non-routable]')
+    ('198.19.0.10:80/ANY slot 0', 'head: count=2 rev_nat=1 flags=[ClusterIP, non-routable]')
     >>> bytes(key).hex(" "), bytes(head).hex(" ")
-    ('c6 13 00 0a 00 50 00 00 06 00 00 00', '00 00 00 00 02 00 00 01 00 00 00 00')
+    ('c6 13 00 0a 00 50 00 00 00 00 00 00', '00 00 00 00 02 00 00 01 00 00 00 00')
     >>> str(Lb4Backend.make("198.18.2.11", 8080, "TCP"))
     '198.18.2.11:8080/TCP (active)'
 """
@@ -30,7 +34,10 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable
 
+from .._tabwriter import CILIUM as _CILIUM_TABWRITER
+from .._tabwriter import tabwrite
 from ..errors import ConfigError
+from ..release import DEFAULT_RELEASE, profile
 
 __all__ = [
     "Lb4Key",
@@ -53,6 +60,7 @@ __all__ = [
     "proto_number",
     "service_type",
     "flag_names",
+    "l3n4_text",
     "SERVICES_MAP",
     "BACKENDS_MAP",
     "REVNAT_MAP",
@@ -72,7 +80,8 @@ REVERSE_SK_MAP = "cilium_lb4_reverse_sk"
 MAGLEV_MAP = "cilium_lb4_maglev"
 
 _PROTOS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP}
-_PROTO_NAMES = {0: "ANY", 6: "TCP", 17: "UDP", 132: "SCTP"}
+#: Cilium's u8proto names (pkg/u8proto): what `bpf lb list` prints after a key's or backend's port.
+_PROTO_NAMES = {0: "ANY", 1: "ICMP", 6: "TCP", 17: "UDP", 58: "ICMPv6", 132: "SCTP"}
 
 
 def proto_number(proto: str | int) -> int:
@@ -147,18 +156,26 @@ def service_type(flags: int, flags2: int = 0) -> str:
 
 
 def flag_names(flags: int, flags2: int = 0) -> list[str]:
-    """Cilium's ``SvcFlag.String()`` words, in its order, then ``Unknown=0x..``.
+    """Cilium's ``ServiceFlags.String()`` words, in its order, then ``Unknown=0x..``.
+
+    The order is v1.16's pkg/loadbalancer (flags | flags2 << 8 as one uint16): the type,
+    ``Local``, ``InternalLocal``, ``two-scopes``, ``sessionAffinity``, ``non-routable``,
+    ``check source-range``, ``46x64``, ``l7-load-balancer``, ``loopback``. (Later releases
+    add words for bits labkit never writes: ``deny``, ``quarantined``, ``dsr``, and say
+    ``delegate-if-local`` for the loopback bit outside HostPort.)
 
     >>> flag_names(ServiceFlags.AFFINITY)
     ['ClusterIP', 'sessionAffinity', 'non-routable']
-    >>> flag_names(ServiceFlags.NODEPORT | ServiceFlags.EXT_LOCAL_SCOPE | ServiceFlags.ROUTABLE)
-    ['NodePort', 'Local']
+    >>> flag_names(ServiceFlags.NODEPORT | ServiceFlags.EXT_LOCAL_SCOPE | ServiceFlags.ROUTABLE, ServiceFlags2.TWO_SCOPES)
+    ['NodePort', 'Local', 'two-scopes']
     """
     out = [service_type(flags, flags2)]
     if flags & ServiceFlags.EXT_LOCAL_SCOPE:
         out.append("Local")
     if flags2 & ServiceFlags2.INT_LOCAL_SCOPE:
         out.append("InternalLocal")
+    if flags2 & ServiceFlags2.TWO_SCOPES:
+        out.append("two-scopes")
     if flags & ServiceFlags.AFFINITY:
         out.append("sessionAffinity")
     if not flags & ServiceFlags.ROUTABLE:
@@ -171,12 +188,23 @@ def flag_names(flags: int, flags2: int = 0) -> list[str]:
         out.append("l7-load-balancer")
     if flags2 & ServiceFlags2.LOOPBACK:
         out.append("loopback")
-    if flags2 & ServiceFlags2.TWO_SCOPES:
-        out.append("two-scopes")
     unknown = flags2 & ~sum(ServiceFlags2) & 0xFF
     if unknown:
         out.append(f"Unknown=0x{unknown:02x}")
     return out
+
+
+def l3n4_text(ip: str, port: int, proto: int | str, scope: int = 0, cilium: str = DEFAULT_RELEASE) -> str:
+    """An address as Cilium's ``L3n4Addr.String()`` prints it in ``service list``: v1.16
+    ``ip:port`` (pkg/loadbalancer: ``"%s:%d%s"``), 1.17+ ``ip:port/TCP``
+    (``StringWithProtocol``); ``/i`` after it for the internal scope.
+
+    >>> l3n4_text("198.19.0.10", 80, 6), l3n4_text("198.19.0.10", 80, 6, LookupScope.INT, cilium="1.20")
+    ('198.19.0.10:80', '198.19.0.10:80/TCP/i')
+    """
+    name = proto if isinstance(proto, str) else _proto_name(proto)
+    text = f"{ip}:{port}/{name}" if profile(cilium).has("lb_proto_keys") else f"{ip}:{port}"
+    return text + ("/i" if scope == LookupScope.INT else "")
 
 
 class BackendState(enum.IntEnum):
@@ -251,7 +279,8 @@ class Lb4Key(ctypes.LittleEndianStructure):
 
     @property
     def frontend(self) -> str:
-        """``198.19.0.10:80/TCP`` (``/TCP`` is the L4 protocol, as Cilium 1.16 prints it)."""
+        """``198.19.0.10:80/TCP``: address, port and the key's protocol byte (``ANY`` for 0, as
+        Cilium v1.16 writes it). Labkit's raw view; the Cilium views use :func:`l3n4_text`."""
         return f"{self.vip}:{self.port}/{_proto_name(self.proto)}"
 
     @property
@@ -260,14 +289,17 @@ class Lb4Key(ctypes.LittleEndianStructure):
         return (self.address, self.dport, self.proto, self.scope)
 
     def __str__(self) -> str:
-        scope = "" if self.scope == LookupScope.EXT else f" scope={LookupScope(self.scope).name if self.scope in (0, 1) else self.scope}"
+        name = LookupScope(self.scope).name if self.scope in (0, 1) else self.scope
+        scope = "" if self.scope == LookupScope.EXT else f" scope={name}"
         return f"{self.frontend} slot {self.backend_slot}{scope}"
 
 
 class Lb4Service(ctypes.LittleEndianStructure):
-    """``struct lb4_service`` (12 bytes). Slot 0: count and the affinity timeout
-    (in the ``backend_id`` union member); slots 1..: the backend id. Every slot
-    carries the service's ``rev_nat_index`` (network order) and flags."""
+    """``struct lb4_service`` (12 bytes). Slot 0: count, the affinity timeout (in the
+    ``backend_id`` union member) and the service's flags; slots 1..: the backend id and
+    flags 0. Every slot carries the service's ``rev_nat_index`` (network order), as
+    Cilium's agent writes them (pkg/maps/lbmap ``upsertServiceProto``: a fresh value per
+    slot with only the backend id and rev NAT set; the flags go on the head)."""
 
     _fields_ = [
         ("backend_id", ctypes.c_uint32),
@@ -286,15 +318,14 @@ class Lb4Service(ctypes.LittleEndianStructure):
                    flags=flags, flags2=flags2)
 
     @classmethod
-    def slot(cls, backend_id: int, rev_nat_index: int, flags: int = 0, flags2: int = 0) -> "Lb4Service":
-        """Slot 1.. of a service: one backend (count 0, as Cilium writes it).
+    def slot(cls, backend_id: int, rev_nat_index: int) -> "Lb4Service":
+        """Slot 1.. of a service: one backend (count 0 and flags 0, as Cilium writes it).
 
         >>> v = Lb4Service.slot(7, 1)
-        >>> (v.backend_id, v.count, v.rev_nat, bytes(v)[6:8].hex())
-        (7, 0, 1, '0001')
+        >>> (v.backend_id, v.count, v.rev_nat, bytes(v)[6:8].hex(), v.flags, v.flags2)
+        (7, 0, 1, '0001', 0, 0)
         """
-        return cls(backend_id=backend_id, count=0, rev_nat_index=socket.htons(rev_nat_index),
-                   flags=flags, flags2=flags2)
+        return cls(backend_id=backend_id, count=0, rev_nat_index=socket.htons(rev_nat_index))
 
     @property
     def rev_nat(self) -> int:
@@ -344,7 +375,7 @@ class Lb4Backend(ctypes.LittleEndianStructure):
 
     @classmethod
     def make(cls, ip: str, port: int, proto: str | int = "TCP", state: int = BackendState.ACTIVE) -> "Lb4Backend":
-        """A backend at ``ip:port`` (network order stored)."""
+        """A backend at ``ip:port`` (network order stored); v1.16's agent gives ``proto`` 0."""
         return cls(address=_be32(ip), port=socket.htons(port), proto=proto_number(proto), flags=state)
 
     @property
@@ -362,7 +393,7 @@ class Lb4Backend(ctypes.LittleEndianStructure):
 
     @property
     def l4addr(self) -> str:
-        """``198.18.2.11:8080/TCP``"""
+        """``198.18.2.11:8080/TCP``: the stored protocol byte by name (``ANY`` for 0)."""
         return f"{self.ip}:{self.host_port}/{_proto_name(self.proto)}"
 
     def __str__(self) -> str:
@@ -623,17 +654,19 @@ class LbBackendRow:
     backend_id: int
     address: str | None  #: None: the id is missing from cilium_lb4_backends_v3
     port: int
-    proto: str
+    proto: str  #: the backend's protocol byte by name (ANY on v1.16, where the agent writes 0)
     state: str  #: active, terminating, ...; after count always not active
+    cilium: str = DEFAULT_RELEASE  #: whose `service list` grammar :meth:`text` follows
 
     @property
     def l4addr(self) -> str:
+        """``198.18.2.11:8080`` (v1.16) or ``198.18.2.11:8080/TCP`` (1.17+), as `service list` prints it."""
         if self.address is None:
             return f"<backend {self.backend_id} missing from {BACKENDS_MAP}>"
-        return f"{self.address}:{self.port}/{self.proto}"
+        return l3n4_text(self.address, self.port, self.proto, cilium=self.cilium)
 
     def text(self, index: int) -> str:
-        """``1 => 198.18.2.11:8080/TCP (active)``"""
+        """``1 => 198.18.2.11:8080 (active)`` (``"%d => %s (%s)"``, cilium-dbg/cmd/service_list.go)."""
         return f"{index} => {self.l4addr} ({self.state})"
 
     def __str__(self) -> str:
@@ -647,27 +680,32 @@ class LbServiceRow:
     id: int  #: rev_nat_index of the head, host order
     vip: str
     port: int
-    proto: str
+    proto: str  #: the key's protocol byte by name (ANY on v1.16)
     scope: int
     count: int
     flags: int
     flags2: int
     affinity_timeout: int
-    backends: tuple[LbBackendRow, ...]
+    backends: tuple[LbBackendRow, ...]  #: in slot order
     rev_nat: str | None  #: VIP:port from cilium_lb4_reverse_nat, None if missing
+    cilium: str = DEFAULT_RELEASE
 
     @property
     def frontend(self) -> str:
-        return f"{self.vip}:{self.port}/{self.proto}"
+        """``198.19.0.10:80`` (v1.16) or ``198.19.0.10:80/TCP`` (1.17+), ``/i`` for the internal scope."""
+        return l3n4_text(self.vip, self.port, self.proto, self.scope, self.cilium)
 
     @property
     def type(self) -> str:
         return service_type(self.flags, self.flags2)
 
     def lines(self) -> list[list[str]]:
-        """Cells of ``cilium service list``: ID, Frontend, Service Type, Backend (one row per backend)."""
-        bes = [b.text(i) for i, b in enumerate(self.backends, start=1)] or [""]
-        rows = [[str(self.id), self.frontend, self.type, bes[0]]]
+        """Cells of ``cilium service list``: ID, Frontend, Service Type, Backend (one row per backend).
+
+        Backends are numbered in backend id order: the agent's API lists a service's backends
+        sorted by id (pkg/loadbalancer ``SVC.GetModel``), not in slot order."""
+        bes = [b.text(i) for i, b in enumerate(sorted(self.backends, key=lambda b: b.backend_id), start=1)]
+        rows = [[str(self.id), self.frontend, self.type, bes[0] if bes else ""]]
         rows += [["", "", "", b] for b in bes[1:]]
         return rows
 
@@ -678,6 +716,7 @@ class LbServiceRow:
             "vip": self.vip,
             "port": self.port,
             "protocol": self.proto,
+            "scope": self.scope,
             "type": self.type,
             "count": self.count,
             "flags": flag_names(self.flags, self.flags2),
@@ -694,48 +733,72 @@ class LbServiceRow:
         return "  ".join(c for c in self.lines()[0] if c)
 
 
-def _tabwrite(rows: list[list[str]], minwidth: int = 5, padding: int = 3) -> list[str]:
-    """Go's ``tabwriter.NewWriter(w, 5, 0, 3, ' ', 0)`` as the Cilium CLI sets it up."""
-    widths = [max(minwidth, max(len(r[i]) for r in rows) + padding) for i in range(len(rows[0]))]
-    return ["".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+def _bpf_key_text(key: Lb4Key, cilium: str) -> str:
+    """``svcKey.String()`` of cilium-dbg's `bpf lb list`: v1.16 ``ip:port`` (+``/i``,
+    pkg/maps/lbmap); 1.17+ ``ip:port/TCP`` (+``/i``) and the slot, `` (0)``."""
+    if not profile(cilium).has("lb_proto_keys"):
+        return key.vip + f":{key.port}" + ("/i" if key.scope == LookupScope.INT else "")
+    scope = "/i" if key.scope == LookupScope.INT else ""
+    return f"{key.vip}:{key.port}/{_proto_name(key.proto)}{scope} ({key.backend_slot})"
+
+
+def _bpf_value_text(key: Lb4Key, value: Lb4Service, backends: dict, cilium: str) -> str:
+    """One entry's second column in `bpf lb list` (cilium-dbg/cmd/bpf_lb_list.go ``dumpSVC``)."""
+    if key.backend_slot == 0:
+        flags = ", ".join(flag_names(value.flags, value.flags2))
+        extra = ""
+        if value.flags2 & ServiceFlags2.L7LOADBALANCER:
+            extra = f"(L7LB Proxy Port: {socket.ntohs(value.backend_id & 0xFFFF)})"
+        return f"0.0.0.0:0 ({value.rev_nat}) (0) [{flags}] {extra}"
+    be = backends.get(value.backend_id)
+    if be is None:
+        return f"backend {value.backend_id} not found"
+    proto = f"/{_proto_name(be.proto)}" if profile(cilium).has("lb_proto_keys") else ""
+    return f"{be.ip}:{be.host_port}{proto} ({value.rev_nat}) ({key.backend_slot})"
 
 
 @dataclass(frozen=True)
 class LbSnapshot:
-    """The three service maps of one node, read at one moment.
+    """The three service maps of one node, read at one moment, and the release whose
+    grammar the views print (``cilium``).
 
     >>> snap = LbSnapshot.build("198.19.0.10", 80, "TCP", 1, [(1, "198.18.2.11", 8080), (2, "198.18.2.12", 8080)])
-    >>> print("\\n".join(snap.lines()))
-    ID   Frontend             Service Type   Backend
-    1    198.19.0.10:80/TCP   ClusterIP      1 => 198.18.2.11:8080/TCP (active)
-                                             2 => 198.18.2.12:8080/TCP (active)
+    >>> print("\\n".join(line.rstrip() for line in snap.lines()))
+    ID   Frontend         Service Type   Backend
+    1    198.19.0.10:80   ClusterIP      1 => 198.18.2.11:8080 (active)
+                                         2 => 198.18.2.12:8080 (active)
     """
 
     services: tuple[tuple[Lb4Key, Lb4Service], ...]
     backends: tuple[tuple[Lb4BackendKey, Lb4Backend], ...]
     revnat: tuple[tuple[Lb4RevNatKey, Lb4ReverseNat], ...]
+    cilium: str = DEFAULT_RELEASE
 
     @classmethod
-    def of(cls, services: Iterable, backends: Iterable, revnat: Iterable) -> "LbSnapshot":
+    def of(cls, services: Iterable, backends: Iterable, revnat: Iterable,
+           cilium: str = DEFAULT_RELEASE) -> "LbSnapshot":
         """From ``(key, value)`` pairs of the three maps (as ``PinnedMap.items()`` gives them)."""
-        return cls(tuple(services), tuple(backends), tuple(revnat))
+        profile(cilium)  # ConfigError names the releases
+        return cls(tuple(services), tuple(backends), tuple(revnat), cilium)
 
     @classmethod
     def build(cls, vip: str, port: int, proto: str, service_id: int, backends: list[tuple[int, str, int]],
-              active: int | None = None) -> "LbSnapshot":
-        """The rows the agent writes for one service (an example, or a test's expectation)."""
-        key = Lb4Key.make(vip, port, proto)
+              active: int | None = None, cilium: str = DEFAULT_RELEASE) -> "LbSnapshot":
+        """The rows the agent of release ``cilium`` writes for one service (an example, or a test's
+        expectation): protocol 0 in keys and backends on v1.16, ``proto`` on 1.17+."""
+        wire = proto_number(proto) if profile(cilium).has("lb_proto_keys") else 0
+        key = Lb4Key.make(vip, port, wire)
         count = len(backends) if active is None else active
         svc = [(key, Lb4Service.head(count, service_id))]
         svc += [(key.with_slot(i), Lb4Service.slot(bid, service_id)) for i, (bid, _, _) in enumerate(backends, 1)]
-        bes = [(Lb4BackendKey(bid), Lb4Backend.make(ip, p, proto, BackendState.ACTIVE if i <= count else
+        bes = [(Lb4BackendKey(bid), Lb4Backend.make(ip, p, wire, BackendState.ACTIVE if i <= count else
                                                      BackendState.TERMINATING))
                for i, (bid, ip, p) in enumerate(backends, 1)]
-        return cls(tuple(svc), tuple(bes), ((Lb4RevNatKey.make(service_id), Lb4ReverseNat.make(vip, port)),))
+        return cls(tuple(svc), tuple(bes), ((Lb4RevNatKey.make(service_id), Lb4ReverseNat.make(vip, port)),), cilium)
 
     def rows(self) -> list[LbServiceRow]:
-        """Every frontend with a head, by id: the slot 0 head, then slots 1..count and
-        the terminating ones after it, up to the first missing slot."""
+        """Every frontend with a head, by id (external scope before internal): the slot 0 head,
+        then slots 1..count and the terminating ones after it, up to the first missing slot."""
         slots = {(k.ident, k.backend_slot): v for k, v in self.services}
         backends = {k.backend_id: v for k, v in self.backends}
         revnat = {k.rev_nat: v for k, v in self.revnat}
@@ -747,27 +810,74 @@ class LbSnapshot:
             while (value := slots.get((key.ident, slot))) is not None:
                 be = backends.get(value.backend_id)
                 if be is None:
-                    rows.append(LbBackendRow(slot, value.backend_id, None, 0, _proto_name(key.proto), "missing"))
+                    rows.append(LbBackendRow(slot, value.backend_id, None, 0, _proto_name(key.proto), "missing",
+                                             self.cilium))
                 else:
                     state = be.state
                     if slot > head.count and be.flags == BackendState.ACTIVE:
                         state = BackendState.TERMINATING.label  # uncounted: never picked
-                    rows.append(LbBackendRow(slot, value.backend_id, be.ip, be.host_port, _proto_name(be.proto), state))
+                    rows.append(LbBackendRow(slot, value.backend_id, be.ip, be.host_port, _proto_name(be.proto),
+                                             state, self.cilium))
                 slot += 1
             rn = revnat.get(head.rev_nat)
             out.append(LbServiceRow(
                 id=head.rev_nat, vip=key.vip, port=key.port, proto=_proto_name(key.proto), scope=key.scope,
                 count=head.count, flags=head.flags, flags2=head.flags2, affinity_timeout=head.affinity_timeout,
-                backends=tuple(rows), rev_nat=str(rn) if rn is not None else None,
+                backends=tuple(rows), rev_nat=str(rn) if rn is not None else None, cilium=self.cilium,
             ))
-        return sorted(out, key=lambda r: (r.id, r.vip, r.port, r.proto, r.scope))
+        return sorted(out, key=lambda r: (r.id, r.scope, r.vip, r.port, r.proto))
+
+    def text(self) -> str:
+        """``cilium service list`` as the CLI prints it (cilium-dbg/cmd/service_list.go): one Go
+        tabwriter (minwidth 5, padding 3) over ``"ID\\tFrontend\\tService Type\\tBackend\\t"``, then per
+        service ``"%d\\t%s\\t%s\\t%s\\t"`` with its first backend, ``"\\t\\t\\t%s\\t"`` per further backend
+        (``"%d\\t%s\\t%s\\t\\t"`` without any), sorted by id. Every cell ends in a tab, so every line is
+        padded to the last column's width: lines end in spaces."""
+        lines = ["ID\tFrontend\tService Type\tBackend\t"]
+        for row in self.rows():
+            lines += ["\t".join(cells) + "\t" for cells in row.lines()]
+        return tabwrite("".join(line + "\n" for line in lines), **_CILIUM_TABWRITER)
 
     def lines(self) -> list[str]:
-        """``cilium service list``: ``ID   Frontend   Service Type   Backend``, one line per backend."""
-        table = [["ID", "Frontend", "Service Type", "Backend"]]
-        for row in self.rows():
-            table += row.lines()
-        return _tabwrite(table)
+        """:meth:`text` as lines (trailing spaces kept)."""
+        return self.text().splitlines()
+
+    def bpf_text(self) -> str:
+        """``cilium-dbg bpf lb list`` (cilium-dbg/cmd/bpf_lb_list.go ``dumpSVC`` through helpers.go
+        ``TablePrinter``): header ``"SERVICE ADDRESS\\tBACKEND ADDRESS (REVNAT_ID) (SLOT)\\n"`` (its second
+        title has no tab: no padding), then per key string the entries, the first with the key,
+        ``"%s\\t%s\\t\\n"``, the others with an empty first cell. The head reads
+        ``0.0.0.0:0 (<revnat>) (0) [<flags>] `` (``"[%s] %s"`` with no L7LB proxy port leaves a
+        trailing space), a slot ``<ip>:<port> (<revnat>) (<slot>)`` (1.17+: ``<ip>:<port>/TCP``), a
+        slot whose backend is gone ``backend <id> not found``.
+
+        On v1.16 the key string is ``ip:port`` (``/i`` for the internal scope), so a frontend's
+        slots share one group; from 1.17 it is ``ip:port/TCP (slot)``, so every entry is its own.
+        A node prints the groups in Go map order and the entries in BPF hash order, both
+        unordered; labkit sorts them (frontend, then scope, then slot): one order a node can print.
+        """
+        lines = "SERVICE ADDRESS\tBACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
+        for name, entries in self._bpf_groups().items():
+            lines += "".join(f"{name if i == 0 else ''}\t{entry}\t\n" for i, entry in enumerate(entries))
+        return tabwrite(lines, **_CILIUM_TABWRITER)
+
+    def _bpf_groups(self) -> dict[str, list[str]]:
+        backends = {k.backend_id: v for k, v in self.backends}
+        groups: dict[str, list[str]] = {}
+        for key, value in sorted(self.services, key=lambda kv: (kv[0].address.to_bytes(4, "little"),
+                                                                kv[0].port, kv[0].proto, kv[0].scope,
+                                                                kv[0].backend_slot)):
+            groups.setdefault(_bpf_key_text(key, self.cilium), []).append(
+                _bpf_value_text(key, value, backends, self.cilium))
+        return groups
+
+    def bpf_lines(self) -> list[str]:
+        """:meth:`bpf_text` as lines (trailing spaces kept)."""
+        return self.bpf_text().splitlines()
+
+    def bpf_json(self) -> dict[str, list[str]]:
+        """What `bpf lb list -o json` marshals: key string -> its entries' texts (sorted as :meth:`bpf_text`)."""
+        return self._bpf_groups()
 
     def raw_lines(self) -> list[str]:
         """Every entry of the three maps, sorted: services by frontend and slot, backends by id,

@@ -149,7 +149,7 @@ def test_from_dict_invalid_values():
 def test_lb_mode_and_maglev_size():
     """lb_mode defaults to dsr and takes snat/dsr/hybrid; the Maglev table size is one of Cilium's primes."""
     c = DatapathConfig()
-    assert (c.lb_mode, c.maglev_table_size) == ("dsr", 251)
+    assert (c.lb_mode, c.maglev_table_size) == ("dsr", 16381)  # Cilium's --bpf-lb-maglev-table-size default
     assert DatapathConfig(lb_mode="hybrid", maglev_table_size=16381).lb_mode == "hybrid"
     for bad in ({"lb_mode": "geneve"}, {"lb_mode": "DSR"}, {"maglev_table_size": 250}, {"maglev_table_size": True}):
         with pytest.raises(ConfigError):

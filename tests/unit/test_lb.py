@@ -1,5 +1,6 @@
 """Service map rows (labkit.maps.lb): Cilium v1.16 layouts and byte orders, flag
-names, key helpers, and the `cilium service list` / raw views built from map rows."""
+names, key helpers, and the `cilium service list`, `cilium-dbg bpf lb list` and raw
+views built from map rows, byte for byte for v1.16 and 1.20."""
 from __future__ import annotations
 
 import ctypes
@@ -8,6 +9,7 @@ import socket
 
 import pytest
 
+from labkit.errors import ConfigError
 from labkit.maps import lb
 from labkit.maps.lb import (
     BackendState,
@@ -182,9 +184,16 @@ def test_flag_values():
      ["LoadBalancer", "check source-range"]),
     (ServiceFlags.HOSTPORT | ServiceFlags.ROUTABLE, ServiceFlags2.LOOPBACK, ["HostPort", "loopback"]),
     (ServiceFlags.ROUTABLE, ServiceFlags2.TWO_SCOPES | 0x80, ["ClusterIP", "two-scopes", "Unknown=0x80"]),
+    # pkg/loadbalancer ServiceFlags.String (v1.16): type, Local, InternalLocal, two-scopes, sessionAffinity,
+    # non-routable, check source-range, 46x64, l7-load-balancer, loopback
+    (ServiceFlags.NODEPORT | ServiceFlags.EXT_LOCAL_SCOPE | ServiceFlags.AFFINITY | ServiceFlags.SOURCE_RANGE,
+     ServiceFlags2.TWO_SCOPES | ServiceFlags2.INT_LOCAL_SCOPE | ServiceFlags2.NAT_46X64 | ServiceFlags2.L7LOADBALANCER,
+     ["NodePort", "Local", "InternalLocal", "two-scopes", "sessionAffinity", "non-routable", "check source-range",
+      "46x64", "l7-load-balancer"]),
+    (0, ServiceFlags2.LOCALREDIRECT, ["LocalRedirect", "non-routable"]),
 ])
 def test_flag_names_in_cilium_order(flags, flags2, words):
-    """flag_names reads the two bytes as Cilium's SvcFlag.String() does, unknown bits last."""
+    """flag_names reads the two bytes as Cilium's ServiceFlags.String() does, unknown bits last."""
     assert lb.flag_names(flags, flags2) == words
 
 
@@ -199,13 +208,133 @@ def _snapshot(**kw) -> LbSnapshot:
     return LbSnapshot.build(VIP, 80, "TCP", 1, [(1, "198.18.2.11", 8080), (2, "198.18.2.12", 8080)], **kw)
 
 
-def test_service_list_lines():
-    """lb list prints Cilium's tabwriter columns, one line per backend, numbered from 1."""
-    assert _snapshot().lines() == [
-        "ID   Frontend             Service Type   Backend",
-        "1    198.19.0.10:80/TCP   ClusterIP      1 => 198.18.2.11:8080/TCP (active)",
-        "                                         2 => 198.18.2.12:8080/TCP (active)",
+def _fixed(cilium: str) -> LbSnapshot:
+    """A fixed node: ClusterIP 198.19.0.10:80/TCP (id 1, backends 1 and 2), ClusterIP 198.19.0.11:53/UDP without
+    backends (id 2), and NodePort 198.51.100.11:30080/TCP with externalTrafficPolicy=Local (id 3): external
+    scope backend 3 only, internal scope backends 3 and 1. Protocol bytes as the release's agent writes them."""
+    tcp, udp = (0, 0) if cilium == "1.16" else (6, 17)
+    np_flags = ServiceFlags.NODEPORT | ServiceFlags.ROUTABLE | ServiceFlags.EXT_LOCAL_SCOPE
+    np_flags2 = ServiceFlags2.TWO_SCOPES
+    web, dns = Lb4Key.make(VIP, 80, tcp), Lb4Key.make("198.19.0.11", 53, udp)
+    ext = Lb4Key.make("198.51.100.11", 30080, tcp)
+    int_ = Lb4Key.make("198.51.100.11", 30080, tcp, scope=lb.LookupScope.INT)
+    services = [
+        (web, Lb4Service.head(2, 1)), (web.with_slot(1), Lb4Service.slot(1, 1)), (web.with_slot(2), Lb4Service.slot(2, 1)),
+        (dns, Lb4Service.head(0, 2)),
+        (int_.with_slot(2), Lb4Service.slot(1, 3)), (ext, Lb4Service.head(1, 3, np_flags, np_flags2)),  # any order
+        (ext.with_slot(1), Lb4Service.slot(3, 3)), (int_, Lb4Service.head(2, 3, np_flags, np_flags2)),
+        (int_.with_slot(1), Lb4Service.slot(3, 3)),
     ]
+    backends = [(Lb4BackendKey(1), Lb4Backend.make("198.18.2.11", 8080, tcp)),
+                (Lb4BackendKey(2), Lb4Backend.make("198.18.2.12", 8080, tcp)),
+                (Lb4BackendKey(3), Lb4Backend.make("198.18.1.11", 8080, tcp))]
+    revnat = [(Lb4RevNatKey.make(1), Lb4ReverseNat.make(VIP, 80)),
+              (Lb4RevNatKey.make(2), Lb4ReverseNat.make("198.19.0.11", 53)),
+              (Lb4RevNatKey.make(3), Lb4ReverseNat.make("198.51.100.11", 30080))]
+    return LbSnapshot.of(services, backends, revnat, cilium=cilium)
+
+
+def _cells(widths, *cells) -> str:
+    """One line of Go's tabwriter where every cell is tab-terminated: each cell padded to its column's width."""
+    return "".join(c + " " * (w - len(c)) for c, w in zip(cells, widths))
+
+
+def test_service_list_text_v1_16():
+    """`cilium service list` of v1.16, byte for byte. cilium-dbg/cmd/service_list.go: tabwriter.NewWriter(os.Stdout,
+    5, 0, 3, ' ', 0); header "ID\tFrontend\tService Type\tBackend\t"; "%d\t%s\t%s\t%s\t" with the first backend,
+    "\t\t\t%s\t" per further one, "%d\t%s\t%s\t\t" without any; sorted by ID; backends "%d => %s (%s)" numbered in
+    backend id order; addresses L3n4Addr.String() "%s:%d%s" (no protocol, "/i" for the internal scope).
+    Every cell is terminated, so a column is max(5, widest + 3) wide and every line ends padded."""
+    w = (5, len("198.51.100.11:30080/i") + 3, len("Service Type") + 3, len("1 => 198.18.2.11:8080 (active)") + 3)
+    assert _fixed("1.16").text() == "".join(line + "\n" for line in [
+        _cells(w, "ID", "Frontend", "Service Type", "Backend"),
+        _cells(w, "1", "198.19.0.10:80", "ClusterIP", "1 => 198.18.2.11:8080 (active)"),
+        _cells(w, "", "", "", "2 => 198.18.2.12:8080 (active)"),
+        _cells(w, "2", "198.19.0.11:53", "ClusterIP", ""),
+        _cells(w, "3", "198.51.100.11:30080", "NodePort", "1 => 198.18.1.11:8080 (active)"),
+        _cells(w, "3", "198.51.100.11:30080/i", "NodePort", "1 => 198.18.2.11:8080 (active)"),
+        _cells(w, "", "", "", "2 => 198.18.1.11:8080 (active)"),
+    ])
+    assert w == (5, 24, 15, 33)
+    assert _fixed("1.16").lines()[3] == "2    198.19.0.11:53" + " " * 10 + "ClusterIP" + " " * 6 + " " * 33
+
+
+def test_service_list_text_1_20():
+    """`cilium service list` of 1.20: the same grammar, addresses L3n4Addr.StringWithProtocol() "ip:port/TCP"
+    ("/i" after the protocol)."""
+    w = (5, len("198.51.100.11:30080/TCP/i") + 3, 15, len("1 => 198.18.2.11:8080/TCP (active)") + 3)
+    b1, b2, a1 = "198.18.2.11:8080/TCP (active)", "198.18.2.12:8080/TCP (active)", "198.18.1.11:8080/TCP (active)"
+    rows = [("ID", "Frontend", "Service Type", "Backend"),
+            ("1", "198.19.0.10:80/TCP", "ClusterIP", f"1 => {b1}"), ("", "", "", f"2 => {b2}"),
+            ("2", "198.19.0.11:53/UDP", "ClusterIP", ""),
+            ("3", "198.51.100.11:30080/TCP", "NodePort", f"1 => {a1}"),
+            ("3", "198.51.100.11:30080/TCP/i", "NodePort", f"1 => {b1}"), ("", "", "", f"2 => {a1}")]
+    assert _fixed("1.20").lines() == [_cells(w, *row) for row in rows]
+
+
+def test_bpf_lb_list_text_v1_16():
+    """`cilium-dbg bpf lb list` of v1.16, byte for byte. cilium-dbg/cmd/bpf_lb_list.go dumpSVC: key
+    svcKey.String() = "ip:port" ("/i" internal), head "%s:%d (%d) (%d) [%s] %s" (no L7LB port: a trailing space),
+    slot "%s:%d (%d) (%d)"; helpers.go TablePrinter: tabwriter(5, 0, 3, ' ', 0), header "%s\t%s\n" (second title
+    not terminated: no padding, and no part of the second column), entries "%s\t%s\t\n", the first of a key
+    with it, the others with "". Sorted by frontend then slot (a node prints them in hash order)."""
+    head_np = "0.0.0.0:0 (3) (0) [NodePort, Local, two-scopes] "
+    w = (len("198.51.100.11:30080/i") + 3, len(head_np) + 3)
+    groups = {"198.19.0.10:80": ["0.0.0.0:0 (1) (0) [ClusterIP, non-routable] ", "198.18.2.11:8080 (1) (1)",
+                                 "198.18.2.12:8080 (1) (2)"],
+              "198.19.0.11:53": ["0.0.0.0:0 (2) (0) [ClusterIP, non-routable] "],
+              "198.51.100.11:30080": [head_np, "198.18.1.11:8080 (3) (1)"],
+              "198.51.100.11:30080/i": [head_np, "198.18.1.11:8080 (3) (1)", "198.18.2.11:8080 (3) (2)"]}
+    header = "SERVICE ADDRESS" + " " * (w[0] - 15) + "BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
+    assert _fixed("1.16").bpf_text() == header + "".join(
+        _cells(w, key if i == 0 else "", value) + "\n" for key, values in groups.items() for i, value in enumerate(values))
+    assert w == (24, 51) and _fixed("1.16").bpf_json() == groups
+
+
+def test_bpf_lb_list_text_1_20():
+    """`cilium-dbg bpf lb list` of 1.20: the key string is "ip:port/TCP[/i] (slot)" (pkg/loadbalancer/maps
+    Service4Key.String), so every entry is its own key and line; backends "%s:%d/%s (%d) (%d)"."""
+    head_np = "0.0.0.0:0 (3) (0) [NodePort, Local, two-scopes] "
+    w = (len("198.51.100.11:30080/TCP/i (2)") + 3, len(head_np) + 3)
+    web, np_ = "198.19.0.10:80/TCP", "198.51.100.11:30080/TCP"
+    entries = [(f"{web} (0)", "0.0.0.0:0 (1) (0) [ClusterIP, non-routable] "),
+               (f"{web} (1)", "198.18.2.11:8080/TCP (1) (1)"), (f"{web} (2)", "198.18.2.12:8080/TCP (1) (2)"),
+               ("198.19.0.11:53/UDP (0)", "0.0.0.0:0 (2) (0) [ClusterIP, non-routable] "),
+               (f"{np_} (0)", head_np), (f"{np_} (1)", "198.18.1.11:8080/TCP (3) (1)"),
+               (f"{np_}/i (0)", head_np), (f"{np_}/i (1)", "198.18.1.11:8080/TCP (3) (1)"),
+               (f"{np_}/i (2)", "198.18.2.11:8080/TCP (3) (2)")]
+    header = "SERVICE ADDRESS" + " " * (w[0] - 15) + "BACKEND ADDRESS (REVNAT_ID) (SLOT)"
+    assert _fixed("1.20").bpf_lines() == [header] + [_cells(w, key, value) for key, value in entries]
+    assert _fixed("1.20").bpf_json()["198.19.0.11:53/UDP (0)"] == ["0.0.0.0:0 (2) (0) [ClusterIP, non-routable] "]
+
+
+def test_bpf_lb_list_missing_backend_and_l7lb():
+    """A slot whose backend id is not in the backends map reads "backend %d not found"; an L7LB head carries
+    "(L7LB Proxy Port: %d)" after its flags (the port, network order, in backend_id)."""
+    key = Lb4Key.make(VIP, 80, 0)
+    head = Lb4Service.head(1, 1, 0, ServiceFlags2.L7LOADBALANCER)
+    head.backend_id = socket.htons(10000)
+    snap = LbSnapshot.of([(key, head), (key.with_slot(1), Lb4Service.slot(9, 1))], [], [])
+    assert snap.bpf_json() == {f"{VIP}:80": ["0.0.0.0:0 (1) (0) [ClusterIP, non-routable, l7-load-balancer] "
+                                             "(L7LB Proxy Port: 10000)", "backend 9 not found"]}
+
+
+def test_service_list_lines():
+    """lb list prints Cilium's tabwriter columns, one line per backend, numbered from 1 (v1.16: no protocol)."""
+    assert _snapshot().lines() == [
+        "ID   Frontend         Service Type   Backend" + " " * 26,
+        "1    198.19.0.10:80   ClusterIP      1 => 198.18.2.11:8080 (active)   ",
+        "                                     2 => 198.18.2.12:8080 (active)   ",
+    ]
+
+
+def test_build_writes_the_release_protocol():
+    """LbSnapshot.build gives keys and backends protocol 0 on v1.16 and the service's on 1.20."""
+    assert {bytes(k)[8] for k, _ in _snapshot().services} == {0}
+    assert {v.proto for _, v in _snapshot().backends} == {0}
+    assert {bytes(k)[8] for k, _ in _snapshot(cilium="1.20").services} == {6}
+    with pytest.raises(ConfigError, match="Cilium release"):
+        _snapshot(cilium="1.17")
 
 
 def test_terminating_after_count():
@@ -245,7 +374,7 @@ def test_slots_without_head_are_not_services():
     snap = _snapshot()
     services = [(k, v) for k, v in snap.services if k.backend_slot != 0]
     fixed = LbSnapshot.of(services, snap.backends, snap.revnat)
-    assert fixed.rows() == [] and fixed.lines() == ["ID   Frontend   Service Type   Backend"]
+    assert fixed.rows() == [] and fixed.lines() == ["ID   Frontend   Service Type   Backend   "]
     assert any("slot 1 → backend 1" in line for line in fixed.raw_lines())
 
 
@@ -253,12 +382,12 @@ def test_raw_lines():
     """The raw view lists every slot with its key, then backends by id and reverse NAT by id."""
     assert _snapshot(active=1).raw_lines() == [
         "# cilium_lb4_services_v2",
-        "198.19.0.10:80/TCP slot 0 head: count=1 rev_nat=1 flags=[ClusterIP, non-routable]",
-        "198.19.0.10:80/TCP slot 1 → backend 1 [198.18.2.11:8080/TCP (active)] rev_nat=1",
-        "198.19.0.10:80/TCP slot 2 → backend 2 [198.18.2.12:8080/TCP (terminating)] rev_nat=1",
+        "198.19.0.10:80/ANY slot 0 head: count=1 rev_nat=1 flags=[ClusterIP, non-routable]",
+        "198.19.0.10:80/ANY slot 1 → backend 1 [198.18.2.11:8080/ANY (active)] rev_nat=1",
+        "198.19.0.10:80/ANY slot 2 → backend 2 [198.18.2.12:8080/ANY (terminating)] rev_nat=1",
         "# cilium_lb4_backends_v3",
-        "backend 1 → 198.18.2.11:8080/TCP (active)",
-        "backend 2 → 198.18.2.12:8080/TCP (terminating)",
+        "backend 1 → 198.18.2.11:8080/ANY (active)",
+        "backend 2 → 198.18.2.12:8080/ANY (terminating)",
         "# cilium_lb4_reverse_nat",
         "rev_nat 1 → 198.19.0.10:80",
     ]
@@ -267,7 +396,8 @@ def test_raw_lines():
 def test_json_views():
     """--json gives services with backends; --raw --json gives the entries of each map."""
     data = _snapshot().to_json()
-    assert data[0]["id"] == 1 and data[0]["frontend"] == "198.19.0.10:80/TCP" and data[0]["count"] == 2
+    assert data[0]["id"] == 1 and data[0]["frontend"] == "198.19.0.10:80" and data[0]["count"] == 2
+    assert data[0]["protocol"] == "ANY" and _snapshot(cilium="1.20").to_json()[0]["frontend"] == "198.19.0.10:80/TCP"
     assert data[0]["flags"] == ["ClusterIP", "non-routable"] and data[0]["rev_nat"] == "198.19.0.10:80"
     assert [b["address"] for b in data[0]["backends"]] == ["198.18.2.11", "198.18.2.12"]
     raw = _snapshot().raw_json()
@@ -281,7 +411,7 @@ def test_services_sorted_by_id():
     b = _snapshot()
     snap = LbSnapshot.of(a.services + b.services, a.backends + b.backends, a.revnat + b.revnat)
     assert [r.id for r in snap.rows()] == [1, 2]
-    assert snap.lines()[3].startswith("2    198.19.0.11:53/UDP   ClusterIP      1 => 198.18.1.11:53/UDP")
+    assert snap.lines()[3].startswith("2    198.19.0.11:53   ClusterIP      1 => 198.18.1.11:53 (active)")
 
 
 def test_doctests():

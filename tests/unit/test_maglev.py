@@ -1,5 +1,6 @@
 """Maglev consistent hashing: MurmurHash3, the per-backend permutations, and the
-lookup table Cilium's pkg/maglev builds from them."""
+lookup table Cilium's pkg/maglev builds from them, with Cilium's defaults (M=16381,
+the seed of --bpf-lb-maglev-hash-seed) and its backend names per release."""
 from __future__ import annotations
 
 import base64
@@ -15,7 +16,10 @@ from labkit.maglev import (
     DEFAULT_M,
     FLOW_HASH_SEED,
     LAB_DEFAULT_M,
+    MURMUR_SEED,
     PRIMES,
+    SMALL_M,
+    backend_name,
     cilium_seed,
     disruption,
     flow_hash,
@@ -152,9 +156,59 @@ def test_table_uses_only_given_ids_and_balances():
     assert sum(shares(table).values()) == pytest.approx(1.0)
 
 
-def test_table_defaults_to_lab_size():
-    """Without m, the table has LAB_DEFAULT_M (251) slots."""
-    assert len(lookup_table(FOUR)) == LAB_DEFAULT_M == 251
+def test_defaults_are_ciliums():
+    """Without m and seed, a table has Cilium's 16381 slots (a lab's default too) and Cilium's Murmur seed."""
+    from labkit.config import DatapathConfig
+
+    assert len(lookup_table(FOUR)) == LAB_DEFAULT_M == DEFAULT_M == DatapathConfig().maglev_table_size == 16381
+    assert lookup_table(FOUR) == lookup_table(FOUR, 16381, 0x24B7EF82) != lookup_table(FOUR, 16381, 0)
+    assert MURMUR_SEED == cilium_seed() and offset_skip("x", 251) == offset_skip("x", 251, 0x24B7EF82)
+    assert len(lookup_table(FOUR, SMALL_M)) == 251
+
+
+def _cilium_test_name(i: int) -> str:
+    """pkg/maglev's mkAddr(i) (IPv4 address = i big-endian, port i % 65535, TCP) as BackendInfo.setHashString
+    writes it: "[" + addr + ":" + port + "/" + protocol + ",State:active]"."""
+    ip = ".".join(str(b) for b in i.to_bytes(4, "big"))
+    return f"[{ip}:{i % 65535}/TCP,State:active]"
+
+
+def _run_length(ids: list[int]) -> str:
+    """pkg/maglev's runLengthEncodeIDs: "<id>(<count>)," runs."""
+    runs, current, count = [], ids[0], 1
+    for i in ids[1:]:
+        if i == current:
+            count += 1
+        else:
+            runs.append(f"{current}({count})")
+            current, count = i, 1
+    return ",".join(runs + [f"{current}({count})"])
+
+
+def test_table_matches_ciliums_reproducible_test():
+    """Cilium's own TestReproducible (pkg/maglev/maglev_test.go): M=251, HashSeed DefaultHashSeed, backends
+    mkAddr(1, 3, 4, 5) with weights 2/13/111/10 and ids 0-3 give exactly this run-length-encoded table. It pins
+    MurmurHash3, the seed's first four bytes, the fill and the weights, and the 1.18+ name format at once.
+    (Backend ids are shifted by one here: labkit's table uses 0 for a free slot.)"""
+    expected = ("2(5),3(1),2(3),1(1),2(2),0(1),2(1),3(1),2(1),3(1),2(1),1(1),2(7),1(1),2(14),3(1),2(1),"
+                "1(2),2(12),3(1),2(3),1(1),2(4),3(1),2(8),3(1),2(2),1(1),2(16),1(2),2(3),3(1),2(11),1(2),2(4),3(1),2(3),"
+                "1(1),2(4),3(1),2(1),0(1),1(1),2(8),1(1),2(7),1(1),2(4),3(1),2(1),3(1),2(9),1(2),2(5),1(1),2(7),3(1),2(1),"
+                "3(1),1(1),2(8),1(1),2(4),0(1),2(1),1(1),2(5),3(1),2(3),1(1),2(4),3(1),2(3),1(1),2(12),0(1),3(1),2(3),3(1),"
+                "2(4),3(1),2(2),1(1),2(7)")
+    backends = [(1, 2, 0), (3, 13, 1), (4, 111, 2), (5, 10, 3)]  # (mkAddr n, weight, id)
+    names = {_cilium_test_name(n): bid + 1 for n, _, bid in backends}
+    weights = {_cilium_test_name(n): w for n, w, _ in backends}
+    table = lookup_table(names, 251, cilium_seed(CILIUM_DEFAULT_HASH_SEED), weights)
+    assert _run_length([bid - 1 for bid in table]) == expected
+    assert [_cilium_test_name(n) for n, _, _ in backends][0] == backend_name("0.0.0.1", 1, "TCP", "1.20")
+
+
+@pytest.mark.parametrize("cilium, name", [("1.16", "198.18.2.11:8080"), ("1.20", "[198.18.2.11:8080/TCP,State:active]")])
+def test_backend_name_per_release(cilium, name):
+    """v1.16 hashes Backend.String() = "ip:port" (pkg/service), 1.18+ BackendInfo.hashString (pkg/maglev)."""
+    assert backend_name("198.18.2.11", 8080, "tcp", cilium) == name
+    with pytest.raises(ConfigError, match="Cilium release"):
+        backend_name("198.18.2.11", 8080, "TCP", "1.17")
 
 
 @pytest.mark.parametrize("m", PRIMES[:5])
@@ -206,7 +260,7 @@ def test_adding_a_backend_moves_few_other_slots():
 
 def test_single_backend_owns_every_slot():
     """One backend fills the whole table."""
-    assert lookup_table({"198.18.1.11:8080": 9}) == [9] * LAB_DEFAULT_M
+    assert lookup_table({"198.18.1.11:8080": 9}, SMALL_M) == [9] * SMALL_M
 
 
 @pytest.mark.parametrize(
@@ -307,8 +361,8 @@ def test_shares_sum_to_one_by_id():
 
 def test_slot_for_is_hash_mod_m():
     """A flow hash picks slot hash % M, and the table entry there is its backend."""
-    table = lookup_table(FOUR)
-    assert slot_for(2**32 - 1, LAB_DEFAULT_M) == (2**32 - 1) % 251
+    table = lookup_table(FOUR, SMALL_M)
+    assert slot_for(2**32 - 1, SMALL_M) == (2**32 - 1) % 251
     assert table[slot_for(123456, len(table))] in FOUR.values()
 
 
@@ -339,5 +393,5 @@ def test_flow_hash_inputs():
     assert len({base, flow_hash("198.51.100.101", 40000, 80, 6), flow_hash("198.51.100.100", 40001, 80, 6),
                 flow_hash("198.51.100.100", 40000, 81, 6), flow_hash("198.51.100.100", 40000, 80, 17)}) == 5
     assert FLOW_HASH_SEED == int.from_bytes(base64.b64decode(CILIUM_DEFAULT_HASH_SEED)[4:8], "big")
-    slots = {flow_slot("198.51.100.100", p, 53, 17) for p in range(20000, 22000)}
+    slots = {flow_slot("198.51.100.100", p, 53, 17, SMALL_M) for p in range(20000, 22000)}
     assert len(slots) > 240  # 2,000 ports spread over nearly all 251 slots

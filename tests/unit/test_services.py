@@ -31,7 +31,7 @@ from labkit.maps.lb import (
     MAGLEV_MAP,
     ServiceFlags2,
 )
-from labkit.maglev import lookup_table
+from labkit.maglev import cilium_seed, lookup_table
 from labkit.services import Backend, JsonStore, MemoryMaps, MemoryStore, Service, Services
 from labkit.topology import Topology
 
@@ -41,8 +41,14 @@ VIP = "198.19.0.10"
 
 @pytest.fixture
 def svcs() -> Services:
-    """An agent for the default topology writing into memory."""
+    """An agent for the default topology writing into memory, as Cilium v1.16's (the default release)."""
     return Services.in_memory(Topology.default("demo"))
+
+
+@pytest.fixture
+def svcs20() -> Services:
+    """The same agent as Cilium 1.20's: keys and backends carry the L4 protocol."""
+    return Services.in_memory(Topology.default("demo"), cilium="1.20")
 
 
 def ops(s: Services, node: str = "node-a") -> list[str]:
@@ -60,11 +66,12 @@ def snapshot(s: Services) -> dict:
     return copy.deepcopy(s.maps.data)
 
 
-def head(s: Services, node: str, vip: str = VIP, port: int = 80, proto: str = "TCP"):
+def head(s: Services, node: str, vip: str = VIP, port: int = 80, proto: str | int = 0):
+    """The head of ``vip:port``; ``proto`` is the key's protocol byte (0 on v1.16, the service's on 1.17+)."""
     return s.maps.get(node, SERVICES_MAP, Lb4Key.make(vip, port, proto))
 
 
-def slot(s: Services, node: str, n: int, vip: str = VIP, port: int = 80, proto: str = "TCP"):
+def slot(s: Services, node: str, n: int, vip: str = VIP, port: int = 80, proto: str | int = 0):
     return s.maps.get(node, SERVICES_MAP, Lb4Key.make(vip, port, proto, slot=n))
 
 
@@ -85,10 +92,10 @@ def test_add_writes_every_node_in_safe_order(svcs):
     expected = [
         "update be backend 1",
         "update be backend 2",
-        f"update svc {VIP}:80/TCP slot 1",
-        f"update svc {VIP}:80/TCP slot 2",
+        f"update svc {VIP}:80/ANY slot 1",
+        f"update svc {VIP}:80/ANY slot 2",
         "update revnat rev_nat 1",
-        f"update svc {VIP}:80/TCP slot 0",
+        f"update svc {VIP}:80/ANY slot 0",
     ]
     assert ops(svcs, "node-a") == expected
     assert ops(svcs, "node-b") == expected
@@ -96,7 +103,8 @@ def test_add_writes_every_node_in_safe_order(svcs):
 
 
 def test_add_row_contents(svcs):
-    """Head: count and rev_nat (network order); slots: backend ids; backends: pod address and port; revnat: VIP:port."""
+    """Head: count and rev_nat (network order); slots: backend ids; backends: pod address, port and protocol 0
+    (v1.16's agent writes u8proto.ANY); revnat: VIP:port."""
     svcs.add("web", 80, ["b1:8080", "b2:8080"])
     for node in NODES:
         h = head(svcs, node)
@@ -105,18 +113,38 @@ def test_add_row_contents(svcs):
         assert all(slot(svcs, node, i).rev_nat == 1 for i in (1, 2))
         assert slot(svcs, node, 3) is None
         be = svcs.maps.get(node, BACKENDS_MAP, Lb4BackendKey(1))
-        assert (be.ip, be.host_port, be.proto, be.flags) == ("198.18.2.11", 8080, 6, BackendState.ACTIVE)
+        assert (be.ip, be.host_port, be.proto, be.flags) == ("198.18.2.11", 8080, 0, BackendState.ACTIVE)
         assert svcs.maps.get(node, BACKENDS_MAP, Lb4BackendKey(2)).ip == "198.18.2.12"
         assert str(svcs.maps.get(node, REVNAT_MAP, Lb4RevNatKey.make(1))) == f"{VIP}:80"
 
 
 def test_add_udp_and_affinity(svcs):
-    """UDP keys carry proto 17; affinity sets SVC_FLAG_AFFINITY and the timeout in the head's backend_id."""
+    """A UDP service's keys carry protocol 0 too (v1.16); affinity sets SVC_FLAG_AFFINITY and the timeout in the
+    head's backend_id, and only the head: its slots carry flags 0."""
     svcs.add("dns", 53, ["a1:5353"], protocol="udp", affinity=300)
-    h = head(svcs, "node-a", port=53, proto="UDP")
+    h = head(svcs, "node-a", port=53)
     assert h.flags == ServiceFlags.AFFINITY and h.affinity_timeout == 300 and h.count == 1
-    assert slot(svcs, "node-a", 1, port=53, proto="UDP").flags == ServiceFlags.AFFINITY
+    assert (slot(svcs, "node-a", 1, port=53).flags, slot(svcs, "node-a", 1, port=53).flags2) == (0, 0)
+    assert head(svcs, "node-a", port=53, proto="UDP") is None
     assert svcs.get("dns").protocol == "UDP"
+
+
+@pytest.mark.parametrize("cilium, tcp, udp", [("1.16", 0, 0), ("1.20", 6, 17)])
+def test_key_and_backend_protocol_bytes(cilium, tcp, udp):
+    """Every key (head and slots) and backend carries protocol 0 on v1.16 and the L4 protocol on 1.20
+    (cilium/cilium#33434): byte 8 of lb4_key, byte 6 of lb4_backend."""
+    s = Services.in_memory(Topology.default("demo"), cilium=cilium)
+    s.add("web", 80, ["b1:8080", "b2:8080"])
+    s.add("dns", 53, ["a1:5353"], protocol="UDP")
+    for node in NODES:
+        keys = {bytes(k)[:6]: set() for k, _ in s.maps.items(node, SERVICES_MAP)}
+        for k, _ in s.maps.items(node, SERVICES_MAP):
+            keys[bytes(k)[:6]].add(bytes(k)[8])
+        assert keys == {bytes.fromhex("c613000a0050"): {tcp}, bytes.fromhex("c613000b0035"): {udp}}
+        protos = {k.backend_id: bytes(v)[6] for k, v in s.maps.items(node, BACKENDS_MAP)}
+        assert protos == {1: tcp, 2: tcp, 3: udp}
+        assert bytes(head(s, node, port=80, proto=tcp)) == bytes.fromhex("000000000200000100000000")
+        assert bytes(slot(s, node, 2, port=80, proto=tcp)) == bytes.fromhex("020000000000000100000000")
 
 
 def test_service_without_backends(svcs):
@@ -166,9 +194,9 @@ def test_remove_backend_shrinks_head_first(svcs):
     web = svcs.remove_backend("web", "b1:8080")
     assert [b.ref for b in web.backends] == ["b2:8080"]
     assert ops(svcs) == [
-        f"update svc {VIP}:80/TCP slot 0",
-        f"update svc {VIP}:80/TCP slot 1",
-        f"delete svc {VIP}:80/TCP slot 2",
+        f"update svc {VIP}:80/ANY slot 0",
+        f"update svc {VIP}:80/ANY slot 1",
+        f"delete svc {VIP}:80/ANY slot 2",
         "delete be backend 1",
     ]
     assert head(svcs, "node-b").count == 1 and slot(svcs, "node-b", 1).backend_id == 2
@@ -180,7 +208,7 @@ def test_terminating_moves_after_count(svcs):
     svcs.maps.ops.clear()
     web = svcs.set_backend_state("web", "b1:8080", "terminating")
     assert [str(b) for b in web.backends] == ["b1:8080 (terminating)", "b2:8080"]
-    assert ops(svcs)[0] == f"update svc {VIP}:80/TCP slot 0"
+    assert ops(svcs)[0] == f"update svc {VIP}:80/ANY slot 0"
     for node in NODES:
         assert head(svcs, node).count == 1
         assert [slot(svcs, node, i).backend_id for i in (1, 2)] == [2, 1]
@@ -195,7 +223,7 @@ def test_back_to_active_grows_head_last(svcs):
     svcs.maps.ops.clear()
     svcs.set_backend_state("web", "b1:8080", "active")
     written = ops(svcs)
-    assert written[-1] == f"update svc {VIP}:80/TCP slot 0"
+    assert written[-1] == f"update svc {VIP}:80/ANY slot 0"
     assert written[0] == "update be backend 1"
     assert head(svcs, "node-a").count == 2
 
@@ -213,10 +241,10 @@ def test_add_backend_grows_head_last(svcs):
     svcs.add("web", 80, ["b1:8080"])
     svcs.maps.ops.clear()
     svcs.add_backend("web", "a2:8080")
-    assert ops(svcs) == ["update be backend 2", f"update svc {VIP}:80/TCP slot 2", f"update svc {VIP}:80/TCP slot 0"]
+    assert ops(svcs) == ["update be backend 2", f"update svc {VIP}:80/ANY slot 2", f"update svc {VIP}:80/ANY slot 0"]
     svcs.maps.ops.clear()
     svcs.add_backend("web", "a1:8080", state="terminating")
-    assert ops(svcs) == ["update be backend 3", f"update svc {VIP}:80/TCP slot 3"]  # count unchanged
+    assert ops(svcs) == ["update be backend 3", f"update svc {VIP}:80/ANY slot 3"]  # count unchanged
     assert head(svcs, "node-a").count == 2
 
 
@@ -226,9 +254,9 @@ def test_remove_order(svcs):
     svcs.maps.ops.clear()
     svcs.remove("web")
     assert ops(svcs) == [
-        f"delete svc {VIP}:80/TCP slot 0",
-        f"delete svc {VIP}:80/TCP slot 2",
-        f"delete svc {VIP}:80/TCP slot 1",
+        f"delete svc {VIP}:80/ANY slot 0",
+        f"delete svc {VIP}:80/ANY slot 2",
+        f"delete svc {VIP}:80/ANY slot 1",
         "delete revnat rev_nat 1",
         "delete be backend 1",
         "delete be backend 2",
@@ -316,7 +344,35 @@ def test_duplicate_name_and_frontend(svcs):
     with pytest.raises(ConfigError, match=r"service 'web2': frontend 198.19.0.10:80/TCP is already service 'web'"):
         svcs.add("web2", 80, vip=VIP)
     assert snapshot(svcs) == before
-    assert svcs.add("web3", 80, vip=VIP, protocol="UDP").frontend == "198.19.0.10:80/UDP"  # other protocol: fine
+
+
+def test_other_protocol_on_one_frontend_refused_on_1_16(svcs):
+    """v1.16 writes protocol 0 in every key, so a UDP service on a TCP service's VIP:port would share its keys:
+    refused before any write, naming both services, the frontend and why."""
+    svcs.add("web", 80, ["b1:8080"])
+    before, saves = snapshot(svcs), svcs.store.saves
+    svcs.maps.ops.clear()
+    with pytest.raises(ConfigError) as info:
+        svcs.add("web-udp", 80, ["b2:8080"], vip=VIP, protocol="UDP")
+    assert str(info.value) == (
+        "service 'web-udp': frontend 198.19.0.10:80/UDP would share its cilium_lb4_services_v2 key with service "
+        "'web' (198.19.0.10:80/TCP): Cilium 1.16 writes protocol 0 in every service key, so one VIP:port holds one "
+        "service whatever its protocol (keys per protocol came with 1.17, cilium/cilium#33434); expected another "
+        "VIP or port, or a lab of Cilium 1.20 (`labkit up --cilium 1.20`)")
+    assert svcs.maps.ops == [] and snapshot(svcs) == before and svcs.store.saves == saves
+    svcs.add("np", 81, ["b1:8080"], type="NodePort", node_port=30000)
+    with pytest.raises(ConfigError, match=r"frontend 198.51.100.11:30000/UDP would share .* service 'np'"):
+        svcs.add("np-udp", 82, ["b1:8080"], protocol="UDP", type="NodePort", node_port=30000)
+    assert svcs.add("np-udp", 82, ["b1:8080"], protocol="UDP", type="NodePort").node_port == 30001  # any protocol's
+
+
+def test_other_protocol_on_one_frontend_accepted_on_1_20(svcs20):
+    """1.20 keys carry the protocol: TCP and UDP on one VIP:port (and one node port) are two services, two keys."""
+    svcs20.add("web", 80, ["b1:8080"], type="NodePort", node_port=30080)
+    udp = svcs20.add("web-udp", 80, ["b2:8080"], vip=VIP, protocol="UDP", type="NodePort", node_port=30080)
+    assert udp.frontend == "198.19.0.10:80/UDP" and udp.node_port == 30080
+    assert head(svcs20, "node-a", proto="TCP").rev_nat == 1 and head(svcs20, "node-a", proto="UDP").rev_nat == 4
+    assert svcs20.add("dns", 53, ["a1:53"], protocol="UDP", type="NodePort").node_port == 30000  # UDP's own range
 
 
 def test_unknown_service_and_backend(svcs):
@@ -492,18 +548,28 @@ def test_cli_service_backend_and_del(fake_lab, capsys):
 
 
 def test_cli_lb_list(fake_lab, capsys):
-    """`lb list NODE` prints cilium service list; --raw every entry; --json plain data."""
+    """`lb list NODE` prints cilium service list (v1.16: no protocol, every line padded by Go's tabwriter);
+    --bpf cilium-dbg bpf lb list; --raw every entry; --json plain data."""
     cli.main(["service", "add", "web", "--port", "80", "--backend", "b1:8080", "--backend", "b2:8080"])
     capsys.readouterr()
     assert cli.main(["lb", "list", "node-a"]) == 0
-    assert capsys.readouterr().out.splitlines() == [
-        "ID   Frontend             Service Type   Backend",
-        "1    198.19.0.10:80/TCP   ClusterIP      1 => 198.18.2.11:8080/TCP (active)",
-        "                                         2 => 198.18.2.12:8080/TCP (active)",
-    ]
+    # cilium-dbg/cmd/service_list.go: tabwriter(5, 0, 3, ' '), every cell tab-terminated. Column widths:
+    # ID 5, Frontend 14+3, Service Type 12+3, Backend 30+3 ("1 => 198.18.2.11:8080 (active)").
+    assert capsys.readouterr().out == (
+        "ID   Frontend         Service Type   Backend" + " " * 26 + "\n"
+        "1    198.19.0.10:80   ClusterIP      1 => 198.18.2.11:8080 (active)   \n"
+        "                                     2 => 198.18.2.12:8080 (active)   \n")
+    assert cli.main(["lb", "list", "node-a", "--bpf"]) == 0
+    # cilium-dbg/cmd/bpf_lb_list.go + helpers.go TablePrinter: header "%s\t%s\n", rows "%s\t%s\t\n".
+    # Column 1: "SERVICE ADDRESS" 15+3; column 2 (rows only): "0.0.0.0:0 (1) (0) [ClusterIP, non-routable] " 44+3.
+    assert capsys.readouterr().out == (
+        "SERVICE ADDRESS   BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
+        "198.19.0.10:80    0.0.0.0:0 (1) (0) [ClusterIP, non-routable]    \n"
+        "                  198.18.2.11:8080 (1) (1)" + " " * 23 + "\n"
+        "                  198.18.2.12:8080 (1) (2)" + " " * 23 + "\n")
     assert cli.main(["lb", "list", "node-b", "--raw"]) == 0
     raw = capsys.readouterr().out.splitlines()
-    assert raw[0] == "# cilium_lb4_services_v2" and raw[1].startswith("198.19.0.10:80/TCP slot 0 head: count=2")
+    assert raw[0] == "# cilium_lb4_services_v2" and raw[1].startswith("198.19.0.10:80/ANY slot 0 head: count=2")
     assert cli.main(["lb", "list", "node-a", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["count"] == 2
     assert cli.main(["lb", "list", "node-a", "--raw", "--json"]) == 0
@@ -558,15 +624,15 @@ def test_nodeport_frontends_flags_and_ids(svcs):
         for fe in svc.frontends[1:]:
             h = head(svcs, node, fe.address, 30080)
             assert (h.count, h.rev_nat, h.flags) == (2, fe.id, NP_FLAGS)
-            slots = [svcs.maps.get(node, SERVICES_MAP, Lb4Key.make(fe.address, 30080, "TCP").with_slot(i))
+            slots = [svcs.maps.get(node, SERVICES_MAP, Lb4Key.make(fe.address, 30080, 0).with_slot(i))
                      for i in (1, 2)]
-            assert [(v.backend_id, v.rev_nat, v.flags) for v in slots] == [(1, fe.id, NP_FLAGS), (2, fe.id, NP_FLAGS)]
+            assert [(v.backend_id, v.rev_nat, v.flags) for v in slots] == [(1, fe.id, 0), (2, fe.id, 0)]
             assert revnat(svcs, node, fe.id) == f"{fe.address}:30080"
         assert len(svcs.maps.data[node][BACKENDS_MAP]) == 2  # shared by every frontend
     rows = svcs.lb("node-a").rows()
     assert [(r.id, r.frontend, r.type, r.count) for r in rows] == [
-        (1, f"{VIP}:80/TCP", "ClusterIP", 2), (2, f"{NODE_IPS[0]}:30080/TCP", "NodePort", 2),
-        (3, f"{NODE_IPS[1]}:30080/TCP", "NodePort", 2)]
+        (1, f"{VIP}:80", "ClusterIP", 2), (2, f"{NODE_IPS[0]}:30080", "NodePort", 2),
+        (3, f"{NODE_IPS[1]}:30080", "NodePort", 2)]
     assert "non-routable" not in rows[1].to_json()["flags"] and "non-routable" in rows[0].to_json()["flags"]
 
 
@@ -583,9 +649,9 @@ def test_loadbalancer_frontends_and_allocation(svcs):
     assert revnat(svcs, "node-b", 5) == "203.0.113.10:80"
     assert head(svcs, "node-a", NODE_IPS[0], 30000).flags == NP_FLAGS | ServiceFlags.AFFINITY
     types = {r.frontend: r.type for r in svcs.lb("node-a").rows()}
-    assert types["203.0.113.11:80/TCP"] == "LoadBalancer" and types[f"{NODE_IPS[1]}:30001/TCP"] == "NodePort"
-    given = svcs.add("udp", 53, ["b1:5353"], protocol="udp", type="LoadBalancer", node_port=30000,
-                     lb_vip="203.0.113.10")  # same node port and LB VIP as web, another protocol: fine
+    assert types["203.0.113.11:80"] == "LoadBalancer" and types[f"{NODE_IPS[1]}:30001"] == "NodePort"
+    given = svcs.add("udp", 53, ["b1:5353"], protocol="udp", type="LoadBalancer", node_port=30005,
+                     lb_vip="203.0.113.10")  # web's LB VIP on another port: fine
     assert given.frontends[-1].l4("UDP") == "203.0.113.10:53/UDP"
 
 
@@ -594,13 +660,13 @@ def test_nodeport_write_order_heads_last(svcs):
     svcs.add("web", 80, ["b1:8080"], type="NodePort", node_port=30080)
     assert ops(svcs) == [
         "update be backend 1",
-        f"update svc {VIP}:80/TCP slot 1",
-        f"update svc {NODE_IPS[0]}:30080/TCP slot 1",
-        f"update svc {NODE_IPS[1]}:30080/TCP slot 1",
+        f"update svc {VIP}:80/ANY slot 1",
+        f"update svc {NODE_IPS[0]}:30080/ANY slot 1",
+        f"update svc {NODE_IPS[1]}:30080/ANY slot 1",
         "update revnat rev_nat 1", "update revnat rev_nat 2", "update revnat rev_nat 3",
-        f"update svc {VIP}:80/TCP slot 0",
-        f"update svc {NODE_IPS[0]}:30080/TCP slot 0",
-        f"update svc {NODE_IPS[1]}:30080/TCP slot 0",
+        f"update svc {VIP}:80/ANY slot 0",
+        f"update svc {NODE_IPS[0]}:30080/ANY slot 0",
+        f"update svc {NODE_IPS[1]}:30080/ANY slot 0",
     ]
     svcs.maps.ops.clear()
     svcs.add_backend("web", "b2:8080")
@@ -692,8 +758,8 @@ def test_cli_nodeport_and_loadbalancer(fake_lab, capsys):
     assert lines[1].split()[:8] == ["web", "LoadBalancer", VIP, "80", "TCP", "1", "30080", "203.0.113.50"]
     assert cli.main(["lb", "list", "node-a"]) == 0
     got = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
-    assert got == [["1", f"{VIP}:80/TCP", "ClusterIP"], ["2", f"{NODE_IPS[0]}:30080/TCP", "NodePort"],
-                   ["3", f"{NODE_IPS[1]}:30080/TCP", "NodePort"], ["4", "203.0.113.50:80/TCP", "LoadBalancer"]]
+    assert got == [["1", f"{VIP}:80", "ClusterIP"], ["2", f"{NODE_IPS[0]}:30080", "NodePort"],
+                   ["3", f"{NODE_IPS[1]}:30080", "NodePort"], ["4", "203.0.113.50:80", "LoadBalancer"]]
     assert cli.main(["service", "add", "np", "--port", "80", "--type", "NodePort", "--node-port", "80"]) == 1
     assert "outside the node port range" in capsys.readouterr().err
     assert cli.main(["service", "add", "np", "--port", "80", "--type", "External"]) == 2
@@ -710,18 +776,20 @@ def test_etp_local_scopes_differ_per_node(svcs):
     """eTP=Local: a NodePort/LB frontend's external scope lists only the node's own backends (flag Local,
     TWO_SCOPES), its internal scope all of them; the ClusterIP frontend is the same everywhere."""
     svc = svcs.add("web", 80, ["a1:8080", "b1:8080", "b2:8080"], type="LoadBalancer", etp="Local")
-    lb = f"{svc.lb_vip}:80/TCP"
+    lb = f"{svc.lb_vip}:80/ANY"
     for node, local in (("node-a", 1), ("node-b", 2)):
         heads = _heads(svcs, node)
         ext, int_ = heads[(lb, LookupScope.EXT)], heads[(lb, LookupScope.INT)]
         assert (ext.count, int_.count) == (local, 3)
         assert ext.flags & ServiceFlags.EXT_LOCAL_SCOPE and ext.flags2 & ServiceFlags2.TWO_SCOPES
-        assert heads[(f"{VIP}:80/TCP", LookupScope.EXT)].count == 3
-        assert (f"{VIP}:80/TCP", LookupScope.INT) not in heads  # ClusterIP: one scope
+        assert heads[(f"{VIP}:80/ANY", LookupScope.EXT)].count == 3
+        assert (f"{VIP}:80/ANY", LookupScope.INT) not in heads  # ClusterIP: one scope
     slots = {k.backend_slot: v.backend_id for k, v in svcs.maps.items("node-a", SERVICES_MAP)
              if k.frontend == lb and k.scope == LookupScope.EXT and k.backend_slot}
     assert slots == {1: svc.backend("a1:8080").id}
-    assert "Local" in next(r for r in svcs.lb("node-b").rows() if r.vip == svc.lb_vip).to_json()["flags"]
+    rows = [r for r in svcs.lb("node-b").rows() if r.vip == svc.lb_vip]
+    assert [(r.frontend, r.count) for r in rows] == [(f"{svc.lb_vip}:80", 2), (f"{svc.lb_vip}:80/i", 3)]
+    assert rows[0].to_json()["flags"] == ["LoadBalancer", "Local", "two-scopes"]
 
 
 def test_etp_and_algorithm_refusals(svcs):
@@ -743,7 +811,9 @@ def test_maglev_tables_written_per_frontend(svcs):
     first_maglev = next(i for i, op in enumerate(ops) if MAGLEV_MAP in op)
     assert max(i for i, op in enumerate(ops) if "backends" in op) < first_maglev
     assert first_maglev < min(i for i, op in enumerate(ops) if "slot 0" in op)
-    want = lookup_table({"198.18.1.11:8080": svc.backend("a1:8080").id, "198.18.2.11:8080": svc.backend("b1:8080").id})
+    # v1.16 hashes "ip:port" (no protocol) with the seed of Cilium's default --bpf-lb-maglev-hash-seed
+    names = {"198.18.1.11:8080": svc.backend("a1:8080").id, "198.18.2.11:8080": svc.backend("b1:8080").id}
+    want = lookup_table(names, 16381, cilium_seed())
     for node in ("node-a", "node-b"):
         tables = svcs.maglev("dns", node)
         assert set(tables) == set(svc.ids)
@@ -753,6 +823,17 @@ def test_maglev_tables_written_per_frontend(svcs):
     assert set(bpf.backend_ids) == {svc.backend("b1:8080").id}
     svcs.remove("dns")
     assert svcs.maps.data["node-a"][MAGLEV_MAP] == {}
+
+
+def test_maglev_names_on_1_20(svcs20):
+    """1.20 hashes pkg/maglev's BackendInfo hashString, "[ip:port/UDP,State:active]", with Cilium's seed."""
+    svc = svcs20.add("dns", 53, ["a1:8080", "b1:8080"], protocol="UDP", type="LoadBalancer", algorithm="maglev")
+    names = {"[198.18.1.11:8080/UDP,State:active]": svc.backend("a1:8080").id,
+             "[198.18.2.11:8080/UDP,State:active]": svc.backend("b1:8080").id}
+    want = lookup_table(names, 16381, cilium_seed())
+    assert want != lookup_table({n[1:].split("/")[0]: i for n, i in names.items()}, 16381, cilium_seed())
+    for bpf, expected in svcs20.maglev("dns", "node-b").values():
+        assert list(bpf.backend_ids) == want and bpf == expected
 
 
 def test_random_service_has_no_maglev_table(svcs):
@@ -772,6 +853,6 @@ def test_cli_etp_algorithm_and_lb_maglev(fake_lab, capsys):
     fake_lab.pin_dir = lambda node: f"/sys/fs/bpf/labkit/demo/{node}"
     assert cli.main(["lb", "maglev", "dns", "--node", "node-b"]) == 0
     out = capsys.readouterr().out
-    assert out.count("equals labkit.maglev.lookup_table") == 4 and "M=251" in out
+    assert out.count("equals labkit.maglev.lookup_table") == 4 and "M=16381" in out
     assert cli.main(["service", "add", "np", "--port", "81", "--type", "NodePort", "--etp", "Local"]) == 0
     assert fake_lab.services.get("np").etp == "Local"
