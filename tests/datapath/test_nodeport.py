@@ -10,7 +10,7 @@ import pytest
 
 from labkit.config import DatapathConfig
 from labkit.constants import DropReason, Hook
-from labkit.maglev import flow_slot, lookup_table
+from labkit.maglev import backend_name, cilium_seed, flow_slot, lookup_table
 from labkit.maps.ct import CtFlags
 
 from labtag import tagged
@@ -177,15 +177,19 @@ def test_hybrid_tcp_goes_dsr_udp_goes_snat(hybrid_lab):
     conn.close()
 
 
+def _maglev_names(lab, backends, protocol: str) -> dict[str, int]:
+    """Backend name -> id as the lab's Cilium release hashes them (v1.16 "ip:port")."""
+    return {backend_name(lab.topology.pod(b.pod).ip, b.port, protocol, lab.config.cilium): b.id for b in backends}
+
+
 def test_maglev_at_cilium_default_size(hybrid_lab):
-    """At Cilium's default M=16381 the datapath holds the Python table and sends 200 UDP flows exactly where
-    the table and flow hash say (hybrid mode: UDP goes by SNAT)."""
+    """At Cilium's default M=16381 and hash seed the datapath holds the Python table and sends 200 UDP flows
+    exactly where the table and flow hash say (hybrid mode: UDP goes by SNAT)."""
     lab = hybrid_lab
     assert lab.config.maglev_table_size == 16381
     svc = lab.services.add("dns", 53, ["a1:8080", "a2:8080", "b1:8080", "b2:8080"], protocol="UDP",
                            type="LoadBalancer", algorithm="maglev")
-    names = {f"{lab.topology.pod(b.pod).ip}:{b.port}": b.id for b in svc.backends}
-    table = lookup_table(names, 16381)
+    table = lookup_table(_maglev_names(lab, svc.backends, "UDP"), 16381, cilium_seed())
     bpf, expected = lab.services.maglev("dns", "node-b")[frontend_id(svc, "LoadBalancer")]
     assert list(bpf.backend_ids) == table == list(expected.backend_ids)
     lab.trace_mode("drops")
@@ -251,12 +255,13 @@ def test_etp_local_answers_locally_and_pods_still_reach_every_backend(native_lab
 
 def test_maglev_bpf_table_equals_python_table(native_lab):
     """The Maglev table the agent wrote into cilium_lb4_maglev (read back through the inner map) equals
-    labkit.maglev.lookup_table for every frontend on every node."""
+    labkit.maglev.lookup_table for every frontend on every node: the lab's default size is Cilium's (16381),
+    the seed Cilium's default's."""
     lab = native_lab
+    assert lab.config.maglev_table_size == 16381
     svc = lab.services.add("web", 80, ["a1:8080", "a2:8080", "b1:8080", "b2:8080"], type="LoadBalancer",
                            algorithm="maglev")
-    names = {f"{lab.topology.pod(b.pod).ip}:{b.port}": b.id for b in svc.backends}
-    want = lookup_table(names, lab.config.maglev_table_size)
+    want = lookup_table(_maglev_names(lab, svc.backends, "TCP"), 16381, cilium_seed())
     for node in ("node-a", "node-b"):
         tables = lab.services.maglev("web", node)
         assert set(tables) == set(svc.ids)
@@ -295,8 +300,7 @@ def test_maglev_removing_a_backend_moves_only_its_flows(native_lab):
         m = lab.config.maglev_table_size
 
         def predicted(service, ports):
-            names = {f"{lab.topology.pod(b.pod).ip}:{b.port}": b.id for b in service.active}
-            table = lookup_table(names, m)
+            table = lookup_table(_maglev_names(lab, service.active, "UDP"), m, cilium_seed())
             return {p: table[flow_slot(EXT, p, 53, UDP, m)] for p in ports}
 
         ports = range(20000, 22000)

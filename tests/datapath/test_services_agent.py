@@ -1,7 +1,8 @@
 """The Service agent against the real kernel: what `lab.services` writes into
 every node's pinned cilium_lb4_* maps (read back with PinnedMap and bpftool),
-`lb list`, removal, refusals that leave the maps byte-identical, terminating
-backends, `lab.reset()`, and one connection through the VIP."""
+`lb list` and `lb list --bpf`, removal, refusals that leave the maps byte-identical,
+terminating backends, `lab.reset()`, one connection through the VIP; and the same
+on a Cilium 1.20 lab, whose keys carry the protocol."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+from labkit.config import DatapathConfig
 from labkit.errors import ConfigError, NotFoundError
 from labkit.maps.base import PinnedMap
 from labkit.maps.lb import (
@@ -25,6 +27,9 @@ from labkit.maps.lb import (
     PinnedMaglev,
 )
 
+from labtag import tagged
+
+from .test_services import _gets
 from .util import TcpClient
 
 VIP = "198.19.0.10"
@@ -70,19 +75,21 @@ def labkit(lab, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_add_writes_every_node(lab):
-    """After add("web", 80, [b1, b2]) every node holds the head, two slots, two backends and the reverse NAT."""
+    """After add("web", 80, [b1, b2]) every node holds the head, two slots, two backends and the reverse NAT;
+    as Cilium v1.16's agent writes them, every key and backend carries protocol 0 and the slots flags 0."""
     web = lab.services.add("web", 80, ["b1:8080", "b2:8080"])
     assert (web.vip, web.id) == (VIP, 1)
     for node in lab.topology.nodes:
         svc = read(lab, node.name, SERVICES_MAP)
-        head = svc[bytes(Lb4Key.make(VIP, 80, "TCP"))]
+        assert {raw[8] for raw in svc} == {0}  # lb4_key.proto
+        head = svc[bytes(Lb4Key.make(VIP, 80, 0))]
         assert head.count == 2
         assert bytes(head)[6:8] == web.id.to_bytes(2, "big")  # rev_nat_index, network order
-        slots = [svc[bytes(Lb4Key.make(VIP, 80, "TCP", slot=i))].backend_id for i in (1, 2)]
-        assert slots == [b.id for b in web.backends]
+        slots = [svc[bytes(Lb4Key.make(VIP, 80, 0, slot=i))] for i in (1, 2)]
+        assert [(v.backend_id, v.flags, v.flags2) for v in slots] == [(b.id, 0, 0) for b in web.backends]
         backends = read(lab, node.name, BACKENDS_MAP)
         got = {backends[bytes(Lb4BackendKey(b.id))].l4addr for b in web.backends}
-        assert got == {f"{lab.pod(p).ip}:8080/TCP" for p in ("b1", "b2")}
+        assert got == {f"{lab.pod(p).ip}:8080/ANY" for p in ("b1", "b2")}  # lb4_backend.proto 0
         revnat = read(lab, node.name, REVNAT_MAP)
         assert str(revnat[bytes(Lb4RevNatKey.make(web.id))]) == f"{VIP}:80"
         assert len(svc) == 3 and len(backends) == 2 and len(revnat) == 1
@@ -99,17 +106,36 @@ def test_bpftool_sees_the_same_entries(lab):
 
 
 def test_lb_list_lines(lab):
-    """lb list node-a reads the maps back in `cilium service list` form, in Python and on the command line."""
+    """lb list node-a reads the maps back in v1.16's `cilium service list` form, in Python and on the command
+    line, padded as Go's tabwriter pads every tab-terminated cell (cilium-dbg/cmd/service_list.go)."""
     lab.services.add("web", 80, ["b1:8080", "b2:8080"])
-    expected = [
-        "ID   Frontend             Service Type   Backend",
-        f"1    {VIP}:80/TCP   ClusterIP      1 => 198.18.2.11:8080/TCP (active)",
-        "                                         2 => 198.18.2.12:8080/TCP (active)",
-    ]
-    assert lab.services.lb("node-a").lines() == expected
+    expected = (
+        "ID   Frontend         Service Type   Backend" + " " * 26 + "\n"
+        f"1    {VIP}:80   ClusterIP      1 => 198.18.2.11:8080 (active)   \n"
+        "                                     2 => 198.18.2.12:8080 (active)   \n")
+    assert lab.services.lb("node-a").text() == expected
     proc = labkit(lab, "lb", "list", "node-a")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == expected
+    assert proc.stdout == expected
+
+
+def test_lb_list_bpf_lines(lab):
+    """`labkit lb list NODE --bpf` prints v1.16's `cilium-dbg bpf lb list` of the pinned map: one group per
+    VIP:port, the head `0.0.0.0:0 (id) (0) [flags] ` first, then the slots (cilium-dbg/cmd/bpf_lb_list.go)."""
+    web = lab.services.add("web", 80, ["b1:8080", "b2:8080"])
+    lab.services.add("dns", 53, ["a1:8080"], protocol="UDP", affinity=60)
+    head_dns = "0.0.0.0:0 (2) (0) [ClusterIP, sessionAffinity, non-routable] "  # 61 characters: the column's 64
+    proc = labkit(lab, "lb", "list", "node-b", "--bpf")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "".join(line + "\n" for line in [
+        "SERVICE ADDRESS   BACKEND ADDRESS (REVNAT_ID) (SLOT)",
+        f"{VIP}:80    " + "0.0.0.0:0 (1) (0) [ClusterIP, non-routable] ".ljust(64),
+        " " * 18 + f"198.18.2.11:8080 ({web.id}) (1)".ljust(64),
+        " " * 18 + f"198.18.2.12:8080 ({web.id}) (2)".ljust(64),
+        "198.19.0.11:53    " + head_dns + "   ",
+        " " * 18 + "198.18.1.11:8080 (2) (1)".ljust(64),
+    ])
+    assert len(head_dns) == 61
 
 
 def test_another_process_sees_the_services(lab):
@@ -141,6 +167,7 @@ def test_remove_empties_maps(lab):
     (dict(name="bad", port=80, backends=["b1:99999"]), ConfigError),
     (dict(name="web", port=81, backends=["b1:8080"]), ConfigError),  # the name is taken
     (dict(name="bad", port=80, vip=VIP), ConfigError),  # the frontend is taken
+    (dict(name="bad", port=80, vip=VIP, protocol="UDP"), ConfigError),  # v1.16: its key too, whatever the protocol
     (dict(name="bad", port=80, vip="203.0.113.5"), ConfigError),
     (dict(name="bad", port=80, affinity=-5), ConfigError),
 ])
@@ -161,12 +188,13 @@ def test_terminating_backend_moves_after_count(lab):
     lab.services.set_backend_state("web", "b1:8080", "terminating")
     for node in lab.topology.nodes:
         svc = read(lab, node.name, SERVICES_MAP)
-        assert svc[bytes(Lb4Key.make(VIP, 80, "TCP"))].count == 1
-        assert [svc[bytes(Lb4Key.make(VIP, 80, "TCP", slot=i))].backend_id for i in (1, 2)] == [b2, b1]
+        assert svc[bytes(Lb4Key.make(VIP, 80, 0))].count == 1
+        assert [svc[bytes(Lb4Key.make(VIP, 80, 0, slot=i))].backend_id for i in (1, 2)] == [b2, b1]
         assert read(lab, node.name, BACKENDS_MAP)[bytes(Lb4BackendKey(b1))].flags == BackendState.TERMINATING
+    # service list numbers backends by id, whatever their slot; the column is 35 ("... (terminating)") + 3 wide
     lines = lab.services.lb("node-b").lines()
-    assert lines[1].endswith("1 => 198.18.2.12:8080/TCP (active)")
-    assert lines[2].endswith("2 => 198.18.2.11:8080/TCP (terminating)")
+    assert lines[1].endswith("1 => 198.18.2.11:8080 (terminating)   ")
+    assert lines[2].endswith("2 => 198.18.2.12:8080 (active)" + " " * 8)
 
 
 def test_reset_flushes_services(lab):
@@ -191,3 +219,49 @@ def test_connection_through_the_vip(lab):
         client.close()
     svc_rows = [r for r in lab.ct("node-a") if r.dir == "SVC"]
     assert [(r.rev_nat, r.backend_id) for r in svc_rows] == [(1, lab.services.get("web").backends[0].id)]
+
+
+# -- a Cilium 1.20 lab: keys per protocol ---------------------------------------------------
+@pytest.fixture(scope="module")
+def _lab20(_require_datapath):
+    """A lab of Cilium 1.20 (per-protocol service keys), its GC timer off as the shared labs'."""
+    from .conftest import _shared_lab
+
+    yield from _shared_lab(tagged("dplb20"), config=DatapathConfig(cilium="1.20", gc_timer=False))
+
+
+@pytest.fixture
+def lab_1_20(_lab20):
+    """The 1.20 lab, reset for this test."""
+    _lab20.reset()
+    return _lab20
+
+
+def test_1_20_keys_carry_the_protocol_and_both_services_answer(lab_1_20):
+    """On 1.20 a TCP and a UDP service share VIP:80: their keys carry protocol 6 and 17, the backends theirs,
+    `lb list --bpf` prints one line per entry with its slot, and the datapath sends each protocol to its own
+    service's backends, the TCP ones balanced over both."""
+    lab = lab_1_20
+    web = lab.services.add("web", 80, ["b1:8080", "b2:8080"])
+    udp = lab.services.add("web-udp", 80, ["a2:8080"], vip=VIP, protocol="UDP")
+    for node in lab.topology.nodes:
+        svc = read(lab, node.name, SERVICES_MAP)
+        assert sorted((raw[8], int.from_bytes(raw[6:8], "little")) for raw in svc) == [
+            (6, 0), (6, 1), (6, 2), (17, 0), (17, 1)]
+        backends = read(lab, node.name, BACKENDS_MAP)
+        assert {bytes(v)[6] for v in backends.values()} == {6, 17}
+    proc = labkit(lab, "lb", "list", "node-a", "--bpf")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "SERVICE ADDRESS          BACKEND ADDRESS (REVNAT_ID) (SLOT)",
+        f"{VIP}:80/TCP (0)   " + "0.0.0.0:0 (1) (0) [ClusterIP, non-routable] ".ljust(47),
+        f"{VIP}:80/TCP (1)   " + f"198.18.2.11:8080/TCP ({web.id}) (1)".ljust(47),
+        f"{VIP}:80/TCP (2)   " + f"198.18.2.12:8080/TCP ({web.id}) (2)".ljust(47),
+        f"{VIP}:80/UDP (0)   " + f"0.0.0.0:0 ({udp.id}) (0) [ClusterIP, non-routable] ".ljust(47),
+        f"{VIP}:80/UDP (1)   " + f"198.18.1.12:8080/UDP ({udp.id}) (1)".ljust(47),
+    ]
+    for _ in range(3):
+        step = lab.pod("a1").udp("web-udp", 80, b"x")
+        assert step.ok and step.result["reply_text"].startswith("pod=a2 "), step.result
+    served = _gets(lab, "a1", VIP, 30)
+    assert set(served) == {"b1", "b2"}, served  # both TCP backends, never a2 (30 picks miss one with p=2^-29)
