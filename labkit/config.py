@@ -51,8 +51,13 @@ LAB_DIFFERENCES = (
     "the reply is SNATed to the frontend at to-netdev of the backend's node",
     "the CT garbage collector's interval runs on the lab clock (checked every second), so `labkit clock "
     "advance` brings the next run forward; Cilium's runs on wall-clock time",
-    "--service-mode iptables writes kube-proxy's nat table without --random-fully on MASQUERADE (a masqueraded "
-    "flow keeps its port), and no rules for a Service without endpoints (kube-proxy REJECTs in the filter table)",
+    "--service-mode iptables writes what kube-proxy v1.34's iptables proxier writes on such a node "
+    "(--detect-local-mode ClusterCIDR with the pods' 198.18.0.0/15, MASQUERADE --random-fully, localhost NodePorts, "
+    "nfacct counters) with its full and partial syncs, but: the first sync is the first Service change after up or "
+    "reset (kube-proxy syncs when it starts), Services come in name order (kube-proxy's follows a map), there is no "
+    "kubelet (no KUBE-KUBELET-CANARY) and no healthCheckNodePort (no health-check ACCEPT rule or server for an "
+    "externalTrafficPolicy Local LoadBalancer), stale UDP conntrack entries are not cleared, and a Maglev Service "
+    "is refused",
 )
 
 
