@@ -24,7 +24,8 @@ The node's configuration (what kube-proxy would be started with, and what it fin
 on the node) is a :class:`NodeOptions`; its defaults are kube-proxy's defaults on a
 labkit node: ``--detect-local-mode ClusterCIDR`` with the pods' 198.18.0.0/15,
 ``--iptables-localhost-nodeports`` on, ``--random-fully`` (iptables 1.8.9 has it),
-both nfacct counters available, ``nf_conntrack_tcp_be_liberal`` off.
+both nfacct counters available, and ``nf_conntrack_tcp_be_liberal`` on, as a labkit node sets it in
+iptables mode (see :func:`labkit.kubeproxy.sync.setup`), so there is no INVALID DROP rule.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class NodeOptions:
     cluster_cidr: str = str(POD_SUPERNET)  #: --detect-local-mode ClusterCIDR --cluster-cidr (None: NoOp detector)
     localhost_nodeports: bool = True  #: --iptables-localhost-nodeports (the default)
     random_fully: bool = True  #: iptables.HasRandomFully(): iptables >= 1.6.2
-    tcp_be_liberal: bool = False  #: net.netfilter.nf_conntrack_tcp_be_liberal was set
+    tcp_be_liberal: bool = True  #: net.netfilter.nf_conntrack_tcp_be_liberal was set (a labkit node sets it)
     nfacct: frozenset = frozenset({NFACCT_INVALID, NFACCT_LOCALHOST})  #: counters nfacct.Ensure() could create
 
 

@@ -3,7 +3,8 @@ syncs, its ``CleanupLeftovers``, and the node's iptables behind them (the real o
 the node's namespace, or an in-memory one for examples and tests).
 
 A **full** sync first does what kube-proxy does at start and after its canary
-chain disappeared: it sets ``route_localnet``, creates the ``KUBE-PROXY-CANARY``
+chain disappeared: it sets ``route_localnet`` (and the lab sets
+``nf_conntrack_tcp_be_liberal``, see :func:`setup`), creates the ``KUBE-PROXY-CANARY``
 chains in mangle, nat and filter, makes sure every jump from a built-in chain
 exists (``iptables -C``, else ``iptables -I``: prepended, so the last one ensured
 comes first), and creates the nfacct counters; then it restores every chain. A
@@ -44,7 +45,7 @@ from .names import is_service_chain
 from .rules import NFACCT_INVALID, NFACCT_LOCALHOST, NodeOptions, Restore, render
 
 __all__ = ["CANARY", "Jump", "JUMPS", "KUBELET_JUMPS", "jumps_into", "Iptables", "MemoryIptables", "NetnsIptables",
-           "sync", "setup", "cleanup", "chains_in", "restore"]
+           "sync", "setup", "cleanup", "chains_in", "restore", "NODE_SYSCTLS"]
 
 CANARY = "KUBE-PROXY-CANARY"
 CANARY_TABLES = ("mangle", "nat", "filter")
@@ -119,13 +120,21 @@ class Iptables(Protocol):
     def ensure_rule(self, table: str, chain: str, args: list[str]) -> None: ...
     def delete_rule(self, table: str, chain: str, args: list[str]) -> None: ...
     def delete_chain(self, table: str, chain: str) -> None: ...
-    def route_localnet(self) -> None: ...
+    def node_sysctls(self) -> None: ...
     def options(self) -> NodeOptions: ...
 
 
+#: the node's sysctls before kube-proxy reads them: route_localnet is kube-proxy's own (NewProxier, with
+#: --iptables-localhost-nodeports); tcp_be_liberal is the lab's: its BPF programs hand a pod's replies
+#: straight to the tunnel or the pod, past the node's netfilter, so node conntrack sees half of a
+#: handshake and would call the rest INVALID, which kube-proxy's KUBE-FORWARD drops unless it is set
+NODE_SYSCTLS = {"net.ipv4.conf.all.route_localnet": 1, "net.netfilter.nf_conntrack_tcp_be_liberal": 1}
+
+
 def setup(ipt: Iptables) -> None:
-    """What a full sync does before its restore: route_localnet, canaries, the jump rules, nfacct counters."""
-    ipt.route_localnet()  # NewProxier, with --iptables-localhost-nodeports
+    """What a full sync does before its restore: the node's sysctls, canaries, the jump rules (the nfacct
+    counters come with :meth:`Iptables.options`)."""
+    ipt.node_sysctls()
     for table in CANARY_TABLES:  # ipt.Monitor creates them
         ipt.ensure_chain(table, CANARY)
     for jump in JUMPS + KUBELET_JUMPS:
@@ -235,8 +244,8 @@ class MemoryIptables:
     def delete_chain(self, table: str, chain: str) -> None:
         self.tables[table].pop(chain, None)
 
-    def route_localnet(self) -> None:
-        self.sysctls["net.ipv4.conf.all.route_localnet"] = 1
+    def node_sysctls(self) -> None:
+        self.sysctls.update(NODE_SYSCTLS)
 
     def options(self) -> NodeOptions:
         return self.opts
@@ -299,10 +308,10 @@ class NetnsIptables:
     def delete_chain(self, table: str, chain: str) -> None:
         self._run(["iptables", "-w", "-t", table, "-X", chain], check=False)
 
-    def route_localnet(self) -> None:
+    def node_sysctls(self) -> None:
         from .. import _netns
 
-        _netns.sysctl(self.netns, {"net.ipv4.conf.all.route_localnet": 1})
+        _netns.sysctl(self.netns, NODE_SYSCTLS)
 
     def options(self) -> NodeOptions:
         from .. import _netns

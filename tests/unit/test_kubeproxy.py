@@ -32,8 +32,9 @@ from labkit.services import Backend, Service, Services
 from labkit.topology import Topology
 
 TOPO = Topology.default("demo")
-#: NewFakeProxier's configuration, in labkit's addresses: iptablestest.NewFake() has no --random-fully
-FAKE = NodeOptions(random_fully=False)
+#: NewFakeProxier's configuration, in labkit's addresses: iptablestest.NewFake() has no --random-fully, and
+#: conntrackTCPLiberal is false (a labkit node sets nf_conntrack_tcp_be_liberal, NodeOptions' default)
+FAKE = NodeOptions(random_fully=False, tcp_be_liberal=False)
 POD = {"a1": "198.18.1.11", "a2": "198.18.1.12", "b1": "198.18.2.11", "b2": "198.18.2.12"}
 
 
@@ -501,7 +502,7 @@ def test_first_sync_ensures_jumps_canaries_and_a_later_one_does_not():
     chains (so each built-in chain lists them in reverse order); a partial sync touches none of them."""
     # proxier.go iptablesJumpChains + iptablesKubeletJumpChains, EnsureRule(utiliptables.Prepend, ...);
     # NewProxier's ipt.Monitor(kubeProxyCanaryChain, {mangle, nat, filter}); TestTracePacket's filter jumps
-    ipt = MemoryIptables()
+    ipt = MemoryIptables(FAKE)
     sync(ipt, [], TOPO, "node-a", None)
     for table in ("mangle", "nat", "filter"):
         assert CANARY in parse(ipt.save(table))[table]
@@ -525,7 +526,7 @@ def test_first_sync_ensures_jumps_canaries_and_a_later_one_does_not():
     nat = parse(ipt.save("nat"))["nat"]
     assert nat["PREROUTING"] == nat["OUTPUT"] == ['-m comment --comment "kubernetes service portals" -j KUBE-SERVICES']
     assert nat["POSTROUTING"] == ['-m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING']
-    assert ipt.sysctls == {"net.ipv4.conf.all.route_localnet": 1}
+    assert ipt.sysctls == {"net.ipv4.conf.all.route_localnet": 1, "net.netfilter.nf_conntrack_tcp_be_liberal": 1}
     before = ipt.save("filter")
     assert not sync(ipt, [], TOPO, "node-a", set()).full and ipt.save("filter") == before
 
