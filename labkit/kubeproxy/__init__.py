@@ -18,7 +18,8 @@ entry: every Service lives in each node's iptables instead::
 
 Modules: :mod:`.names` (chain names, marks, probabilities), :mod:`.endpoints` (which
 endpoints a node uses), :mod:`.rules` (the restore input of one sync), :mod:`.sync`
-(full and partial syncs, cleanup, the node's iptables), :mod:`.conntrack` (rows).
+(full and partial syncs, cleanup, the node's iptables), :mod:`.text` (iptables-save text as tables),
+:mod:`.conntrack` (rows).
 
     >>> from labkit.services import Services
     >>> from labkit.topology import Topology
@@ -35,13 +36,13 @@ from .conntrack import ConntrackRow, parse_conntrack
 from .endpoints import Endpoint, categorize, endpoints
 from .names import MASQ_MARK, SERVICE_MODES, ext_chain, port_name, probability, sep_chain, svc_chain, svl_chain
 from .rules import NodeOptions, Restore, nat_table, render
-from .sync import (CANARY, JUMPS, KUBELET_JUMPS, Iptables, MemoryIptables, MemoryTables, NetnsIptables, chains_in,
-                   cleanup, restore, sync)
+from .sync import CANARY, JUMPS, KUBELET_JUMPS, Iptables, MemoryIptables, MemoryTables, NetnsIptables, cleanup, restore, sync
+from .text import chains_in, diff_tables, parse_tables
 
 __all__ = ["SERVICE_MODES", "MASQ_MARK", "svc_chain", "svl_chain", "ext_chain", "sep_chain", "port_name",
            "probability", "Endpoint", "endpoints", "categorize", "NodeOptions", "Restore", "render", "nat_table",
            "CANARY", "JUMPS", "KUBELET_JUMPS", "Iptables", "MemoryIptables", "MemoryTables", "NetnsIptables",
-           "chains_in", "sync", "cleanup", "restore", "check_service", "changed_services", "ConntrackRow",
+           "chains_in", "parse_tables", "diff_tables", "sync", "cleanup", "restore", "check_service", "changed_services", "ConntrackRow",
            "parse_conntrack"]
 
 

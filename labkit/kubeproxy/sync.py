@@ -43,6 +43,7 @@ from ..errors import DatapathError
 from ..topology import Topology
 from .names import is_service_chain
 from .rules import NFACCT_INVALID, NFACCT_LOCALHOST, NodeOptions, Restore, render
+from .text import chains_in
 
 __all__ = ["CANARY", "Jump", "JUMPS", "KUBELET_JUMPS", "jumps_into", "Iptables", "MemoryIptables", "NetnsIptables",
            "sync", "setup", "cleanup", "chains_in", "restore", "NODE_SYSCTLS"]
@@ -104,11 +105,6 @@ def jumps_into(table: str) -> list[Jump]:
     """The jumps in ``table`` in the order a full sync leaves them in each built-in chain (each was
     prepended, so the last ensured comes first)."""
     return [j for j in reversed(JUMPS + KUBELET_JUMPS) if j.table == table]
-
-
-def chains_in(saved: str) -> set[str]:
-    """Chain names declared in ``iptables-save`` text (utiliptables.GetChainsFromTable)."""
-    return {line[1:].split()[0] for line in saved.splitlines() if line.startswith(":")}
 
 
 class Iptables(Protocol):

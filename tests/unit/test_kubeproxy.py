@@ -15,7 +15,6 @@ the rewritten expectation, and each place says so.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import doctest
 import importlib
 import re
@@ -25,8 +24,9 @@ import pytest
 
 from labkit import kubeproxy
 from labkit.errors import ConfigError, DatapathError
-from labkit.kubeproxy import (CANARY, MemoryIptables, NodeOptions, changed_services, ext_chain, nat_table,
-                              parse_conntrack, probability, render, sep_chain, svc_chain, svl_chain, sync)
+from labkit.kubeproxy import (CANARY, MemoryIptables, NodeOptions, changed_services, diff_tables, ext_chain,
+                              nat_table, parse_conntrack, parse_tables, probability, render, sep_chain, svc_chain,
+                              svl_chain, sync)
 from labkit.kubeproxy.names import _hash
 from labkit.services import Backend, Service, Services
 from labkit.topology import Topology
@@ -39,41 +39,18 @@ POD = {"a1": "198.18.1.11", "a2": "198.18.1.12", "b1": "198.18.2.11", "b2": "198
 
 
 # -- comparing tables chain by chain -------------------------------------------------
-def parse(text: str) -> dict[str, dict[str, list[str]]]:
-    """``{table: {chain: [rule, ...]}}`` of restore or save text; ``-X`` lines under the key ``-X``."""
-    tables: dict[str, dict[str, list[str]]] = {}
-    table: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        if line.startswith("*"):
-            table = tables.setdefault(line[1:], {})
-        elif line.startswith(":"):
-            table.setdefault(line[1:].split()[0], [])
-        elif line.startswith("-A "):
-            chain, _, rule = line[3:].partition(" ")
-            table.setdefault(chain, []).append(rule)
-        elif line.startswith("-X "):
-            table.setdefault("-X", []).append(line[3:])
-    return tables
-
-
 def assert_tables(got: str, want: str) -> None:
     """Same tables, same chains, and in every chain the same rules in the same order; a failure names the
-    table and chain and shows the difference."""
-    g, w = parse(got), parse(textwrap.dedent(want))
-    assert sorted(g) == sorted(w), f"tables: got {sorted(g)}, expected {sorted(w)}"
-    for table in w:
-        missing, extra = sorted(set(w[table]) - set(g[table])), sorted(set(g[table]) - set(w[table]))
-        assert not missing and not extra, f"{table}: chains missing {missing}, unexpected {extra}"
-        for chain, rules in w[table].items():
-            diff = "\n".join(difflib.unified_diff(rules, g[table][chain], "expected", "got", lineterm=""))
-            assert g[table][chain] == rules, f"{table} {chain} differs:\n{diff}"
+    table and chain that differ."""
+    problems = diff_tables(got, textwrap.dedent(want))
+    assert not problems, "\n".join(problems)
 
 
 def check_jumps(text: str) -> None:
     """checkIPTablesRuleJumps: every chain a rule jumps to or fills is declared, and every jump goes to
     a chain with rules (KUBE-NODEPORTS excepted)."""
     targets = {"ACCEPT", "REJECT", "DROP", "MARK", "RETURN", "DNAT", "SNAT", "MASQUERADE"}
-    for name, chains in parse(text).items():
+    for name, chains in parse_tables(text).items():
         declared = set(chains) - {"-X"}
         jumped = {j for rules in chains.values() for r in rules for j in re.findall(r"-j (\S+)", r)} - targets
         assert jumped <= declared, f"{name}: jumps to undeclared chains {sorted(jumped - declared)}"
@@ -246,7 +223,7 @@ def test_external_traffic_policy_local_with_a_local_endpoint():
              lb_vip="203.0.113.4", etp="Local")
     text = render([lb], TOPO, "node-a", FAKE).text
     c = chains(svc1=lb)
-    got = parse(text)
+    got = parse_tables(text)
     assert got["nat"][c["ext1"]] == [
         f'-m comment --comment "pod traffic for default/lb external destinations" -s 198.18.0.0/15 -j {c["svc1"]}',
         '-m comment --comment "masquerade LOCAL traffic for default/lb external destinations" -m addrtype '
@@ -269,7 +246,7 @@ def test_no_endpoints_reject_every_frontend():
     # TestNoEndpointsReject (pod and external clients get REJECT at every frontend); rule shapes of
     # TestOverallIPTablesRules' svc6, the KUBE-EXTERNAL-SERVICES shapes of its svc2 with "has no endpoints"
     lb = svc("lb", "198.19.0.41", 80, type="LoadBalancer", node_port=30001, lb_vip="203.0.113.4")
-    got = parse(render([lb], TOPO, "node-a", FAKE).text)
+    got = parse_tables(render([lb], TOPO, "node-a", FAKE).text)
     assert got["filter"]["KUBE-SERVICES"] == [
         '-m comment --comment "default/lb has no endpoints" -m tcp -p tcp -d 198.19.0.41 --dport 80 -j REJECT']
     assert got["filter"]["KUBE-EXTERNAL-SERVICES"] == [
@@ -295,7 +272,7 @@ def test_terminating_endpoints_are_the_fallback(backends, terminating, cluster, 
     on this node), and a KUBE-SEP chain for every endpoint either policy uses."""
     lb = svc("lb", "198.19.0.41", 80, *backends, terminating=terminating, type="LoadBalancer", node_port=30001,
              lb_vip="203.0.113.4", etp="Local")
-    got, c = parse(render([lb], TOPO, "node-a", FAKE).text)["nat"], chains(svc1=lb)
+    got, c = parse_tables(render([lb], TOPO, "node-a", FAKE).text)["nat"], chains(svc1=lb)
 
     def picks(chain):
         return [re.search(r"-j (\S+)$", r).group(1) for r in got[chain] if "->" in r]
@@ -310,7 +287,7 @@ def test_terminating_endpoints_on_a_remote_node_only():
     # TestTerminatingEndpointsTrafficPolicyLocal, "terminating endpoints on remote node"
     lb = svc("lb", "198.19.0.41", 80, "b1:80", terminating=("b1:80",), type="LoadBalancer", node_port=30001,
              lb_vip="203.0.113.4", etp="Local")
-    got, c = parse(render([lb], TOPO, "node-a", FAKE).text), chains(svc1=lb)
+    got, c = parse_tables(render([lb], TOPO, "node-a", FAKE).text), chains(svc1=lb)
     assert got["nat"][c["svc1"]][-1] == f'-m comment --comment "default/lb -> 198.18.2.11:80" -j {c["sep1_b1"]}'
     assert [r.rsplit(" -j ", 1)[1] for r in got["filter"]["KUBE-EXTERNAL-SERVICES"]] == ["DROP", "DROP"]
     assert c["svl1"] not in got["nat"] and got["nat"][c["ext1"]][-1].endswith(f"-j {c['svc1']}")
@@ -320,7 +297,7 @@ def test_endpoints_sorted_as_strings():
     """Endpoints are ordered by their ip:port string (byEndpoint), not by address or by the order given."""
     # TestUpdateEndpointsMap case "complex add and remove": 10.1.1.11:11 sorts before 10.1.1.1:11
     web = svc("web", "198.19.0.41", 80, "b2:80", "b1:8080", "a1:9")
-    rules = parse(render([web], TOPO, "node-a", FAKE).text)["nat"][svc_chain(web)]
+    rules = parse_tables(render([web], TOPO, "node-a", FAKE).text)["nat"][svc_chain(web)]
     assert [re.search(r"-> (\S+)\"", r).group(1) for r in rules if "->" in r] == \
         ["198.18.1.11:9", "198.18.2.11:8080", "198.18.2.12:80"]
 
@@ -330,7 +307,7 @@ def test_masquerade_rule(random_fully):
     """KUBE-POSTROUTING: RETURN unmarked, clear the mark, MASQUERADE (--random-fully where iptables has it)."""
     # TestMasqueradeRule, both cases
     text = render([], TOPO, "node-a", NodeOptions(random_fully=random_fully)).text
-    assert parse(text)["nat"]["KUBE-POSTROUTING"] == [
+    assert parse_tables(text)["nat"]["KUBE-POSTROUTING"] == [
         "-m mark ! --mark 0x00004000/0x00004000 -j RETURN", "-j MARK --xor-mark 0x00004000",
         '-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE'
         + (" --random-fully" if random_fully else "")]
@@ -346,7 +323,7 @@ def test_drop_invalid_rule(nfacct, liberal, drop):
     """KUBE-FORWARD drops INVALID packets (counted by nfacct when it can) unless the kernel is liberal."""
     # TestDropInvalidRule, its three cases
     text = render([], TOPO, "node-a", NodeOptions(nfacct=nfacct, tcp_be_liberal=liberal)).text
-    assert parse(text)["filter"]["KUBE-FORWARD"] == ([drop] if drop else []) + [
+    assert parse_tables(text)["filter"]["KUBE-FORWARD"] == ([drop] if drop else []) + [
         '-m comment --comment "kubernetes forwarding rules" -m mark --mark 0x00004000/0x00004000 -j ACCEPT',
         '-m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED '
         "-j ACCEPT"]
@@ -358,7 +335,7 @@ def test_localhost_nodeports_off():
     # TestNodePorts "ipv4, localhost-nodeports disabled" (expectFirewall false); the KUBE-SERVICES rule per
     # proxier.go's `! -d 127.0.0.0/8` when !localhostNodePorts
     np = svc("np", "198.19.0.41", 80, "b1:80", type="NodePort", node_port=30001)
-    got = parse(render([np], TOPO, "node-a", NodeOptions(localhost_nodeports=False)).text)
+    got = parse_tables(render([np], TOPO, "node-a", NodeOptions(localhost_nodeports=False)).text)
     assert "KUBE-FIREWALL" not in got["filter"]
     assert got["nat"]["KUBE-NODEPORTS"] == [f"-m comment --comment default/np -m tcp -p tcp --dport 30001 -j "
                                             f"{ext_chain(np)}"]
@@ -494,7 +471,7 @@ def test_sync_proxy_rules_repeated():
     sync(ipt, [s1, s3c, s4e], TOPO, "node-a", set())
     assert_tables(ipt.restores[-1], expect([1, 3, 4]))
     # and the node holds every service's chains: the partial syncs left svc1's alone
-    assert parse(ipt.save("nat"))["nat"][c["svc1"]][-1] == f'-m comment --comment "default/svc1 -> 198.18.1.11:80" -j {c["sep1_a1"]}'
+    assert parse_tables(ipt.save("nat"))["nat"][c["svc1"]][-1] == f'-m comment --comment "default/svc1 -> 198.18.1.11:80" -j {c["sep1_a1"]}'
 
 
 def test_first_sync_ensures_jumps_canaries_and_a_later_one_does_not():
@@ -505,8 +482,8 @@ def test_first_sync_ensures_jumps_canaries_and_a_later_one_does_not():
     ipt = MemoryIptables(FAKE)
     sync(ipt, [], TOPO, "node-a", None)
     for table in ("mangle", "nat", "filter"):
-        assert CANARY in parse(ipt.save(table))[table]
-    filter_ = parse(ipt.save("filter"))["filter"]
+        assert CANARY in parse_tables(ipt.save(table))[table]
+    filter_ = parse_tables(ipt.save("filter"))["filter"]
     assert filter_["INPUT"] == [
         "-j KUBE-FIREWALL",
         '-m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL',
@@ -523,7 +500,7 @@ def test_first_sync_ensures_jumps_canaries_and_a_later_one_does_not():
         "-j KUBE-FIREWALL",
         '-m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL',
         '-m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES']
-    nat = parse(ipt.save("nat"))["nat"]
+    nat = parse_tables(ipt.save("nat"))["nat"]
     assert nat["PREROUTING"] == nat["OUTPUT"] == ['-m comment --comment "kubernetes service portals" -j KUBE-SERVICES']
     assert nat["POSTROUTING"] == ['-m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING']
     assert ipt.sysctls == {"net.ipv4.conf.all.route_localnet": 1, "net.netfilter.nf_conntrack_tcp_be_liberal": 1}
@@ -540,12 +517,12 @@ def test_cleanup_leaves_kubelets_firewall_and_forces_a_full_sync():
     web = svc("web", "198.19.0.41", 80, "b1:80", type="NodePort", node_port=30001)
     sync(ipt, [web], TOPO, "node-a", None)
     kubeproxy.cleanup(ipt)
-    assert parse(ipt.save("nat"))["nat"] == {c: [] for c in ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING")}
-    assert parse(ipt.save("filter"))["filter"] == {
+    assert parse_tables(ipt.save("nat"))["nat"] == {c: [] for c in ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING")}
+    assert parse_tables(ipt.save("filter"))["filter"] == {
         "INPUT": ["-j KUBE-FIREWALL"], "FORWARD": [], "OUTPUT": ["-j KUBE-FIREWALL"],
         "KUBE-FIREWALL": ['-m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 '
                           "-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"]}
-    assert CANARY not in parse(ipt.save("mangle"))["mangle"]
+    assert CANARY not in parse_tables(ipt.save("mangle"))["mangle"]
     assert sync(ipt, [web], TOPO, "node-a", set()).full
 
 
@@ -580,7 +557,7 @@ def test_agent_syncs_tables_not_maps(ipt):
 def test_external_traffic_policy_local_differs_per_node(ipt):
     """eTP Local: the node with the endpoint has KUBE-SVL; the other drops external traffic in filter."""
     lb = ipt.add("lb", 80, ["a1:8080"], type="LoadBalancer", etp="Local")
-    a, b = (parse(ipt.iptables(n, "nat") + ipt.iptables(n, "filter")) for n in ("node-a", "node-b"))
+    a, b = (parse_tables(ipt.iptables(n, "nat") + ipt.iptables(n, "filter")) for n in ("node-a", "node-b"))
     assert a["nat"][svl_chain(lb)] and svl_chain(lb) not in b["nat"]
     assert a["filter"]["KUBE-EXTERNAL-SERVICES"] == []
     assert [r.split(" -j ")[-1] for r in b["filter"]["KUBE-EXTERNAL-SERVICES"]] == ["DROP", "DROP"]
@@ -645,7 +622,7 @@ def test_parse_conntrack_udp_and_flags():
     assert len(rows) == 1 and rows[0].state == "" and rows[0].flags == ("UNREPLIED",) and rows[0].dnat
 
 
-@pytest.mark.parametrize("module", ["", ".names", ".endpoints", ".rules", ".sync", ".conntrack", "._nfacct"])
+@pytest.mark.parametrize("module", ["", ".names", ".endpoints", ".rules", ".sync", ".conntrack", "._nfacct", ".text"])
 def test_doctests(module):
     """The examples in labkit.kubeproxy and its modules run and give what they show."""
     mod = importlib.import_module("labkit.kubeproxy" + module)
