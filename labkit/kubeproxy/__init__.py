@@ -36,7 +36,8 @@ from .conntrack import ConntrackRow, parse_conntrack
 from .endpoints import Endpoint, categorize, endpoints
 from .names import MASQ_MARK, SERVICE_MODES, ext_chain, port_name, probability, sep_chain, svc_chain, svl_chain
 from .rules import NodeOptions, Restore, nat_table, render
-from .sync import CANARY, JUMPS, KUBELET_JUMPS, Iptables, MemoryIptables, MemoryTables, NetnsIptables, cleanup, restore, sync
+from .sync import (CANARY, JUMPS, KUBELET_JUMPS, Iptables, MemoryIptables, MemoryTables, NetnsIptables, cleanup,
+                   restore, sync)
 from .text import chains_in, diff_tables, parse_tables
 
 __all__ = ["SERVICE_MODES", "MASQ_MARK", "svc_chain", "svl_chain", "ext_chain", "sep_chain", "port_name",

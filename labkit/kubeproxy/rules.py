@@ -182,6 +182,12 @@ class _Svc:
         p = proto(self.svc)
         return f"-m {p} -p {p}"
 
+    def to(self, chain: str, comment: str, address: str, target: str, also: str = "") -> str:
+        """A rule in ``chain`` for packets to ``address`` on the service's port, as kube-proxy orders it:
+        comment, protocol, destination, port, then ``also``, then the jump."""
+        return (f"-A {chain} -m comment --comment {comment} {self.match} -d {address} --dport {self.svc.port}"
+                f"{also} -j {target}")
+
 
 def _plan(svc, use: Categorized) -> _Svc:
     has_external = use.has_any and (not external_policy_local(svc) or bool(use.local))
@@ -211,11 +217,9 @@ def _write_service(b: _Buffers, svc, use: Categorized, options: NodeOptions, act
 def _capture_cluster_ip(b: _Buffers, s: _Svc) -> None:
     svc = s.svc
     if s.use.has_any:
-        b.nat_rules.append(f"-A KUBE-SERVICES -m comment --comment {_q(s.name + ' cluster IP')} {s.match} "
-                           f"-d {svc.vip} --dport {svc.port} -j {svc_chain(svc)}")
+        b.nat_rules.append(s.to("KUBE-SERVICES", _q(s.name + " cluster IP"), svc.vip, svc_chain(svc)))
     else:
-        b.filter_rules.append(f"-A KUBE-SERVICES -m comment --comment {s.filter_comment} {s.match} "
-                              f"-d {svc.vip} --dport {svc.port} -j {s.filter_target}")
+        b.filter_rules.append(s.to("KUBE-SERVICES", s.filter_comment, svc.vip, s.filter_target))
 
 
 def _capture_load_balancer(b: _Buffers, s: _Svc) -> None:
@@ -223,11 +227,9 @@ def _capture_load_balancer(b: _Buffers, s: _Svc) -> None:
     if not svc.lb_vip:
         return
     if s.use.has_any:
-        b.nat_rules.append(f"-A KUBE-SERVICES -m comment --comment {_q(s.name + ' loadbalancer IP')} {s.match} "
-                           f"-d {svc.lb_vip} --dport {svc.port} -j {ext_chain(svc)}")
+        b.nat_rules.append(s.to("KUBE-SERVICES", _q(s.name + " loadbalancer IP"), svc.lb_vip, ext_chain(svc)))
     if not s.has_external:
-        b.filter_rules.append(f"-A KUBE-EXTERNAL-SERVICES -m comment --comment {s.filter_comment} {s.match} "
-                              f"-d {svc.lb_vip} --dport {svc.port} -j {s.filter_target}")
+        b.filter_rules.append(s.to("KUBE-EXTERNAL-SERVICES", s.filter_comment, svc.lb_vip, s.filter_target))
 
 
 def _capture_node_port(b: _Buffers, s: _Svc, options: NodeOptions) -> None:
@@ -250,8 +252,8 @@ def _write_internal(rules: list, s: _Svc, options: NodeOptions) -> None:
     """Masquerade off-cluster clients of the ClusterIP (the local-traffic detector's IfNotLocal)."""
     svc = s.svc
     if s.use.has_any and options.cluster_cidr:
-        rules.append(f"-A {svc_chain(svc)} -m comment --comment {_q(s.name + ' cluster IP')} {s.match} "
-                     f"-d {svc.vip} --dport {svc.port} ! -s {options.cluster_cidr} -j KUBE-MARK-MASQ")
+        rules.append(s.to(svc_chain(svc), _q(s.name + " cluster IP"), svc.vip, "KUBE-MARK-MASQ",
+                          f" ! -s {options.cluster_cidr}"))
 
 
 def _write_external(chains: list, rules: list, s: _Svc, options: NodeOptions, active: set) -> None:
