@@ -272,6 +272,18 @@ def test_cluster_ip_through_iptables(ipt):
     conn.close()
 
 
+def test_udp_cluster_ip(ipt):
+    """A UDP Service: a1's datagram to the ClusterIP is DNATed by KUBE-SEP (-m udp) to b1's echo, and the
+    answer comes back from the VIP."""
+    lab = ipt
+    dns = lab.services.add("dns", 53, ["b1:8080"], protocol="UDP")
+    step = lab.pod("a1").udp("dns", 53, b"ping")
+    assert step.ok and step.result["reply_text"].startswith("pod=b1 client=198.18.1.11:")
+    assert step.result["peer"] == f"{dns.vip}:53"
+    (track,) = [r for r in lab.conntrack("node-a") if r.proto == "udp" and r.dst == dns.vip]
+    assert (track.reply_src, track.reply_sport, track.snat) == ("198.18.2.11", 8080, False)
+
+
 def test_nodeport_is_masqueraded(ipt):
     """ext → node-b:30080: KUBE-NODEPORTS → KUBE-EXT marks it, node-b DNATs and masquerades (--random-fully):
     the server sees node-b's address, and node-b's conntrack row is both DNAT and SNAT."""
