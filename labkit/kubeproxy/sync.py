@@ -45,7 +45,8 @@ from .names import is_service_chain
 from .rules import NFACCT_INVALID, NFACCT_LOCALHOST, NodeOptions, Restore, render
 from .text import chains_in
 
-__all__ = ["CANARY", "Jump", "JUMPS", "KUBELET_JUMPS", "jumps_into", "Iptables", "MemoryIptables", "NetnsIptables",
+__all__ = ["CANARY", "Jump", "JUMPS", "KUBELET_JUMPS", "jumps_into", "Iptables", "MemoryIptables", "MemoryTables",
+           "NetnsIptables",
            "sync", "setup", "cleanup", "chains_in", "restore", "NODE_SYSCTLS"]
 
 CANARY = "KUBE-PROXY-CANARY"
