@@ -46,8 +46,7 @@ from .rules import NFACCT_INVALID, NFACCT_LOCALHOST, NodeOptions, Restore, rende
 from .text import chains_in
 
 __all__ = ["CANARY", "Jump", "JUMPS", "KUBELET_JUMPS", "jumps_into", "Iptables", "MemoryIptables", "MemoryTables",
-           "NetnsIptables",
-           "sync", "setup", "cleanup", "chains_in", "restore", "NODE_SYSCTLS"]
+           "NetnsIptables", "sync", "setup", "cleanup", "chains_in", "restore", "NODE_SYSCTLS"]
 
 CANARY = "KUBE-PROXY-CANARY"
 CANARY_TABLES = ("mangle", "nat", "filter")
