@@ -63,8 +63,15 @@ LAB_DIFFERENCES = (
     "advance` brings the next run forward; Cilium's runs on wall-clock time",
     "socket LB attaches connect4, sendmsg4, recvmsg4 and getpeername4, not bind4/post_bind4: those guard "
     "hostPort and NodePort binds, which no lab process makes",
-    "--service-mode iptables writes kube-proxy's nat table without --random-fully on MASQUERADE (a masqueraded "
-    "flow keeps its port), and no rules for a Service without endpoints (kube-proxy REJECTs in the filter table)",
+    "--service-mode iptables writes what kube-proxy v1.34's iptables proxier writes on such a node "
+    "(--detect-local-mode ClusterCIDR with the pods' 198.18.0.0/15, MASQUERADE --random-fully, localhost NodePorts, "
+    "nfacct counters; the nodes set nf_conntrack_tcp_be_liberal, because the BPF programs hand replies past the "
+    "node's conntrack, so there is no INVALID DROP rule) with its full and partial syncs, but: the first sync is the "
+    "first Service change after up or "
+    "reset (kube-proxy syncs when it starts), Services come in name order (kube-proxy's follows a map), there is no "
+    "kubelet (no KUBE-KUBELET-CANARY) and no healthCheckNodePort (no health-check ACCEPT rule or server for an "
+    "externalTrafficPolicy Local LoadBalancer), stale UDP conntrack entries are not cleared, and a Maglev Service "
+    "is refused",
 )
 
 

@@ -544,16 +544,6 @@ class MemoryStore:
         yield
 
 
-class _MemoryTables:
-    """Where an in-memory agent in iptables mode puts its nat tables: the newest text per node."""
-
-    def __init__(self):
-        self.text: dict[str, str] = {}
-
-    def __call__(self, node: str, text: str) -> None:
-        self.text[node] = text
-
-
 # -- the agent's state -------------------------------------------------------------
 @dataclass(frozen=True)
 class _State:
@@ -600,6 +590,13 @@ class _State:
         used = {b.id for s in services.values() for b in s.backends}
         ids = {k: v for k, v in ids.items() if v in used}
         return replace(self, services=services, backend_ids=ids, next_backend_id=next_bid), svc
+
+
+def _memory_tables():
+    """Every node's iptables in memory (an agent without a kernel)."""
+    from .kubeproxy import MemoryTables
+
+    return MemoryTables()
 
 
 def _l4(ip: str, port: int, proto: str) -> str:
@@ -777,8 +774,8 @@ class Services:
         self.cilium = profile(cilium).release
         #: 'ebpf' (the cilium_lb4_* maps) or 'iptables' (kube-proxy's nat table on every node, no LB map entry)
         self.mode = mode
-        #: iptables mode: ``tables(node, text)`` installs a whole nat table; in memory: the last text per node
-        self.tables = tables if tables is not None else _MemoryTables()
+        #: iptables mode: ``tables(node)`` is that node's iptables (:class:`labkit.kubeproxy.Iptables`)
+        self.tables = tables if tables is not None else _memory_tables()
 
     def __repr__(self) -> str:
         return f"Services(lab={self.lab!r}, services={[s.name for s in self.list()]})"
@@ -787,11 +784,11 @@ class Services:
     def for_lab(cls, lab) -> "Services":
         """The agent of a running :class:`~labkit.lab.Lab`: its pinned maps, its services.json."""
         pins = {n.name: lab.pin_dir(n.name) for n in lab.topology.nodes}
-        from .kubeproxy import restore
+        from .kubeproxy import NetnsIptables
 
         m = lab.config.maglev_table_size
         mode = getattr(lab.config, "service_mode", "ebpf")
-        tables = lambda node, text: restore(lab.topology.netns(node), text)  # noqa: E731
+        tables = lambda node: NetnsIptables(lab.topology.netns(node))  # noqa: E731
         return cls(lab.name, lab.topology, PinnedMaps(pins, m), JsonStore(lab.name), m, mode, tables,
                    lab.config.profile.release)
 
@@ -989,9 +986,13 @@ class Services:
 
     def flush(self) -> None:
         """Remove every service, clear what is left in the LB maps (also the datapath's own
-        affinity and socket entries), and start ids from 1 again. ``lab.reset()`` calls this."""
+        affinity and socket entries), and start ids from 1 again. ``lab.reset()`` calls this.
+        In iptables mode every node gets ``kube-proxy --cleanup`` instead: the next sync is full."""
         with self.store.lock():
             state = self._state()
+            if self.mode == "iptables":
+                self._cleanup_iptables()
+                state = _State()
             for name in list(state.services):
                 new, _ = state.with_service(state.services[name], self.topology, drop=name)
                 self._commit(state, new, name, f"removing service '{name}'")
@@ -1048,36 +1049,54 @@ class Services:
             self.maps.close()
 
     def _commit_iptables(self, old: _State, new: _State, what: str) -> None:
-        """kube-proxy's way: the whole nat table for ``new`` on every node, then save ``new``; on a failure the
-        nodes already rewritten get ``old``'s table back."""
-        from .kubeproxy import nat_table
+        """kube-proxy's way: one sync per node (partial: the changed services' chains; full the first time
+        after ``up`` or ``reset``), then save ``new``. Nothing is written if a changed service cannot be
+        rendered; on a failure every node touched gets a full sync of ``old``."""
+        from .kubeproxy import changed_services, check_service, sync
 
-        text, done = nat_table(new.services.values(), self.topology), []
+        changed = changed_services(old.services, new.services)
+        for name in sorted(changed & set(new.services)):
+            check_service(new.services[name])
+        touched: list[str] = []
         try:
             for node in (n.name for n in self.topology.nodes):
-                self.tables(node, text)
-                done.append(node)
+                touched.append(node)
+                sync(self.tables(node), new.services.values(), self.topology, node, changed)
             self.store.save(new.to_json())
         except BaseException as exc:
-            previous = nat_table(old.services.values(), self.topology)
-            for node in done:
-                try:
-                    self.tables(node, previous)
-                except (OSError, LabkitError):
-                    pass
-            if isinstance(exc, LabkitError) and not isinstance(exc, DatapathError):
+            problems = self._resync_iptables(old, touched)
+            left = f"; could not undo: {'; '.join(problems)}" if problems else "; the tables are as they were"
+            if isinstance(exc, LabkitError) and not isinstance(exc, DatapathError) and not problems:
                 raise
-            raise DatapathError(f"{what}: {exc}; the nat tables are as they were") from exc
+            raise DatapathError(f"{what}: {exc}{left}") from exc
 
-    def iptables(self, node: str) -> str:
-        """The nat table kube-proxy mode wrote for ``node`` (``iptables-save -t nat`` in its namespace)."""
+    def _cleanup_iptables(self) -> None:
+        """CleanupLeftovers on every node: kube-proxy's chains, jumps and canaries go."""
+        from .kubeproxy import cleanup
+
+        for node in self.topology.nodes:
+            try:
+                cleanup(self.tables(node.name))
+            except (OSError, LabkitError) as exc:
+                raise DatapathError(f"lab '{self.lab}': cleaning kube-proxy's iptables on node '{node.name}' "
+                                    f"failed ({exc})") from exc
+
+    def _resync_iptables(self, state: _State, nodes: list[str]) -> list[str]:
+        """A full sync of ``state`` on ``nodes`` (kube-proxy's answer to a failed sync); returns what failed."""
+        from .kubeproxy import sync
+
+        problems = []
+        for node in nodes:
+            try:
+                sync(self.tables(node), state.services.values(), self.topology, node, None)
+            except (OSError, LabkitError) as exc:
+                problems.append(f"{node}: {exc}")
+        return problems
+
+    def iptables(self, node: str, table: str = "nat") -> str:
+        """``node``'s ``table`` as kube-proxy mode left it (``iptables-save -t nat`` in its namespace)."""
         self.topology.node(node)
-        if isinstance(self.tables, _MemoryTables):
-            return self.tables.text.get(node, "")
-        from . import _netns
-
-        return subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True,
-                              preexec_fn=_netns.preexec(self.topology.netns(node), None, new_session=False)).stdout
+        return self.tables(node).save(table)
 
     def _forget_affinity(self, svc: Service, backend_ids: set[int]) -> None:
         """Drop clients' affinity to backends that left ``svc`` (best effort: it is a cache)."""

@@ -44,6 +44,21 @@ def _be32(ip: str) -> int:
     return int.from_bytes(socket.inet_aton(ip), "little")
 
 
+def _port_ok(want: int | frozenset | None, port: int) -> bool:
+    return want is None or (port in want if isinstance(want, frozenset) else port == want)
+
+
+def followed_ports(lab: "Lab", proto: str, src: str, sport: int | None) -> int | frozenset | None:
+    """The client's port, and in --service-mode iptables also the ports Linux conntrack masqueraded it to:
+    kube-proxy's MASQUERADE --random-fully gives a flow a new source port, so a packet past the SNAT is
+    found by the reply tuple's port of the client's conntrack entry."""
+    if sport is None or getattr(lab.config, "service_mode", "ebpf") != "iptables":
+        return sport
+    ports = {sport} | {row.reply_dport for node in lab.topology.nodes for row in lab.conntrack(node.name)
+                       if row.proto == proto and (row.src, row.sport) == (src, sport) and row.snat}
+    return frozenset(ports) if len(ports) > 1 else sport
+
+
 @dataclass(frozen=True)
 class Journey:
     """A packet a step waits for, matched by addresses, protocol, ports and TCP flags.
@@ -59,8 +74,8 @@ class Journey:
     src: str | None  #: None: any address (a Service VIP's flow changes addresses on the way)
     dst: str | None
     proto: int
-    sport: int | None = None
-    dport: int | None = None
+    sport: int | frozenset | None = None  #: a frozenset: any of these (a port and what NAT made of it)
+    dport: int | frozenset | None = None
     flags_all: int = 0  #: TCP flags that must be set
     flags_none: int = 0  #: TCP flags that must be clear
 
@@ -71,9 +86,7 @@ class Journey:
             return False
         if self.dst is not None and t.daddr != _be32(self.dst):
             return False
-        if self.sport is not None and socket.ntohs(t.sport) != self.sport:
-            return False
-        if self.dport is not None and socket.ntohs(t.dport) != self.dport:
+        if not _port_ok(self.sport, socket.ntohs(t.sport)) or not _port_ok(self.dport, socket.ntohs(t.dport)):
             return False
         return (t.tcp_flags & self.flags_all) == self.flags_all and not t.tcp_flags & self.flags_none
 
@@ -235,6 +248,7 @@ class TcpConn:
         self.id = next(_ids)
         self.state = "new"
         self.loopback = False
+        self._sports: int | frozenset | None = None  #: the client's port as the server's side sees it
 
     def __repr__(self) -> str:
         return f"TcpConn({self.pod} {self.src}:{self.sport or '?'} -> {self.target} {self.dst}:{self.port}, {self.state})"
@@ -249,7 +263,10 @@ class TcpConn:
         src, dst = (self.src, self.dst) if direct else (None, None)
         if reply:
             return Journey(label, dst, src, _TCP, self.port if direct else None, self.sport, **kw)
-        return Journey(label, src, dst, _TCP, self.sport, self.port if direct else None, **kw)
+        if not direct and self._sports is None:
+            self._sports = followed_ports(self.lab, "tcp", self.src, self.sport)
+        return Journey(label, src, dst, _TCP, self.sport if direct else self._sports, self.port if direct else None,
+                       **kw)
 
     def open(self) -> Step:
         """connect(): SYN, SYN-ACK, ACK (or the RST of a closed port)."""
@@ -377,7 +394,7 @@ def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = 
             out = [Journey("datagram", src, dst, _UDP, res.get("sport"), port)]
             return out + [Journey("answer", dst, src, _UDP, port, res.get("sport"))] if res["ok"] else out
         # A Service: follow the client's port through the translations.
-        out = [Journey("datagram", None, None, _UDP, res.get("sport"), None)]
+        out = [Journey("datagram", None, None, _UDP, followed_ports(lab, "udp", src, res.get("sport")), None)]
         return out + [Journey("answer", None, None, _UDP, None, res.get("sport"))] if res["ok"] else out
 
     return run_step(lab, f"{pod} → {target}:{port} UDP", act, expect)

@@ -26,6 +26,12 @@
 #ifndef LB_MAP_SIZE
 #define LB_MAP_SIZE 65536
 #endif
+/* Cilium's --bpf-sock-rev-map-max default, SockRevNATMapEntriesDefault =
+ * CTMapEntriesGlobalAnyDefault (2 << 17): "sock rev NAT is mostly used for UDP
+ * and getpeername only". A constant there too, not tied to the CT map's size. */
+#ifndef LB4_REVERSE_NAT_SK_MAP_SIZE
+#define LB4_REVERSE_NAT_SK_MAP_SIZE 262144
+#endif
 
 /* TCP connections. */
 BPF_F_TABLE("lru_hash", struct ipv4_ct_tuple, struct ct_entry, cilium_ct4_global, CT_MAP_SIZE_TCP, 0);
@@ -43,8 +49,9 @@ BPF_F_TABLE("hash", __u32, struct lb4_backend, cilium_lb4_backends_v3, LB_MAP_SI
 BPF_F_TABLE("hash", __be16, struct lb4_reverse_nat, cilium_lb4_reverse_nat, LB_MAP_SIZE, 0);
 /* Session affinity: client → backend. */
 BPF_F_TABLE("lru_hash", struct lb4_affinity_key, struct lb_affinity_val, cilium_lb4_affinity, LB_MAP_SIZE, 0);
-/* Socket LB: socket → the VIP its connect() asked for. */
-BPF_F_TABLE("lru_hash", struct ipv4_revnat_tuple, struct ipv4_revnat_entry, cilium_lb4_reverse_sk, LB_MAP_SIZE, 0);
+/* Socket LB: {socket, backend} → the VIP its connect() or sendto() asked for. */
+BPF_F_TABLE("lru_hash", struct ipv4_revnat_tuple, struct ipv4_revnat_entry, cilium_lb4_reverse_sk,
+	    LB4_REVERSE_NAT_SK_MAP_SIZE, 0);
 /* Maglev: service id (rev_nat_index, network byte order) → its lookup table. An outer hash
  * of inner arrays, as Cilium's; the agent creates one inner map per table. The
  * template only tells the kernel what the inner maps look like. */

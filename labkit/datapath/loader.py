@@ -82,7 +82,7 @@ def run(spec: dict) -> None:
 
 
 #: cgroup attach types by the names labkit uses (enum bpf_attach_type).
-CGROUP_ATTACH = {"connect4": 10, "getpeername4": 29}
+CGROUP_ATTACH = {"connect4": 10, "sendmsg4": 14, "recvmsg4": 19, "getpeername4": 29}
 _BPF_F_ALLOW_MULTI = 2
 
 

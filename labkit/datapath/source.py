@@ -55,7 +55,7 @@ class Program:
     function: str
     source: str  #: the attach-point file that defines it
     device: str  #: 'lxc' (every pod veth), 'netdev' (eth0), 'overlay' (cilium_vxlan) or 'cgroup'
-    direction: str  #: tc: 'ingress' or 'egress'; cgroup: the attach type ('connect4', 'getpeername4')
+    direction: str  #: tc: 'ingress' or 'egress'; cgroup: the attach type ('connect4', 'sendmsg4', ...)
     hook: str  #: the name traces use
 
     @property
@@ -72,6 +72,8 @@ PROGRAMS = (
     Program("cil_from_overlay", "bpf_overlay.c", "overlay", "ingress", "from-overlay"),
     Program("cil_to_overlay", "bpf_overlay.c", "overlay", "egress", "to-overlay"),
     Program("cil_sock4_connect", "bpf_sock.c", "cgroup", "connect4", "sock4-connect"),
+    Program("cil_sock4_sendmsg", "bpf_sock.c", "cgroup", "sendmsg4", "sock4-sendmsg"),
+    Program("cil_sock4_recvmsg", "bpf_sock.c", "cgroup", "recvmsg4", "sock4-recvmsg"),
     Program("cil_sock4_getpeername", "bpf_sock.c", "cgroup", "getpeername4", "sock4-getpeername"),
 )
 

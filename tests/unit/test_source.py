@@ -14,7 +14,7 @@ from labkit.topology import Topology
 BPF = Path(__file__).resolve().parents[2] / "bpf"
 TUNNEL_FUNCS = {"cil_from_container", "cil_to_container", "cil_from_netdev", "cil_to_netdev", "cil_from_overlay", "cil_to_overlay"}
 OVERLAY_FUNCS = {"cil_from_overlay", "cil_to_overlay"}
-SOCK_FUNCS = {"cil_sock4_connect", "cil_sock4_getpeername"}
+SOCK_FUNCS = {"cil_sock4_connect", "cil_sock4_sendmsg", "cil_sock4_recvmsg", "cil_sock4_getpeername"}
 # 169.254.42.1 as the kernel holds it (network byte order) read as a little-endian u32
 LOOPBACK_MACRO = (169 | 254 << 8 | 42 << 16 | 1 << 24)
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"')
@@ -88,7 +88,7 @@ def test_unknown_node_raises(topo):
 
 def test_programs_tunnel(topo):
     """Tunnel mode attaches the six tc programs (overlay ones on the overlay device) and, with socket LB, the
-    two cgroup programs, compiled from four files."""
+    four cgroup programs, compiled from four files."""
     b = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=9)
     assert {p.function for p in b.programs} == TUNNEL_FUNCS | SOCK_FUNCS
     assert {p.function for p in b.programs if p.device == "overlay"} == OVERLAY_FUNCS
