@@ -203,6 +203,7 @@ def _bulk_services(lab, count: int, write: bool) -> float:
 
     base = int(ipaddress.IPv4Address("198.19.1.1"))
     backend_id = 65000
+    proto = "TCP" if lab.config.profile.has("lb_proto_keys") else 0  # v1.16's agent writes protocol 0
     t = time.perf_counter()
     for node in lab.topology.nodes:
         pin = lab.pin_dir(node.name)
@@ -210,16 +211,16 @@ def _bulk_services(lab, count: int, write: bool) -> float:
                 PinnedMap(f"{pin}/cilium_lb4_reverse_nat", Lb4RevNatKey, Lb4ReverseNat) as revnat, \
                 PinnedMap(f"{pin}/cilium_lb4_backends_v3", Lb4BackendKey, Lb4Backend) as backends:
             if write:
-                backends[Lb4BackendKey(backend_id)] = Lb4Backend.make(lab.pod("b1").ip, 8080)
+                backends[Lb4BackendKey(backend_id)] = Lb4Backend.make(lab.pod("b1").ip, 8080, proto)
             for i in range(count):
                 vip, sid = str(ipaddress.IPv4Address(base + i)), 1000 + i
                 if write:
-                    svcs[Lb4Key.make(vip, 80, slot=1)] = Lb4Service.slot(backend_id, sid)
+                    svcs[Lb4Key.make(vip, 80, proto, slot=1)] = Lb4Service.slot(backend_id, sid)
                     revnat[Lb4RevNatKey.make(sid)] = Lb4ReverseNat.make(vip, 80)
-                    svcs[Lb4Key.make(vip, 80)] = Lb4Service.head(1, sid)
+                    svcs[Lb4Key.make(vip, 80, proto)] = Lb4Service.head(1, sid)
                 else:
-                    svcs.delete(Lb4Key.make(vip, 80))
-                    svcs.delete(Lb4Key.make(vip, 80, slot=1))
+                    svcs.delete(Lb4Key.make(vip, 80, proto))
+                    svcs.delete(Lb4Key.make(vip, 80, proto, slot=1))
                     revnat.delete(Lb4RevNatKey.make(sid))
             if not write:
                 backends.delete(Lb4BackendKey(backend_id))

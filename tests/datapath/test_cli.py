@@ -76,7 +76,9 @@ def test_ct_list_after_ping(lab):
     icmp = [line for line in lines if line.startswith(f"ICMP OUT {a1}:") and f"-> {b1}:0" in line]
     assert icmp, proc.stdout
     assert any(" related " in line for line in icmp), proc.stdout
-    assert all(line.split()[0] in ("TCP", "ICMP", "UDP", "ANY") for line in lines), "only rows are printed"
+    rows = [line for line in lines if line]
+    assert all(line.split()[0] in ("TCP", "ICMP", "UDP", "ANY") for line in rows), "only rows are printed"
+    assert lines.count("") == 2 and lines[-1] == "", "a blank line after each of the two maps"
 
 
 def test_ct_list_json(lab):
@@ -96,7 +98,7 @@ def test_ct_list_remaining(lab):
     assert ping(lab).returncode == 0
     proc = labkit(lab, "ct", "list", "node-a", "-d")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+    lines = [line for line in proc.stdout.splitlines() if line]  # the blank line after each map aside
     assert lines and all("(remaining: " in line for line in lines)
 
 
@@ -191,4 +193,4 @@ def test_lab_not_up(lab):
     """A command for a lab that is not up says how to start it (exit 1)."""
     proc = subprocess.run(LABKIT + ["--lab", tagged("dpnotup"), "status"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
-    assert "labkit --lab dpnotup up" in proc.stderr
+    assert f"labkit --lab {tagged('dpnotup')} up" in proc.stderr

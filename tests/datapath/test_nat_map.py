@@ -17,7 +17,8 @@ NAT_PORT = 61000
 _IP = r"\d{1,3}(?:\.\d{1,3}){3}"
 LINE = re.compile(
     rf"^(?P<proto>\S+) (?P<dir>OUT|IN) (?P<src>{_IP}):(?P<sport>\d+) -> (?P<dst>{_IP}):(?P<dport>\d+) "
-    rf"XLATE_(?P<xlate>SRC|DST) (?P<to_addr>{_IP}):(?P<to_port>\d+) Created=(?P<created>\d+) NeedsCT=(?P<needs_ct>\d+)$"
+    rf"XLATE_(?P<xlate>SRC|DST) (?P<to_addr>{_IP}):(?P<to_port>\d+) Created=(?P<age>\d+)sec ago "
+    r"NeedsCT=(?P<needs_ct>\d+)$"
 )
 
 
@@ -60,10 +61,12 @@ def test_written_entries_read_back_as_rows(lab):
     assert sorted(rows, key=lambda r: r.dir, reverse=True) == [out, inn]
     a1, node_ip = lab.pod("a1").ip, lab.node("node-a").ip
     lines = {r.dir: r.line() for r in rows}
+    age = rows[0].now - out.created  # the lab clock when the rows were read, minus what was written
+    assert 0 <= age <= 2
     assert lines["OUT"] == f"TCP OUT {a1}:40000 -> {REMOTE}:{RP} XLATE_SRC {node_ip}:{NAT_PORT} " \
-                           f"Created={out.created} NeedsCT=1"
+                           f"Created={age}sec ago NeedsCT=1"
     assert lines["IN"] == f"TCP IN {REMOTE}:{RP} -> {node_ip}:{NAT_PORT} XLATE_DST {a1}:40000 " \
-                          f"Created={inn.created} NeedsCT=1"
+                          f"Created={age}sec ago NeedsCT=1"
     assert lab.nat("node-b") == []  # maps are per node
 
 
@@ -73,14 +76,19 @@ def test_cli_nat_list(lab):
     proc = labkit(lab, "nat", "list", "node-a")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert sorted(lines) == sorted([out.line(), inn.line()])
-    assert all(LINE.match(line) for line in lines)
+    assert lines[-1] == "" and len(lines) == 3, "the two rows, then the blank line after the map"
+    got = {m["dir"]: m for m in map(LINE.match, lines[:2])}
+    assert {d: (m["src"], int(m["sport"]), m["to_addr"], int(m["to_port"])) for d, m in got.items()} == {
+        r.dir: (r.src, r.sport, r.to_addr, r.to_port) for r in (out, inn)}
+    assert all(0 <= int(m["age"]) <= 5 for m in got.values())
     proc = labkit(lab, "nat", "list", "node-a", "--json", "--show-command")
     assert proc.returncode == 0, proc.stderr
-    assert sorted(json.loads(proc.stdout), key=lambda r: r["dir"], reverse=True) == [out.to_json(), inn.to_json()]
+    data = sorted(json.loads(proc.stdout), key=lambda r: r["dir"], reverse=True)
+    assert all(0 <= row.pop("age") <= 5 for row in data)  # how long ago, by the lab clock when listed
+    assert data == [out.to_json(), inn.to_json()]
     assert proc.stderr.strip() == f"# bpftool map dump pinned {lab.pin_dir('node-a')}/{NAT_MAP}"
     empty = labkit(lab, "nat", "list", "node-b")
-    assert (empty.returncode, empty.stdout) == (0, "")
+    assert (empty.returncode, empty.stdout) == (0, "\n")
 
 
 def test_bpftool_dumps_the_same_two_entries(lab):

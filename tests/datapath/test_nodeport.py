@@ -326,12 +326,14 @@ def test_maglev_removing_a_backend_moves_only_its_flows(native_lab):
 
 _SYN_CATCHER = r"""
 import socket, sys
-s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))  # ETH_P_ALL: taps run before tc
 s.bind(("eth0", 0))
 s.settimeout(10)
 print("ready", flush=True)
 while True:
     frame = s.recv(2048)
+    if frame[12:14] != b"\x08\x00":
+        continue
     ip = frame[14:]
     ihl = (ip[0] & 0x0F) * 4
     if ip[9] == 6 and ip[16:20] == socket.inet_aton(sys.argv[1]) and ip[ihl + 13] & 0x02:
