@@ -67,7 +67,8 @@ BEHAVIOURS = (
     Behaviour(
         "lb_proto_keys", "1.17", "cilium/cilium#33434 (--bpf-lb-proto-diff)",
         "service keys and backends carry the L4 protocol, `service list` and `bpf lb list` print `/TCP` "
-        "after addresses, and Maglev hashes `ip:port/TCP`; v1.16 writes protocol 0 and prints none"),
+        "after addresses, and Maglev hashes a backend as `[ip:port/TCP,State:active]` (1.18); v1.16 writes "
+        "protocol 0, prints none and hashes `ip:port`"),
     Behaviour(
         "ct_accounting_flag", "1.17", "cilium/cilium#34921 and #35142 (--bpf-conntrack-accounting)",
         "CT packet and byte counters are switched on by the agent flag --bpf-conntrack-accounting; v1.16 "

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from ..checks import Outcome, compare_rows, exercise
-from ..maglev import flow_slot, lookup_table
+from ..maglev import backend_name, flow_slot, lookup_table
 from .lab01 import kinds_answer, newest, recent_flows, row_kind, unanswered, variant_lab, variant_missing
 from .lab04 import ab_answer, addr_port, dst, flatten, is_syn, service, src
 
@@ -207,7 +207,8 @@ def maglev_prediction(answer, lab) -> Outcome:
     by_id = {b.id: b.pod for b in svc.backends}
     live = by_id.get(rows[0].backend_id, f"backend {rows[0].backend_id}")
     m = lab.config.maglev_table_size
-    names = {f"{lab.topology.pod(b.pod).ip}:{b.port}": b.id for b in svc.active}
+    names = {backend_name(lab.topology.pod(b.pod).ip, b.port, svc.protocol, lab.config.cilium): b.id
+             for b in svc.active}
     predicted = by_id.get(lookup_table(names, m)[flow_slot(ext, PREDICT_PORT, svc.port, 17, m)])
     if predicted != live:
         return Outcome(False, f"node-a sent the flow to {live}, labkit.maglev predicts {predicted}: the table or the "
