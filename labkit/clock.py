@@ -26,9 +26,11 @@ def mono_seconds() -> int:
 class LabClock:
     """A lab's clock; ``offset`` is read and written through the given callables."""
 
-    def __init__(self, read_offset: Callable[[], int], write_offset: Callable[[int], None]):
+    def __init__(self, read_offset: Callable[[], int], write_offset: Callable[[int], None],
+                 on_advance: Callable[[int, int], None] | None = None):
         self._read = read_offset
         self._write = write_offset
+        self._on_advance = on_advance  #: told (seconds, new now) after every advance
 
     @property
     def offset(self) -> int:
@@ -44,7 +46,10 @@ class LabClock:
         if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0:
             raise ConfigError(f"clock advance: expected whole seconds >= 0, got {seconds!r}")
         self._write(self._read() + seconds)
-        return self.now()
+        now = self.now()
+        if self._on_advance is not None:
+            self._on_advance(seconds, now)
+        return now
 
     def __repr__(self) -> str:
         return f"LabClock(now={self.now()}, offset={self.offset})"

@@ -420,6 +420,9 @@ class LabGc:
             st["interval"], st["last_run"] = run.next_interval, now
             st["runs"] = (st["runs"] + [run.to_json()])[-self.HISTORY:]
             self._save(st)
+        from .evidence import JOURNAL
+
+        JOURNAL.record(self.lab.name, "gc", f"GC run at lab clock {now}", run, mode=mode, now=now)
         self.lab._after_step()
         return run
 

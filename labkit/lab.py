@@ -36,7 +36,8 @@ from .maps.config import IMPLEMENTED_FAULTS, Fault, LabConfig, TraceMode
 from .maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
 from .maps.nat import NAT_MAP, NatEntry, NatKey4, NatRow
 from .topology import Topology
-from .trace import EventLog
+from .evidence import JOURNAL, Snapshot
+from .trace import EVENT_SIZE, EventLog
 
 __all__ = ["Lab", "PodHandle", "NodeHandle", "BPFFS_ROOT"]
 
@@ -164,7 +165,7 @@ class Lab:
         self.topology = topology
         self.config = config
         self._state = state
-        self.clock = LabClock(self._read_clock_offset, self._write_clock_offset)
+        self.clock = LabClock(self._read_clock_offset, self._write_clock_offset, self._clock_moved)
         self._clients: dict = {}
         self._watchers: list = []
         self._log: EventLog | None = None
@@ -532,7 +533,9 @@ class Lab:
                 cfg = m[_U32(0)]
                 cfg.faults = (cfg.faults | bit) if on else (cfg.faults & ~bit)
                 m[_U32(0)] = cfg
-        return self.faults()
+        now_on = self.faults()
+        JOURNAL.record(self.name, "fault", f"fault {name} {'on' if on else 'off'}", tuple(now_on), fault=name, on=on)
+        return now_on
 
     @classmethod
     def cleanup(cls, name: str) -> list[str]:
@@ -650,7 +653,38 @@ class Lab:
             with PinnedMap(f"{pin}/labkit_config", _U32, LabConfig) as m:
                 m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
         self.gc.restart()  # on the clock as it is now set back
+        self._mark_trace_epoch()
+        JOURNAL.reset(self.name)  # nothing before a reset is evidence
         self._after_step()  # live tables show the flush
+
+    def snapshot(self, title: str, lb: bool = False, extra=None) -> Snapshot:
+        """Every node's CT and NAT rows now (and with ``lb`` its Service maps), recorded as evidence under
+        ``title`` for the checks; ``extra`` is anything the cell wants kept with it.
+
+            >>> after = lab.snapshot("after the clock moved")   # doctest: +SKIP
+            >>> [r.line() for r in after.rows("node-a")]         # doctest: +SKIP
+        """
+        nodes = [n.name for n in self.topology.nodes]
+        snap = Snapshot(title, self.clock.now(), {n: self.ct(n) for n in nodes}, {n: self.nat(n) for n in nodes},
+                        {n: self.services.lb(n) for n in nodes} if lb else {}, extra)
+        JOURNAL.record(self.name, "snapshot", title, snap)
+        return snap
+
+    def _clock_moved(self, seconds: int, now: int) -> None:
+        JOURNAL.record(self.name, "clock", f"clock advanced {seconds} s", now, seconds=seconds, now=now)
+
+    def _mark_trace_epoch(self) -> None:
+        """Remember where the trace stands now: readers of the lab's trace start here (``events()``)."""
+        events = lab_dir(self.name) / "events.bin"
+        try:
+            size = events.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        path = lab_dir(self.name) / "trace.epoch"
+        if not path.exists():
+            Ledger(self.name).record("file", path=str(path))
+        path.write_text(json.dumps({"offset": size - size % EVENT_SIZE,
+                                    "inode": events.stat().st_ino if events.exists() else None}))
 
     def health(self) -> list[str]:
         """What is wrong with this lab (empty when healthy)."""
@@ -817,10 +851,17 @@ class Lab:
             return Fault.names(m[_U32(0)].faults)
 
     def events(self) -> EventLog:
-        """Reader of this lab's trace records (starts at the beginning)."""
+        """Reader of this lab's trace records, from the last reset on (its trace epoch): what came before
+        belongs to an earlier use of the lab."""
         nodes = {n.node_id: n.name for n in self.topology.nodes}
         devices = {node: {int(k): v for k, v in devs.items()} for node, devs in self._state["devices"].items()}
-        return EventLog(lab_dir(self.name) / "events.bin", nodes, devices)
+        log = EventLog(lab_dir(self.name) / "events.bin", nodes, devices)
+        try:
+            epoch = json.loads((lab_dir(self.name) / "trace.epoch").read_text())
+        except (FileNotFoundError, ValueError):
+            return log
+        log.start_at(epoch["offset"], epoch.get("inode"))
+        return log
 
     def status(self) -> dict:
         """Nodes, pods and externals with addresses, datapath options, clock, faults."""

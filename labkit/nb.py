@@ -39,7 +39,11 @@ def start(routing: str | None = None, socket_lb: str | None = None, variant: str
     ``variant`` names a second lab beside the main one (``<name>-<variant>``), for
     side-by-side comparisons such as tunnel vs native, socket LB vs per-packet LB, or
     ``lb_mode`` snat vs dsr. Other datapath options (``ct_tcp_size=64``, ...) pass through.
+    The garbage collector's timer is off unless ``gc_timer=True``: a learner reading at
+    their own pace must not find rows collected that the lab is not about collecting.
+    Starting the main lab takes down variant labs a restarted kernel left behind.
     """
+    options.setdefault("gc_timer", False)
     global _CURRENT
     from .config import DatapathConfig
     from .lab import Lab
@@ -55,12 +59,24 @@ def start(routing: str | None = None, socket_lb: str | None = None, variant: str
     if options:
         config = config.with_options(**options)
     name = f"{lab_name()}-{variant}" if variant else lab_name()
+    if variant is None:
+        _down_variants(name)
     lab = Lab.up(name, config=config)
     lab.reset()
     if variant:
         return lab
     _CURRENT = lab
     return _CURRENT  # reset: every notebook starts from empty maps and the clock at offset 0
+
+
+def _down_variants(name: str) -> None:
+    """Take down the second labs of ``name`` (``<name>-<variant>``) that are still up."""
+    from .lab import Lab
+    from .ledger import Ledger
+
+    for v in VARIANTS:
+        if Ledger(f"{name}-{v}").exists():
+            Lab.cleanup(f"{name}-{v}")
 
 
 def current_lab():

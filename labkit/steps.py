@@ -108,7 +108,9 @@ class Journey:
 
 @dataclass
 class Step:
-    """What one traffic step did: flows, CT rows before and after, their diff."""
+    """What one traffic step did: flows, CT and NAT rows before and after, their diff, the lines the pods'
+    servers logged meanwhile, and what it was (``attrs``: kind, actor, target, port, the faults that were
+    on). Each step is also recorded as evidence (:mod:`labkit.evidence`) for the checks."""
 
     title: str
     lab: "Lab" = field(repr=False)
@@ -118,6 +120,10 @@ class Step:
     result: dict = field(default_factory=dict)
     now: int = 0
     seconds: float = 0.0
+    attrs: dict = field(default_factory=dict)
+    nat_before: dict[str, list] = field(default_factory=dict, repr=False)
+    nat_after: dict[str, list] = field(default_factory=dict, repr=False)
+    server_log: dict[str, list[str]] = field(default_factory=dict, repr=False)  #: pod -> lines logged meanwhile
     diff: dict[str, CtDiff] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -193,14 +199,18 @@ def _diff_html(diffs: dict[str, CtDiff], now: int) -> str:
 
 
 def run_step(lab: "Lab", title: str, action: Callable[[], dict], journeys: Callable[[dict], list[Journey]],
-             timeout: float = STEP_TIMEOUT) -> Step:
-    """Snapshot, act, wait for the journeys and the monitor, snapshot: the Step."""
+             timeout: float = STEP_TIMEOUT, describe: Callable[[dict], dict] | None = None, **attrs) -> Step:
+    """Snapshot, act, wait for the journeys and the monitor, snapshot: the Step, recorded as evidence with
+    ``attrs``, what ``describe(result)`` adds once the action ran, and the faults that were on."""
+    from .evidence import JOURNAL
     from .monitor import flushed_past
 
     log = lab._step_log()
     log.seek_end()
     nodes = [n.name for n in lab.topology.nodes]
     before = {n: lab.ct(n) for n in nodes}
+    nat_before = {n: lab.nat(n) for n in nodes}
+    logs = {p.name: len(lab.pod(p.name).server_log()) for p in lab.topology.pods}
     t0 = time.monotonic()
     result = action()
     waiting = list(journeys(result))
@@ -224,7 +234,13 @@ def run_step(lab: "Lab", title: str, action: Callable[[], dict], journeys: Calla
     flows += log.read()
     flows.sort(key=lambda f: f.event.ts_ns)
     after = {n: lab.ct(n) for n in nodes}
-    step = Step(title, lab, flows, before, after, result, lab.clock.now(), time.monotonic() - t0)
+    nat_after = {n: lab.nat(n) for n in nodes}
+    server_log = {p: lab.pod(p).server_log()[n:] for p, n in logs.items()}
+    attrs = {**attrs, **(describe(result) if describe else {}), "ok": bool(result.get("ok", True)),
+             "faults": tuple(lab.faults())}
+    step = Step(title, lab, flows, before, after, result, lab.clock.now(), time.monotonic() - t0, attrs,
+                nat_before, nat_after, {p: lines for p, lines in server_log.items() if lines})
+    JOURNAL.record(lab.name, "step", title, step, **attrs)
     lab._after_step(step)
     return step
 
@@ -294,7 +310,8 @@ class TcpConn:
                 return [syn, self._j("RST", True, flags_all=TcpFlags.RST)]
             return []
 
-        return run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP open", act, expect)
+        return run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP open", act, expect,
+                        describe=self._describe("tcp-open"))
 
     def send(self, data: bytes = b"hello") -> Step:
         """Send ``data``; the pod server echoes it back."""
@@ -305,6 +322,7 @@ class TcpConn:
             lambda res: [self._j("data", flags_all=TcpFlags.PSH), self._j("echo", True, flags_all=TcpFlags.PSH),
                          self._j("ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)]
             if res["ok"] and not self.loopback else [],
+            describe=self._describe("tcp-send"),
         )
 
     def close(self) -> Step:
@@ -315,6 +333,7 @@ class TcpConn:
             self.lab, f"{self.pod} → {self.target}:{self.port} TCP close",
             lambda: self._call("tcp_close"),
             self._close_journeys,
+            describe=self._describe("tcp-close"),
         )
 
     def _close_journeys(self, res: dict) -> list[Journey]:
@@ -331,7 +350,13 @@ class TcpConn:
         self._need_open("reset")
         self.state = "reset"
         return run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP reset", lambda: self._call("tcp_reset"),
-                        lambda res: [] if self.loopback else [self._j("RST", flags_all=TcpFlags.RST)])
+                        lambda res: [] if self.loopback else [self._j("RST", flags_all=TcpFlags.RST)],
+                        describe=self._describe("tcp-reset"))
+
+    def _describe(self, kind: str) -> Callable[[dict], dict]:
+        """What the step's evidence record says of it, once its action ran (the port is known then)."""
+        return lambda res: {"kind": kind, "actor": self.pod, "target": self.target, "port": self.port,
+                            "sport": self.sport, "conn": self.id, "dst": self.dst}
 
     def _need_open(self, what: str) -> None:
         if self.state != "open":
@@ -374,7 +399,8 @@ def ping_step(lab: "Lab", pod: str, target: str, count: int = 1) -> Step:
         out = [Journey("echo request", src, dst, _ICMP)]
         return out + [Journey("echo reply", dst, src, _ICMP)] if res["ok"] else out
 
-    return run_step(lab, f"{pod} → {target} ping ×{count}", act, expect)
+    return run_step(lab, f"{pod} → {target} ping ×{count}", act, expect, kind="ping", actor=pod, target=target,
+                    dst=dst, count=count)
 
 
 def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = b"hello",
@@ -397,7 +423,8 @@ def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = 
         out = [Journey("datagram", None, None, _UDP, followed_ports(lab, "udp", src, res.get("sport")), None)]
         return out + [Journey("answer", None, None, _UDP, None, res.get("sport"))] if res["ok"] else out
 
-    return run_step(lab, f"{pod} → {target}:{port} UDP", act, expect)
+    return run_step(lab, f"{pod} → {target}:{port} UDP", act, expect, kind="udp", actor=pod, target=target,
+                    port=port, dst=dst, describe=lambda res: {"sport": res.get("sport")})
 
 
 def raw_step(lab: "Lab", pod: str, packet: Any, title: str | None = None) -> Step:
@@ -412,4 +439,5 @@ def raw_step(lab: "Lab", pod: str, packet: Any, title: str | None = None) -> Ste
         lab, title or f"{pod}: crafted {summary}",
         lambda: lab._podclient(pod).call({"op": "raw", "packet": data.hex()}),
         lambda res: [Journey("crafted packet", src, dst, proto)] if res["ok"] else [],
+        kind="raw", actor=pod, src=src, dst=dst, proto=proto,
     )

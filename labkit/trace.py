@@ -210,6 +210,15 @@ class EventLog:
         self.offset = 0
         self._inode: int | None = None
 
+    def start_at(self, offset: int, inode: int | None) -> None:
+        """Start reading at ``offset`` of the file with ``inode`` (a trace epoch); a rotated file starts at 0."""
+        try:
+            current = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            return
+        if inode is None or inode == current:
+            self.offset, self._inode = offset, current
+
     def seek_end(self) -> None:
         """Start reading at what is written from now on."""
         try:

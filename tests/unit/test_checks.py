@@ -1,4 +1,5 @@
-"""Unit tests for labkit.checks: registration, grading, hint ladder, never a traceback."""
+"""Unit tests for labkit.checks: registration, grading from recorded evidence, the hint ladder, missing evidence
+that costs no try, what a saved notebook keeps, never a traceback."""
 from __future__ import annotations
 
 import json
@@ -6,92 +7,160 @@ import json
 import pytest
 
 from labkit import checks
-from labkit.checks import Outcome, check, compare_rows, exercise
+from labkit.checks import CHECK_MIME, Outcome, check, compare_rows, exercise
+from labkit.evidence import JOURNAL
+
+
+class FakeLab:
+    """The static facts a grader may read; graders never touch its maps."""
+
+    name = "unit-checks"
 
 
 @pytest.fixture
-def fake_exercise(monkeypatch):
-    """Register exercise 99.1 whose answer must equal the fake lab's value."""
+def lab(monkeypatch):
+    """Exercise 99.1: the answer must equal the value the newest 'measure' snapshot recorded."""
     monkeypatch.setattr(checks, "_REGISTRY", dict(checks._REGISTRY))
     checks.reset_attempts()
+    JOURNAL.reset(FakeLab.name)
 
-    @exercise("99.1", "the answer is the lab's value", hints=("nudge", "look at lab.value", "it is 42"))
-    def grade(answer, lab):
-        if answer == lab.value:
+    @exercise("99.1", "the answer is the measured value", hints=("where to look", "narrower", "it is 42"),
+              cells=("1. Measure",))
+    def grade(answer, ev):
+        snap = ev.snapshot("measure")
+        if snap is None:
+            return Outcome.needs("1. Measure", "it records the value")
+        if answer == snap.extra:
             return Outcome(True, "right")
-        return Outcome(False, f"expected {lab.value}, got {answer}", (("-", str(lab.value), str(answer)),))
+        return Outcome(False, f"{answer} is not what your cell measured", (("-", str(snap.extra), str(answer)),),
+                       reveal=str(snap.extra))
 
-    class Lab:
-        value = 42
-
-    return Lab()
-
-
-def test_pass_and_fail_read_the_lab(fake_exercise):
-    """check() passes when the grader agrees with the live value and fails otherwise."""
-    assert check("99.1", 42, lab=fake_exercise).passed
-    res = check("99.1", 41, lab=fake_exercise)
-    assert not res.passed and res.message == "expected 42, got 41"
-    assert res.diff == (("-", "42", "41"),)
+    yield FakeLab()
+    JOURNAL.reset(FakeLab.name)
 
 
-def test_hint_ladder_reveals_the_answer_last(fake_exercise):
-    """Wrong answers get the nudge, then where to look, then the answer, which then stays."""
-    hints = [check("99.1", 0, lab=fake_exercise).hint for _ in range(4)]
-    assert hints == ["nudge", "look at lab.value", "it is 42", "it is 42"]
+def _measure(value):
+    from labkit.evidence import Snapshot
+
+    JOURNAL.record(FakeLab.name, "snapshot", "measure", Snapshot("measure", 0, {}, {}, extra=value))
 
 
-def test_grader_exception_becomes_a_failed_result(fake_exercise, monkeypatch):
+def test_grades_the_recorded_evidence(lab):
+    """check() grades against what the cell recorded, however the world moved on since."""
+    _measure(42)
+    assert check("99.1", 42, lab=lab).passed
+    _measure(7)  # a later cell measured again: the newest evidence counts
+    assert not check("99.1", 42, lab=lab).passed and check("99.1", 7, lab=lab).passed
+
+
+def test_missing_evidence_names_the_cell_and_costs_no_try(lab):
+    """Without the evidence the check names the cell to run and does not count a try or spend a hint."""
+    res = check("99.1", 42, lab=lab)
+    assert not res.passed and res.missing == "1. Measure" and "1. Measure" in res.message
+    assert res.attempt == 0 and res.hint is None and checks.attempts("99.1") == 0
+
+
+def test_hint_ladder_reveals_only_on_the_third_try(lab):
+    """Try 1 says where to look, try 2 narrows, try 3 gives the answer and the expected value; before that
+    no expected value is shown."""
+    _measure(42)
+    first, second, third = (check("99.1", 0, lab=lab) for _ in range(3))
+    assert (first.hint, second.hint, third.hint) == ("where to look", "narrower", "it is 42")
+    assert first.diff == () and first.reveal is None and "42" not in str(first)
+    assert second.diff == () and second.reveal is None
+    assert third.diff == (("-", "42", "0"),) and third.reveal == "42"
+
+
+def test_reveal_shows_the_expected_value_at_once(lab):
+    """check(..., reveal=True) shows the expected value and the last hint on the first try, and counts it."""
+    _measure(42)
+    res = check("99.1", 0, lab=lab, reveal=True)
+    assert res.reveal == "42" and res.hint == "it is 42" and res.attempt == 1
+
+
+def test_grader_exception_becomes_a_failed_result(lab):
     """A grader that raises yields a failed result with the error's text, not a traceback."""
 
     @exercise("99.2", "broken grader")
-    def broken(answer, lab):
+    def broken(answer, ev):
         raise KeyError("row")
 
-    res = check("99.2", 1, lab=fake_exercise)
+    res = check("99.2", 1, lab=lab)
     assert not res.passed and "KeyError" in res.message and "row" in res.message
 
 
-def test_unknown_exercise_lists_known_ones(fake_exercise):
+def test_unknown_exercise_lists_known_ones(lab):
     """Checking an unknown id fails with the list of known exercises."""
-    res = check("99.9", 1, lab=fake_exercise)
+    res = check("99.9", 1, lab=lab)
     assert not res.passed and "99.1" in res.message
 
 
-def test_results_go_to_the_grade_log(fake_exercise, tmp_path, monkeypatch):
-    """With LABKIT_GRADE_LOG set, every result is appended as one JSON line."""
+def test_results_go_to_the_grade_log(lab, tmp_path, monkeypatch):
+    """With LABKIT_GRADE_LOG set, every result is appended as one JSON line, the answer and a missing
+    evidence's cell included."""
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv("LABKIT_GRADE_LOG", str(log))
-    check("99.1", 1, lab=fake_exercise)
-    check("99.1", 42, lab=fake_exercise)
+    check("99.1", 5, lab=lab)
+    _measure(42)
+    check("99.1", 1, lab=lab)
+    check("99.1", 42, lab=lab)
     lines = [json.loads(x) for x in log.read_text().splitlines()]
-    assert [(x["exercise"], x["passed"], x["attempt"]) for x in lines] == [("99.1", False, 1), ("99.1", True, 2)]
+    assert [(x["exercise"], x["passed"], x["attempt"], x["missing"], x["answer"]) for x in lines] == [
+        ("99.1", False, 0, "1. Measure", "5"), ("99.1", False, 1, None, "1"), ("99.1", True, 2, None, "42")]
 
 
-def test_result_renders_html_with_banner_and_diff(fake_exercise):
-    """The HTML form shows pass/fail, the message, the hint and the diff table."""
-    html = check("99.1", "<b>", lab=fake_exercise)._repr_html_()
-    assert "not yet" in html and "&lt;b&gt;" in html and "<table" in html and "nudge" in html
-    assert "correct" in check("99.1", 42, lab=fake_exercise)._repr_html_()
+def test_result_keeps_a_machine_readable_part(lab):
+    """The displayed result carries CHECK_MIME (exercise, passed, try, answer): a saved notebook keeps the
+    learner's own tries for `labkit grade`."""
+    _measure(42)
+    bundle = check("99.1", 1, lab=lab)._repr_mimebundle_()
+    assert bundle[CHECK_MIME] == {"exercise": "99.1", "passed": False, "attempt": 1, "missing": None,
+                                  "answer": "1", "message": "1 is not what your cell measured"}
+    assert "not yet" in bundle["text/html"] and "where to look" in bundle["text/html"]
+    assert "correct" in check("99.1", 42, lab=lab)._repr_mimebundle_()["text/html"]
+
+
+def test_html_escapes_the_answer(lab):
+    """The HTML form escapes what the learner typed."""
+    _measure(42)
+    assert "&lt;b&gt;" in check("99.1", "<b>", lab=lab)._repr_mimebundle_()["text/html"]
 
 
 def test_compare_rows_diff():
-    """compare_rows marks matching, missing and unexpected rows."""
+    """compare_rows marks matching, missing and unexpected rows; its message names none of the expected rows."""
     out = compare_rows(["IN TCP", "IN ICMP related"], ["IN TCP", "OUT TCP"], "rows")
-    assert not out.passed
+    assert not out.passed and "IN ICMP related" not in out.message
     assert sorted(out.diff) == [("+", "(not expected)", "OUT TCP"), ("-", "IN ICMP related", "(missing)"),
                                 ("=", "IN TCP", "IN TCP")]
+    assert out.reveal == "IN ICMP related, IN TCP"
     assert compare_rows(["a"], ["a"], "rows").passed
 
 
-def test_duplicate_registration_refused(fake_exercise):
+def test_duplicate_registration_refused(lab):
     """Registering a different grader under an existing id is an error."""
     with pytest.raises(ValueError, match="registered twice"):
-        exercise("99.1", "again")(lambda a, l: Outcome(True, ""))
+        exercise("99.1", "again")(lambda a, e: Outcome(True, ""))
 
 
-def test_placeholder_is_not_an_attempt(fake_exercise):
+def test_placeholder_is_not_an_attempt(lab):
     """Checking the None placeholder fails politely and spends no hint."""
-    res = check("99.1", None, lab=fake_exercise)
+    _measure(42)
+    res = check("99.1", None, lab=lab)
     assert not res.passed and "replace None" in res.message and res.hint is None
-    assert check("99.1", 0, lab=fake_exercise).hint == "nudge"
+    assert check("99.1", 0, lab=lab).hint == "where to look"
+
+
+def test_check_before_the_setup_cell_says_so(monkeypatch):
+    """A check run before `lab = start()` names the setup cell instead of raising."""
+    from labkit import nb
+
+    monkeypatch.setattr(nb, "_CURRENT", None)
+    monkeypatch.setenv("LABKIT_LAB", "no-such-lab-here")
+    monkeypatch.setattr(checks, "_REGISTRY", dict(checks._REGISTRY))
+
+    @exercise("99.3", "needs a lab")
+    def grade(answer, ev):
+        return Outcome(True, "")
+
+    res = check("99.3", 1)
+    assert not res.passed and res.missing == "Run this cell" and res.attempt == 0
