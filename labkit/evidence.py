@@ -140,7 +140,7 @@ class Evidence:
 
     # -- the records ----------------------------------------------------------------------
     def steps(self, **attrs) -> list:
-        """Steps recorded in this lab matching ``attrs`` (``kind="tcp-close"``, ``actor="a1"``, ...), oldest
+        """Steps recorded in this lab matching ``attrs`` (``op="tcp-close"``, ``actor="a1"``, ...), oldest
         first, as :class:`labkit.steps.Step` objects."""
         return [r.data for r in self.journal.find(self.lab_name, "step", **attrs)]
 

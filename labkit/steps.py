@@ -355,7 +355,7 @@ class TcpConn:
 
     def _describe(self, kind: str) -> Callable[[dict], dict]:
         """What the step's evidence record says of it, once its action ran (the port is known then)."""
-        return lambda res: {"kind": kind, "actor": self.pod, "target": self.target, "port": self.port,
+        return lambda res: {"op": kind, "actor": self.pod, "target": self.target, "port": self.port,
                             "sport": self.sport, "conn": self.id, "dst": self.dst}
 
     def _need_open(self, what: str) -> None:
@@ -399,7 +399,7 @@ def ping_step(lab: "Lab", pod: str, target: str, count: int = 1) -> Step:
         out = [Journey("echo request", src, dst, _ICMP)]
         return out + [Journey("echo reply", dst, src, _ICMP)] if res["ok"] else out
 
-    return run_step(lab, f"{pod} → {target} ping ×{count}", act, expect, kind="ping", actor=pod, target=target,
+    return run_step(lab, f"{pod} → {target} ping ×{count}", act, expect, op="ping", actor=pod, target=target,
                     dst=dst, count=count)
 
 
@@ -423,7 +423,7 @@ def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = 
         out = [Journey("datagram", None, None, _UDP, followed_ports(lab, "udp", src, res.get("sport")), None)]
         return out + [Journey("answer", None, None, _UDP, None, res.get("sport"))] if res["ok"] else out
 
-    return run_step(lab, f"{pod} → {target}:{port} UDP", act, expect, kind="udp", actor=pod, target=target,
+    return run_step(lab, f"{pod} → {target}:{port} UDP", act, expect, op="udp", actor=pod, target=target,
                     port=port, dst=dst, describe=lambda res: {"sport": res.get("sport")})
 
 
@@ -439,5 +439,5 @@ def raw_step(lab: "Lab", pod: str, packet: Any, title: str | None = None) -> Ste
         lab, title or f"{pod}: crafted {summary}",
         lambda: lab._podclient(pod).call({"op": "raw", "packet": data.hex()}),
         lambda res: [Journey("crafted packet", src, dst, proto)] if res["ok"] else [],
-        kind="raw", actor=pod, src=src, dst=dst, proto=proto,
+        op="raw", actor=pod, src=src, dst=dst, proto=proto,
     )

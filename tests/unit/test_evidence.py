@@ -9,11 +9,11 @@ from labkit.evidence import Evidence, Journal, Snapshot
 def test_latest_matches_kind_and_attributes():
     """latest() returns the newest record of a lab with the kind and every attribute given."""
     j = Journal()
-    j.record("demo", "step", "open 1", data=1, kind="tcp-open", actor="a1")
-    j.record("demo", "step", "open 2", data=2, kind="tcp-open", actor="a2")
-    j.record("other", "step", "open 3", data=3, kind="tcp-open", actor="a1")
+    j.record("demo", "step", "open 1", data=1, op="tcp-open", actor="a1")
+    j.record("demo", "step", "open 2", data=2, op="tcp-open", actor="a2")
+    j.record("other", "step", "open 3", data=3, op="tcp-open", actor="a1")
     assert j.latest("demo", "step", actor="a1").data == 1
-    assert j.latest("demo", "step", kind="tcp-open").data == 2
+    assert j.latest("demo", "step", op="tcp-open").data == 2
     assert j.latest("demo", "step", actor=lambda a: a.startswith("a")).data == 2
     assert j.latest("demo", "snapshot") is None
 
@@ -53,9 +53,9 @@ def test_unknown_kind_is_refused():
 def test_evidence_view_reads_its_lab_and_variants():
     """Evidence reads one lab's steps and snapshots; variant() reads the notebook's second lab."""
     j = Journal()
-    j.record("nb", "step", "open", data="main-step", kind="tcp-open")
-    j.record("nb-snat", "step", "open", data="snat-step", kind="tcp-open")
+    j.record("nb", "step", "open", data="main-step", op="tcp-open")
+    j.record("nb-snat", "step", "open", data="snat-step", op="tcp-open")
     j.record("nb", "snapshot", "after", data=Snapshot("after", 10, {"node-a": ["row"]}, {}))
     ev = Evidence("nb", j)
-    assert ev.step(kind="tcp-open") == "main-step" and ev.variant("snat").step(kind="tcp-open") == "snat-step"
+    assert ev.step(op="tcp-open") == "main-step" and ev.variant("snat").step(op="tcp-open") == "snat-step"
     assert ev.snapshot("after").rows("node-a") == ["row"] and ev.snapshot("nothing") is None
