@@ -98,6 +98,11 @@ int cil_to_netdev(struct __sk_buff *skb)
 	}
 	if (trace_vxlan(skb, &p, &ev, p.daddr))
 		return TC_ACT_OK;
+	/* The fault: the node has no route for its pods' traffic to another node. */
+	if (lab_fault(FAULT_NO_FIB) && lookup_endpoint4(p.saddr) && !lookup_endpoint4(p.daddr)) {
+		trace_emit(&ev, VERDICT_DROPPED, DROP_NO_FIB);
+		return TC_ACT_SHOT;
+	}
 	if (!p.is_frag) {
 		ret = nodeport_rev_egress4(skb, &p, &ev);
 		if (ret < 0) {

@@ -120,7 +120,7 @@ int cil_from_container(struct __sk_buff *skb)
 	ret = ct_lookup4(&tuple, &p, skb->len, CT_EGRESS, &st);
 	if (ret < 0)
 		goto drop;
-	if (ret == CT_NEW) {
+	if (ret == CT_NEW && !lab_fault(FAULT_NO_OUT_ENTRY)) {
 		st.src_sec_id = identity;
 		st.rev_nat_index = rev_nat;
 		st.flags = loopback ? CT_F_LB_LOOPBACK : 0;

@@ -131,6 +131,8 @@ static __always_inline int __sock4_xlate_fwd(struct bpf_sock_addr *ctx, const bo
 
 	if (!udp_only && !sock_proto_enabled(proto))
 		return -ENOTSUP;
+	if (lab_fault(FAULT_SOCK_LB_OFF))
+		return -ENXIO; /* the fault: the socket goes where it asked */
 	/* lb4_lookup_service(&key, true, false): scope switch on (a socket is
 	 * inside the cluster, so a two-scope frontend reads its internal scope),
 	 * and a head is returned even with no backends, to answer for it here. */
@@ -142,7 +144,7 @@ static __always_inline int __sock4_xlate_fwd(struct bpf_sock_addr *ctx, const bo
 	if (!svc)
 		return -ENXIO;
 	if (svc->count == 0)
-		return -EHOSTUNREACH;
+		return lab_fault(FAULT_SOCK_NO_REJECT) ? -ENXIO : -EHOSTUNREACH;
 	if (sock4_skip_xlate(svc, vip))
 		return -EPERM;
 
@@ -190,6 +192,8 @@ static __always_inline int __sock4_xlate_rev(struct bpf_sock_addr *ctx)
 	struct ipv4_revnat_entry *val;
 	struct lb4_service *svc;
 
+	if (lab_fault(FAULT_NO_GETPEERNAME))
+		return -ENXIO; /* the fault: the peer shows as the backend */
 	key.cookie = sock_local_cookie(ctx);
 	key.address = ctx->user_ip4;
 	key.port = ctx_dst_port(ctx);

@@ -54,6 +54,7 @@ from .errors import LabkitError
 from .maps.ct import CT_MAPS, list_text
 from .release import DEFAULT_RELEASE, RELEASES, profile
 from .gc import SCAN_MODES
+from .maps.config import AGENT_FAULTS, Fault
 
 __all__ = ["main", "build_parser"]
 
@@ -335,11 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     fault = add("fault", "break-it faults for diagnosis exercises (always listed by status)").add_subparsers(
         dest="fault_command", metavar="COMMAND", required=True)
-    for verb, help_ in (("on", "switch a fault on on every node"), ("off", "switch a fault off")):
+    fault_names = Fault.names(sum(Fault)) + sorted(AGENT_FAULTS)
+    for verb, help_ in (("on", "switch a fault on (on every node's datapath, or in the agent)"),
+                        ("off", "switch a fault off")):
         p = fault.add_parser(verb, help=help_, description=help_)
-        p.add_argument("name", metavar="NAME", help="no-in-entry, wrong-lifetime or no-related")
+        p.add_argument("name", metavar="NAME", choices=fault_names, help=", ".join(fault_names))
         p.set_defaults(func=cmd_fault, on=verb == "on")
-    p = fault.add_parser("list", help="the faults switched on", description="The faults switched on.")
+    p = fault.add_parser("list", help="the faults switched on, then every fault there is",
+                         description="The faults switched on; with --all, every fault and what it breaks.")
+    p.add_argument("--all", action="store_true", help="every fault labkit has, and what it breaks")
     p.set_defaults(func=cmd_fault_list)
 
     p = add("grade", "run handed-in notebooks headless and print a score per notebook and exercise")
@@ -850,9 +855,27 @@ def cmd_fault(args) -> int:
 
 
 def cmd_fault_list(args) -> int:
+    if args.all:
+        for f in Fault:
+            print(f"{Fault.names(f)[0]:20} datapath  {_fault_doc(f)}")
+        for name, what in sorted(AGENT_FAULTS.items()):
+            print(f"{name:20} agent     {what}")
+        return 0
     lab = _attach(args)
     print(", ".join(lab.faults()) or "none")
     return 0
+
+
+def _fault_doc(fault) -> str:
+    """The comment of a Fault member (its line in labkit/maps/config.py)."""
+    import inspect
+
+    from .maps import config
+
+    for line in inspect.getsource(config.Fault).splitlines():
+        if line.strip().startswith(f"{fault.name} =") and "#:" in line:
+            return line.split("#:", 1)[1].strip()
+    return ""
 
 
 def cmd_grade(args) -> int:

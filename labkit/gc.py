@@ -236,9 +236,10 @@ def _delete_per_entry(fd: int, keys: list[bytes]) -> int:
 
 
 def collect_node(node: str, pin_dir: str, now: int, mode: str = "per-entry",
-                 map_names: tuple[str, ...] = CT_MAPS) -> list[MapScan]:
+                 map_names: tuple[str, ...] = CT_MAPS, delete: bool = True) -> list[MapScan]:
     """Scan ``node``'s CT maps (pinned under ``pin_dir``), delete what expired before ``now`` and the NAT
-    entries of deleted OUT entries. One :class:`MapScan` per map."""
+    entries of deleted OUT entries. One :class:`MapScan` per map. ``delete=False`` (the agent fault
+    ``gc-noop``) scans and deletes nothing."""
     if mode not in SCAN_MODES:
         raise ValueError(f"GC scan mode {mode!r}: expected one of {', '.join(SCAN_MODES)}")
     out = []
@@ -251,10 +252,11 @@ def collect_node(node: str, pin_dir: str, now: int, mode: str = "per-entry",
                 t0 = time.perf_counter()
                 if mode == "batch":
                     scanned, expired, outs = _scan_batch(fd, max_entries, now)
-                    deleted = _delete_batch(fd, expired)
                 else:
                     scanned, expired, outs = _scan_per_entry(fd, now)
-                    deleted = _delete_per_entry(fd, expired)
+                if not delete:
+                    expired, outs = [], []
+                deleted = _delete_batch(fd, expired) if mode == "batch" else _delete_per_entry(fd, expired)
                 nat_deleted = 0
                 if outs:
                     if nat_fd is None:
@@ -411,12 +413,13 @@ class LabGc:
             now = self.lab.clock.now()
             t0 = time.perf_counter()
             maps: list[MapScan] = []
+            faults = self.lab.agent_faults()
             for node in self.lab.topology.nodes:
-                maps += collect_node(node.name, self.lab.pin_dir(node.name), now, mode)
+                maps += collect_node(node.name, self.lab.pin_dir(node.name), now, mode, delete="gc-noop" not in faults)
             interval = int(st["interval"])
             ratio = max((m.ratio for m in maps), default=0.0)
-            run = GcRun(now, mode, tuple(maps), round(time.perf_counter() - t0, 6), interval,
-                        next_interval(interval, ratio))
+            nxt = interval if "gc-fixed-interval" in faults else next_interval(interval, ratio)
+            run = GcRun(now, mode, tuple(maps), round(time.perf_counter() - t0, 6), interval, nxt)
             st["interval"], st["last_run"] = run.next_interval, now
             st["runs"] = (st["runs"] + [run.to_json()])[-self.HISTORY:]
             self._save(st)

@@ -32,7 +32,7 @@ from .release import BEHAVIOURS
 from .errors import ConfigError, DatapathError, LabStateError, LabTimeoutError, NotFoundError
 from .ledger import RUN_DIR, LabLock, Ledger, lab_dir
 from .maps.base import PinnedMap
-from .maps.config import IMPLEMENTED_FAULTS, Fault, LabConfig, TraceMode
+from .maps.config import AGENT_FAULTS, IMPLEMENTED_FAULTS, Fault, LabConfig, TraceMode
 from .maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
 from .maps.nat import NAT_MAP, NatEntry, NatKey4, NatRow
 from .topology import Topology
@@ -516,15 +516,28 @@ class Lab:
         return table
 
     def fault(self, name: str, on: bool = True) -> list[str]:
-        """Switch a break-it fault on or off on every node; returns the faults now on.
+        """Switch a break-it fault on or off (on every node's datapath, or in the agent); returns the faults
+        now on. ``labkit fault list`` names them all; ``labkit status`` always lists those on.
 
-        Faults: ``no-in-entry``, ``wrong-lifetime``, ``no-related``, ``skip-rev-nat``,
-        ``no-loopback-snat``, ``no-dsr-snat``. ``labkit status`` always lists them.
+            >>> lab.fault("wrong-lifetime")   # doctest: +SKIP
+            ['wrong-lifetime']
         """
+        if name in AGENT_FAULTS:
+            path = lab_dir(self.name) / "faults.json"
+            agent = set(self.agent_faults())
+            agent = agent | {name} if on else agent - {name}
+            if not path.exists():
+                Ledger(self.name).record("file", path=str(path))
+            path.write_text(json.dumps(sorted(agent)))
+            now_on = self.faults()
+            JOURNAL.record(self.name, "fault", f"fault {name} {'on' if on else 'off'}", tuple(now_on), fault=name,
+                           on=on)
+            return now_on
         try:
             bit = Fault.parse(name)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        except ValueError:
+            known = ", ".join(Fault.names(sum(Fault)) + sorted(AGENT_FAULTS))
+            raise ConfigError(f"fault '{name}': expected one of {known}") from None
         if not bit & IMPLEMENTED_FAULTS:
             raise ConfigError(f"fault '{name}': not acted on by this datapath yet; expected one of "
                               f"{', '.join(Fault.names(IMPLEMENTED_FAULTS))}")
@@ -652,6 +665,7 @@ class Lab:
                 m.clear()
             with PinnedMap(f"{pin}/labkit_config", _U32, LabConfig) as m:
                 m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+        (lab_dir(self.name) / "faults.json").unlink(missing_ok=True)  # the agent's faults off too
         self.gc.restart()  # on the clock as it is now set back
         self._mark_trace_epoch()
         JOURNAL.reset(self.name)  # nothing before a reset is evidence
@@ -846,9 +860,17 @@ class Lab:
         return f"timer {'on' if st['timer'] else 'off'}, interval {st['interval']} s, {last}"
 
     def faults(self) -> list[str]:
-        """Names of the break-it faults switched on."""
+        """Names of the break-it faults switched on: the datapath's, then the agent's."""
         with self._config_map(self.topology.nodes[0].name) as m:
-            return Fault.names(m[_U32(0)].faults)
+            return Fault.names(m[_U32(0)].faults) + self.agent_faults()
+
+    def agent_faults(self) -> list[str]:
+        """The agent's faults switched on (:data:`labkit.maps.config.AGENT_FAULTS`), read afresh each time: the
+        lab's other processes (its GC) switch with it."""
+        try:
+            return sorted(json.loads((lab_dir(self.name) / "faults.json").read_text()))
+        except (FileNotFoundError, ValueError):
+            return []
 
     def events(self) -> EventLog:
         """Reader of this lab's trace records, from the last reset on (its trace epoch): what came before

@@ -633,7 +633,7 @@ def _maglev_lut(names: tuple[tuple[str, int], ...], m: int) -> MaglevLut:
 
 
 def _entries(state: _State, topo: Topology, node: str, maglev_m: int = LAB_DEFAULT_M,
-             cilium: str = DEFAULT_RELEASE) -> _Entries:
+             cilium: str = DEFAULT_RELEASE, short_count: bool = False) -> _Entries:
     """Every row ``node``'s service maps should hold for ``state``, as release ``cilium``'s agent writes them.
 
     Keys and backends carry protocol 0 on v1.16 (pkg/maps/lbmap: ``u8proto.ANY``) and the
@@ -661,7 +661,8 @@ def _entries(state: _State, topo: Topology, node: str, maglev_m: int = LAB_DEFAU
                           (LookupScope.INT, slots, n_active)]
             for scope, listed, active in scopes:
                 head_key = Lb4Key.make(fe.address, fe.port, wire, scope=scope)
-                head = Lb4Service.head(active, fe.id, flags, flags2, svc.affinity_timeout)
+                # short_count: the agent fault lb-wrong-count, one backend fewer in the head than listed
+                head = Lb4Service.head(max(0, active - short_count), fe.id, flags, flags2, svc.affinity_timeout)
                 out[SERVICES_MAP][bytes(head_key)] = (head_key, head)
                 for slot, b in enumerate(listed, start=1):
                     key = head_key.with_slot(slot)
@@ -764,7 +765,8 @@ class Services:
     """
 
     def __init__(self, lab: str, topology: Topology, maps: MapWriter, store: ServiceStore,
-                 maglev_m: int = LAB_DEFAULT_M, mode: str = "ebpf", tables=None, cilium: str = DEFAULT_RELEASE):
+                 maglev_m: int = LAB_DEFAULT_M, mode: str = "ebpf", tables=None, cilium: str = DEFAULT_RELEASE,
+                 faults=None):
         self.lab = lab
         self.topology = topology
         self.maps = maps
@@ -776,6 +778,8 @@ class Services:
         self.mode = mode
         #: iptables mode: ``tables(node)`` is that node's iptables (:class:`labkit.kubeproxy.Iptables`)
         self.tables = tables if tables is not None else _memory_tables()
+        #: the lab's agent faults, asked at every change (break-it exercises: ``lb-wrong-count``, ``kp-no-masq``)
+        self.faults = faults or (lambda: [])
 
     def __repr__(self) -> str:
         return f"Services(lab={self.lab!r}, services={[s.name for s in self.list()]})"
@@ -790,7 +794,7 @@ class Services:
         mode = getattr(lab.config, "service_mode", "ebpf")
         tables = lambda node: NetnsIptables(lab.topology.netns(node))  # noqa: E731
         return cls(lab.name, lab.topology, PinnedMaps(pins, m), JsonStore(lab.name), m, mode, tables,
-                   lab.config.profile.release)
+                   lab.config.profile.release, lab.agent_faults)
 
     @classmethod
     def in_memory(cls, topology: Topology, cilium: str = DEFAULT_RELEASE, maglev_m: int = LAB_DEFAULT_M) -> "Services":
@@ -1030,8 +1034,9 @@ class Services:
             for node in (n.name for n in self.topology.nodes):
                 which = node if per_node else None
                 if which not in plans:
-                    plans[which] = _plan(_entries(old, self.topology, node, self.maglev_m, self.cilium),
-                                         _entries(new, self.topology, node, self.maglev_m, self.cilium), grow)
+                    short = "lb-wrong-count" in self.faults()
+                    plans[which] = _plan(_entries(old, self.topology, node, self.maglev_m, self.cilium, short),
+                                         _entries(new, self.topology, node, self.maglev_m, self.cilium, short), grow)
                 for op in plans[which]:
                     txn.apply(node, op)
             op = None
@@ -1061,7 +1066,7 @@ class Services:
         try:
             for node in (n.name for n in self.topology.nodes):
                 touched.append(node)
-                sync(self.tables(node), new.services.values(), self.topology, node, changed)
+                sync(self.tables(node), new.services.values(), self.topology, node, changed, self.faults())
             self.store.save(new.to_json())
         except BaseException as exc:
             problems = self._resync_iptables(old, touched)
@@ -1088,7 +1093,7 @@ class Services:
         problems = []
         for node in nodes:
             try:
-                sync(self.tables(node), state.services.values(), self.topology, node, None)
+                sync(self.tables(node), state.services.values(), self.topology, node, None, self.faults())
             except (OSError, LabkitError) as exc:
                 problems.append(f"{node}: {exc}")
         return problems

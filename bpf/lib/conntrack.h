@@ -69,7 +69,7 @@ static __always_inline void __ct_update_timeout(struct ct_entry *entry, __u32 li
 		accumulated = entry->tx_flags_seen;
 		last_report = entry->last_tx_report;
 	}
-	seen = accumulated | tcp_flags;
+	seen = lab_fault(FAULT_NO_FLAGS_SEEN) ? accumulated : accumulated | tcp_flags;
 	if (last_report + CT_REPORT_INTERVAL < now || accumulated != seen) {
 		if (dir == CT_INGRESS) {
 			entry->rx_flags_seen = seen;
@@ -126,8 +126,10 @@ static __always_inline int __ct_lookup4(const struct ipv4_ct_tuple *tuple, int a
 #ifdef CONNTRACK_ACCOUNTING
 	/* Counted only when the datapath is built with accounting (the agent
 	 * leaves it off by default, so a node prints Packets=0 Bytes=0). */
-	__sync_fetch_and_add(&entry->packets, 1);
-	__sync_fetch_and_add(&entry->bytes, len);
+	if (!lab_fault(FAULT_NO_ACCOUNTING)) {
+		__sync_fetch_and_add(&entry->packets, 1);
+		__sync_fetch_and_add(&entry->bytes, len);
+	}
 #endif
 
 	switch (action) {
@@ -144,6 +146,8 @@ static __always_inline int __ct_lookup4(const struct ipv4_ct_tuple *tuple, int a
 		}
 		break;
 	case ACTION_CLOSE:
+		if (lab_fault(FAULT_NO_CLOSE))
+			break;
 		if (dir == CT_SERVICE) {
 			/* Only the forward direction passes here: close both
 			 * (cilium/cilium#33907, in every v1.16 release). */
@@ -292,8 +296,10 @@ static __always_inline int ct_create4(const struct ipv4_ct_tuple *tuple, __u32 l
 			return DROP_CT_CREATE_FAILED;
 	}
 #ifdef CONNTRACK_ACCOUNTING
-	entry.packets = 1;
-	entry.bytes = len;
+	if (!lab_fault(FAULT_NO_ACCOUNTING)) {
+		entry.packets = 1;
+		entry.bytes = len;
+	}
 #endif
 	if (ct_map_update(tuple, &entry) < 0)
 		return DROP_CT_CREATE_FAILED;

@@ -5,6 +5,7 @@
 #define LABKIT_ENCAP_H
 
 #include "maps.h"
+#include "clock.h"
 
 static __always_inline struct remote_endpoint_info *ipcache_lookup4(__be32 addr)
 {
@@ -42,6 +43,8 @@ static __always_inline int tunnel_key_set4(struct __sk_buff *skb, __be32 daddr, 
 
 	if (!info || !info->tunnel_endpoint || (info->flags & IPCACHE_F_SKIP_TUNNEL))
 		return 1;
+	if (lab_fault(FAULT_NO_TUNNEL))
+		return DROP_NO_TUNNEL_ENDPOINT;
 	key.remote_ipv4 = lk_ntohl(info->tunnel_endpoint); /* host byte order */
 	key.tunnel_id = identity;
 	key.tunnel_ttl = 64;

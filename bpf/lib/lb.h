@@ -77,8 +77,9 @@ static __always_inline struct lb4_backend *lb4_lookup_backend(__u32 backend_id)
 static __always_inline __u32 lb4_flow_hash(const struct pkt4 *p)
 {
 	__u32 ports = ((__u32)p->sport << 16) | p->dport;
+	__u32 seed = lab_fault(FAULT_MAGLEV_WRONG_HASH) ? LB_FLOW_HASH_SEED ^ 1 : LB_FLOW_HASH_SEED;
 
-	return jhash_3words(p->saddr, ports, p->proto, LB_FLOW_HASH_SEED);
+	return jhash_3words(p->saddr, ports, p->proto, seed);
 }
 
 /* Backend for a new flow: the service's Maglev table if the agent wrote one
@@ -98,7 +99,8 @@ static __always_inline __u32 lb4_select_backend_id(const struct pkt4 *p, const s
 			return 0;
 		return lut->backend_ids[index];
 	}
-	__u16 slot = (bpf_get_prandom_u32() % svc->count) + 1;
+	/* The fault: count one slot more, so a terminating backend (listed after count) may be picked. */
+	__u16 slot = (bpf_get_prandom_u32() % (svc->count + (lab_fault(FAULT_PICK_TERMINATING) ? 1 : 0))) + 1;
 	struct lb4_service *be = lb4_lookup_service(p->daddr, p->dport, p->proto, slot, scope);
 
 	return be ? be->backend_id : 0;
@@ -229,7 +231,7 @@ static __always_inline int lb4_local(struct __sk_buff *skb, const struct pkt4 *p
 		st->backend_id = backend_id;
 		st->rev_nat_index = svc->rev_nat_index;
 		st->flags = 0;
-		ret = ct_create4(&tuple, skb->len, CT_SERVICE, st, false);
+		ret = lab_fault(FAULT_NO_SVC_ENTRY) ? 0 : ct_create4(&tuple, skb->len, CT_SERVICE, st, false);
 		if (ret < 0)
 			return ret;
 		ret = CT_NEW;

@@ -159,8 +159,11 @@ static __always_inline int nodeport_lb4(struct __sk_buff *skb, struct pkt4 *p, s
 	}
 	if (!local) {
 		if (!dsr) {
-			ret = snat_v4_nodeport(skb, p);
-			ev->flags |= TRACE_F_SNAT;
+			if (lab_fault(FAULT_NO_SNAT))
+				ret = 0;
+			else
+				ret = snat_v4_nodeport(skb, p);
+			ev->flags |= lab_fault(FAULT_NO_SNAT) ? 0 : TRACE_F_SNAT;
 		} else if (p->proto == IPPROTO_UDP || (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
 			ret = dsr_add_opt4(skb, p, vip, vport);
 			ev->flags |= TRACE_F_DSR_OPT_ADDED;

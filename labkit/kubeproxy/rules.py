@@ -67,6 +67,7 @@ class NodeOptions:
     random_fully: bool = True  #: iptables.HasRandomFully(): iptables >= 1.6.2
     tcp_be_liberal: bool = True  #: net.netfilter.nf_conntrack_tcp_be_liberal was set (a labkit node sets it)
     nfacct: frozenset = frozenset({NFACCT_INVALID, NFACCT_LOCALHOST})  #: counters nfacct.Ensure() could create
+    self_masq: bool = True  #: False only under labkit's break-it fault kp-no-masq: no hairpin KUBE-MARK-MASQ
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def _write_service(b: _Buffers, svc, use: Categorized, options: NodeOptions, act
     if external_policy_local(svc):
         _write_policy_chain(chains, rules, s, svl_chain(svc), use.local, active)
     for ep in use.reachable:
-        _write_endpoint_chain(chains, rules, s, ep, active)
+        _write_endpoint_chain(chains, rules, s, ep, active, options)
 
 
 def _capture_cluster_ip(b: _Buffers, s: _Svc) -> None:
@@ -297,13 +298,14 @@ def _write_policy_chain(chains: list, rules: list, s: _Svc, chain: str, eps: tup
         rules.append(f"-A {chain} -m comment --comment {_q(f'{s.name} -> {ep}')}{pick} -j {sep_chain(svc, str(ep))}")
 
 
-def _write_endpoint_chain(chains: list, rules: list, s: _Svc, ep, active: set) -> None:
+def _write_endpoint_chain(chains: list, rules: list, s: _Svc, ep, active: set, options: NodeOptions) -> None:
     """KUBE-SEP: mark hairpin traffic (the endpoint is its own client), remember the client for affinity, DNAT."""
     svc = s.svc
     sep = sep_chain(svc, str(ep))
     chains.append(_chain_line(sep))
     active.add(sep)
-    rules.append(f"-A {sep} -m comment --comment {s.name} -s {ep.ip} -j KUBE-MARK-MASQ")
+    if options.self_masq:
+        rules.append(f"-A {sep} -m comment --comment {s.name} -s {ep.ip} -j KUBE-MARK-MASQ")
     recent = f" -m recent --name {sep} --set" if svc.affinity_timeout else ""
     rules.append(f"-A {sep} -m comment --comment {s.name}{recent} {s.match} -j DNAT --to-destination {ep}")
 

@@ -138,14 +138,19 @@ def setup(ipt: Iptables) -> None:
         ipt.ensure_rule(jump.table, jump.into, jump.args())
 
 
-def sync(ipt: Iptables, services: Iterable, topology: Topology, node: str, changed: set | None = None) -> Restore:
+def sync(ipt: Iptables, services: Iterable, topology: Topology, node: str, changed: set | None = None,
+         faults: Iterable[str] = ()) -> Restore:
     """One syncProxyRules on ``node``: full if ``changed`` is None or the canary is gone, else partial
-    (the top-level chains, plus the chains of the services named in ``changed``)."""
+    (the top-level chains, plus the chains of the services named in ``changed``). ``faults``: the lab's
+    agent faults (``kp-no-masq`` leaves out the hairpin KUBE-MARK-MASQ rule)."""
     existing = chains_in(ipt.save("nat"))
     full = changed is None or CANARY not in existing
     if full:
         setup(ipt)
-    restore = render(services, topology, node, ipt.options(), None if full else set(changed), existing)
+    options = ipt.options()
+    if "kp-no-masq" in faults:
+        options = replace(options, self_masq=False)
+    restore = render(services, topology, node, options, None if full else set(changed), existing)
     ipt.restore_all(restore.text)
     return restore
 

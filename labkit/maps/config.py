@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import enum
 
-__all__ = ["LabConfig", "Fault", "TraceMode", "IMPLEMENTED_FAULTS"]
+__all__ = ["LabConfig", "Fault", "TraceMode", "IMPLEMENTED_FAULTS", "AGENT_FAULTS"]
 
 
 class Fault(enum.IntFlag):
@@ -22,6 +22,19 @@ class Fault(enum.IntFlag):
     NO_LOOPBACK_SNAT = 0x08  #: hairpin flows keep the pod's own source
     NO_RELATED = 0x10  #: new entries get no RELATED twin
     NO_DSR_SNAT = 0x20  #: dsr replies leave the backend's node with the backend's own address
+    NO_OUT_ENTRY = 0x40  #: from-container never creates OUT entries
+    NO_FLAGS_SEEN = 0x80  #: CT entries never record the TCP flags they see
+    NO_CLOSE = 0x100  #: FIN and RST never mark a direction closing
+    NO_ACCOUNTING = 0x200  #: packets and bytes are never counted, even with CONNTRACK_ACCOUNTING
+    NO_TUNNEL = 0x400  #: tunnel routing: no packet finds its tunnel endpoint
+    NO_FIB = 0x800  #: to-netdev drops pods' packets leaving for another node, as with no route
+    NO_SVC_ENTRY = 0x1000  #: per-packet LB keeps no SVC entry: every packet picks a backend anew
+    PICK_TERMINATING = 0x2000  #: new flows may pick a terminating backend
+    NO_SNAT = 0x4000  #: snat mode: the request to a remote backend keeps the client's source
+    MAGLEV_WRONG_HASH = 0x8000  #: the flow hash uses a wrong seed, so Maglev picks another slot
+    SOCK_LB_OFF = 0x10000  #: connect4/sendmsg4 translate nothing
+    NO_GETPEERNAME = 0x20000  #: getpeername4/recvmsg4 do not show the VIP again
+    SOCK_NO_REJECT = 0x40000  #: socket LB lets a connect() to a service without backends through
 
     @classmethod
     def names(cls, value: int) -> list[str]:
@@ -38,9 +51,17 @@ class Fault(enum.IntFlag):
             raise ValueError(f"fault '{name}': expected one of {known}") from None
 
 
-#: Faults the current datapath acts on.
-IMPLEMENTED_FAULTS = (Fault.NO_IN_ENTRY | Fault.WRONG_LIFETIME | Fault.NO_RELATED | Fault.SKIP_REV_NAT
-                      | Fault.NO_LOOPBACK_SNAT | Fault.NO_DSR_SNAT)
+#: Faults the current datapath acts on: all of them.
+IMPLEMENTED_FAULTS = Fault(sum(Fault))
+
+#: Faults of the agent rather than the datapath (labkit's Python side acts on them; ``lab.fault`` switches
+#: both kinds): name -> what it breaks.
+AGENT_FAULTS = {
+    "gc-noop": "the CT garbage collector scans but deletes nothing",
+    "gc-fixed-interval": "the CT garbage collector never adapts its interval",
+    "lb-wrong-count": "the agent writes each service head's count one short",
+    "kp-no-masq": "kube-proxy mode writes no KUBE-MARK-MASQ rule for traffic from an endpoint to itself",
+}
 
 
 class TraceMode(enum.IntEnum):

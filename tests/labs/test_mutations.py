@@ -1,0 +1,89 @@
+"""Mutation tests of every lab's checks (tests/labs/mutate.py says which mutants and what each must make the
+checks say): a right answer passes however late or slowly it comes, a wrong one fails with its own message,
+a check without its cells' evidence says which cell to run, and no check passes on a lab whose datapath did
+not do the thing. Mutants run two at a time, each in a lab of its own that is torn down after it."""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit.checks import exercises_for
+from labkit.nb import VARIANTS
+
+from labtag import tagged
+
+try:
+    from .mutate import judge, load_key, mutants
+    from .notebooks import NOTEBOOKS, cell_errors, execute, lab_netns, load, read_log
+except ImportError:  # tests/labs is not a package: pytest put this directory on sys.path
+    from mutate import judge, load_key, mutants
+    from notebooks import NOTEBOOKS, cell_errors, execute, lab_netns, load, read_log
+
+pytestmark = pytest.mark.labs
+JOBS = int(os.environ.get("LABKIT_TEST_JOBS", "2"))
+LAB_IDS = sorted(NOTEBOOKS)
+
+
+def _run(args) -> tuple[list[dict], list[str], float]:
+    """One mutant in a lab of its own (then taken down with its variants): (logged checks, cell errors, seconds)."""
+    path, lab, log = args
+    from labkit.lab import Lab
+
+    try:
+        ran, seconds = execute(nbformat.read(path, as_version=4), lab, Path(log))
+        return read_log(Path(log)), cell_errors(ran), seconds
+    finally:
+        for name in (lab, *(f"{lab}-{v}" for v in VARIANTS)):
+            Lab.cleanup(name)
+
+
+@pytest.fixture(scope="module")
+def results(datapath_ready, tmp_path_factory):
+    """Every lab's mutants, executed: (lab, mutant name) -> (mutant, logged checks, cell errors, seconds)."""
+    tmp = tmp_path_factory.mktemp("mutants")
+    jobs, made = [], {}
+    for lab_id in LAB_IDS:
+        for k, m in enumerate(mutants(lab_id, load(lab_id), exercises_for(lab_id))):
+            path = tmp / f"{lab_id}-{m.name}.ipynb"
+            nbformat.write(m.nb, path)
+            jobs.append((str(path), tagged(f"mu{lab_id}x{k}"), str(tmp / f"{lab_id}-{m.name}.jsonl")))
+            made[(lab_id, m.name)] = m
+    with ProcessPoolExecutor(max_workers=JOBS) as pool:
+        ran = list(pool.map(_run, jobs))
+    out = {key: (m, *r) for (key, m), r in zip(made.items(), ran)}
+    for (lab_id, name), (_, _, _, seconds) in sorted(out.items()):
+        print(f"lab {lab_id} mutant {name}: {seconds:.1f} s")
+    left = lab_netns([j[1] for j in jobs])
+    assert not left, f"mutant labs left behind: {left}"
+    return out
+
+
+@pytest.mark.parametrize("lab_id", LAB_IDS)
+def test_every_exercise_has_a_key_with_two_wrong_answers(lab_id):
+    """The answer key holds each exercise's reference answer and at least two wrong ones with their messages,
+    and each exercise has three hints and a fault (or is a break-it exercise with a fault cell)."""
+    key = load_key(lab_id)
+    exercises = exercises_for(lab_id)
+    assert sorted(key) == sorted(e.id for e in exercises)
+    for e in exercises:
+        assert len(key[e.id]["wrong"]) >= 2 and all(w["message"] for w in key[e.id]["wrong"]), e.id
+        assert len(e.hints) == 3, f"{e.id}: three hints (where to look, narrower, the answer)"
+        assert e.fault or e.break_it, f"{e.id}: no fault to prove the check reads the datapath"
+
+
+@pytest.mark.parametrize("lab_id", LAB_IDS)
+def test_checks_hold_under_every_mutant(lab_id, results):
+    """Every mutant of the lab makes each exercise's checks say what the mutant expects."""
+    problems = {}
+    for (lab, name), (mutant, log, errors, _) in results.items():
+        if lab != lab_id:
+            continue
+        for ex, why in judge(mutant, log).items():
+            problems[f"{name} {ex}"] = why
+        if name == "paused" and errors:
+            problems[f"{name} cells"] = errors
+    assert problems == {}
