@@ -163,13 +163,14 @@ def hook_creating_out_row(answer, lab) -> Outcome:
     "01.2",
     "Packets counted after ping ×3",
     hints=(
-        "The OUT row on node-a counts every packet of the flow that passes a1's veth, in both directions.",
+        "With CT accounting on, the OUT row on node-a counts every packet of the flow that passes a1's veth, in "
+        "both directions.",
         "Find the newest `ICMP OUT 198.18.1.11:<id> -> 198.18.2.11:0` row (not the related one) and read Packets=.",
         "The answer is 6: three echo requests leaving a1 plus three echo replies coming back.",
     ),
 )
 def packets_after_ping3(answer, lab) -> Outcome:
-    """node-a's newest ICMP OUT row must count 2×3 packets, and the answer must say so."""
+    """node-a's newest ICMP OUT row must count 2×3 packets (CT accounting on), and the answer must say so."""
     if (blank := unanswered(answer)) is not None:
         return blank
     rule = 2 * 3
@@ -177,6 +178,10 @@ def packets_after_ping3(answer, lab) -> Outcome:
     if not rows:
         return Outcome(False, "node-a has no ICMP OUT row from a1 to b1: run the ping ×3 cell, then check again.")
     row = newest(rows)
+    if not lab.config.ct_accounting:
+        return Outcome(False, f"lab '{lab.name}' counts no packets: like a default Cilium v1.16 node it is built "
+                              "without CT accounting, so every row says Packets=0. Run the setup cell as the notebook "
+                              "has it (start(ct_accounting=True)), then the ping ×3 cell, then check.")
     if row.packets != rule:
         return Outcome(False, f"node-a's newest ICMP OUT row counts {row.packets} packets, not the {rule} a ping ×3 "
                               "leaves (3 requests + 3 replies): run the ping ×3 cell again, then check.")

@@ -177,7 +177,8 @@ def flags_after_close(answer, lab) -> Outcome:
     "02.4",
     "Lifetime of a connection refused with RST",
     hints=(
-        "An RST closes a row in both directions at once; what lifetime does a dead row get?",
+        "An RST before the handshake completed closes a row in both directions at once; what lifetime does a dead "
+        "row get?",
         "Look at node-b's TCP IN row for port 9999: its Flags= and (remaining: …), and lab.config.timeouts.",
         "The answer is 10: the close timeout (lab.config.timeouts.close).",
     ),
@@ -210,7 +211,7 @@ def rst_lifetime(answer, lab) -> Outcome:
     "02.5",
     "Which rows expired when the clock moved",
     hints=(
-        "Dead TCP rows got the close timeout; the RELATED twins got the non-TCP lifetime when they were made.",
+        "Dead TCP rows got the close timeout; a RELATED twin keeps the SYN timeout it was written with.",
         "The loop after lab.clock.advance(11) prints EXPIRED or alive and the kind of every row of node-a.",
         "The answer is ['TCP OUT']: both closed TCP rows expired; the ICMP OUT related twin still has time left.",
     ),

@@ -129,7 +129,8 @@ def icmp_error_verdict(answer, lab) -> Outcome:
     got = str(answer).strip().lower().removeprefix("ct=").removeprefix("ct_")
     if got.split("/")[0] == "related":
         return Outcome(True, "related: the error matched the RELATED twin (ICMP, ports 0) that was made with the "
-                             "UDP flow's row, so it is let in; look how that twin's Packets went up.")
+                             "UDP flow's row, so it is let in; look how that twin's report time for the error's "
+                             "direction moved.")
     names = [r.name.lower() for r in CtResult if r != CtResult.NONE]
     if got not in names:
         return Outcome(False, f"{answer!r} is not a CT result; the results are {', '.join(names)}.")

@@ -100,9 +100,11 @@ def reply_source(answer, lab) -> Outcome:
     "07.2",
     "One connection, rows on two nodes",
     hints=(
-        "node-a chose the backend; node-b delivered to it and answered. Neither keeps what the other keeps.",
-        "Print the TCP rows of both nodes (lb_rows in the notebook): node-a has one, node-b has one.",
-        "The answer is {'node-a': ['TCP SVC'], 'node-b': ['TCP OUT']}: the OUT row on node-b carries DSRInternal.",
+        "node-a chose the backend; node-b read the DSR option, delivered to b1 and answered. Neither keeps what "
+        "the other keeps.",
+        "Print the TCP rows of both nodes (lb_rows in the notebook): node-a has one, node-b has two.",
+        "The answer is {'node-a': ['TCP SVC'], 'node-b': ['TCP OUT', 'TCP IN']}: the OUT row on node-b carries "
+        "DSRInternal, the IN row is b1's own.",
     ),
 )
 def dsr_rows(answer, lab) -> Outcome:
@@ -118,7 +120,7 @@ def dsr_rows(answer, lab) -> Outcome:
                               "check.")
     ext = lab.topology.external("ext").ip
     live = {node: sorted({row_kind(r) for r in ext_rows(lab, node, ext, cp)}) for node in ("node-a", "node-b")}
-    rule = {"node-a": ["TCP SVC"], "node-b": ["TCP OUT"]}
+    rule = {"node-a": ["TCP SVC"], "node-b": ["TCP IN", "TCP OUT"]}
     if live != rule:
         return Outcome(False, f"ext's connection from port {cp} left {live}, not what a dsr connection to a backend "
                               f"on node-b makes ({rule}); faults on: {lab.faults() or 'none'}. Run lab.reset() and "
@@ -129,10 +131,11 @@ def dsr_rows(answer, lab) -> Outcome:
                               f"got {answer!r}.")
     out = compare_rows(flatten(live), flatten(got), "TCP rows of ext's connection to web")
     if out.passed:
-        return Outcome(True, "node-a keeps only the SVC row (NodePort flag): enough to send every packet of the flow "
-                             "to the same backend. It never sees a reply, so it tracks nothing else. node-b keeps "
-                             "an OUT row keyed by the reply (b1:8080 -> ext), flagged DSRInternal: the pod's hooks "
-                             "see ext's packets as replies of it, and the reply as its own traffic.", out.diff)
+        return Outcome(True, "node-a keeps only the SVC row: enough to send every packet of the flow to the same "
+                             "backend. It never sees a reply, so it tracks nothing else. node-b keeps the entry it "
+                             "wrote when it read the DSR option, an OUT row ext -> b1:8080 flagged DSRInternal, which "
+                             "marks b1's replies as a DSR flow to rewrite with the NAT row; and b1's own IN row, made "
+                             "at to-container as for any packet into a pod.", out.diff)
     return out
 
 
