@@ -1,9 +1,10 @@
-"""Lab 02, TCP through conntrack: flags seen, SeenNonSyn and the lifetime jump,
-closing, the RST of a closed port, expiry on the lab clock, and a break-it fault.
+"""Lab 02, TCP through conntrack: flags seen, SeenNonSyn and the lifetime jump, closing, the RST of a closed
+port, expiry on the lab clock, and a break-it fault.
 
-Graders find the connection's rows by what the notebook fixes (a1 → b1, port
-8080 or the closed port 9999, the state of the row), never by the client's
-random port, and compare the answer with the live row and with the rule.
+Graders read what the notebook's cells recorded: the open, close and refused steps of a1 → b1 (their rows
+and trace records), the snapshot taken after the clock moved, and conn2's steps taken with the fault on.
+Each compares the answer with that evidence and with the rule the exercise teaches; evidence that breaks
+the rule (a fault was on) sends the learner back to the cell, at no cost.
 """
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ from typing import Any
 
 from ..checks import Outcome, compare_rows, exercise
 from ..maps.ct import CtFlags, CtResult, CtRow, TcpFlags
-from .lab01 import addr, kinds_answer, newest, recent_flows, row_kind, rows_between, unanswered
+from .common import conn_rows, flag_list, kinds_answer, row_kind, step_rows, unanswered, unhealthy
 
-_TCP = socket.IPPROTO_TCP
 _CLOSING = CtFlags.RX_CLOSING | CtFlags.TX_CLOSING
-_CT_FLAG_NAMES = {n.lower(): n for n in CtFlags.names(0xFFFF) if not n.startswith("Unknown")}
+OPEN, CLOSE, REFUSED, CLOCK, BREAK = ("1. Open: SYN, SYN-ACK, ACK", "4. Close: FIN both ways",
+                                      "5. RST: a port nobody listens on", "6. Moving the clock", "7. Break it")
 
 
-def _tcp_rows(lab, node: str, direction: str, dport: int) -> list[CtRow]:
-    """TCP rows of a1 → b1:dport with direction ``direction`` on ``node``."""
-    return [r for r in rows_between(lab, node, "a1", "b1", "TCP") if r.dir == direction and r.dport == dport]
+def _step(ev, op: str, port: int = 8080, **attrs):
+    """The newest a1 → b1 step ``op`` on ``port`` taken outside section 7 (whose fault, wrong-lifetime, breaks
+    what sections 1-6 ask about on purpose)."""
+    return ev.step(op=op, actor="a1", target="b1", port=port, faults=lambda f: "wrong-lifetime" not in f, **attrs)
 
 
 def _closing(row: CtRow) -> bool:
@@ -32,26 +34,8 @@ def _tcp_flags(answer: Any) -> set[str] | None:
     """``["SYN", "ACK"]``, ``"SYN|ACK"``, ``"syn, ack"`` or ``0x12`` as a set of flag names; None if unreadable."""
     if isinstance(answer, int) and not isinstance(answer, bool):
         return set(TcpFlags.text(answer).split("|")) - {"-"}
-    items = answer if isinstance(answer, (list, tuple, set)) else [answer]
-    names = set()
-    for item in items:
-        for word in str(item).replace("|", " ").replace(",", " ").split():
-            if word.upper() not in TcpFlags.__members__:
-                return None
-            names.add(word.upper())
-    return names
-
-
-def _ct_flags(answer: Any) -> list[str] | None:
-    """CT flag names as Cilium prints them (case forgiven); None if one is not a flag name."""
-    items = answer if isinstance(answer, (list, tuple, set)) else str(answer).replace(",", " ").split()
-    out = []
-    for item in items:
-        name = _CT_FLAG_NAMES.get(str(item).strip().lower())
-        if name is None:
-            return None
-        out.append(name)
-    return out
+    names = flag_list(answer, TcpFlags.__members__)
+    return None if names is None else {n.upper() for n in names}
 
 
 # -- 02.1 ---------------------------------------------------------------------------------
@@ -59,34 +43,43 @@ def _ct_flags(answer: Any) -> list[str] | None:
     "02.1",
     "TCP flags a1 sent during the handshake",
     hints=(
-        "TxFlagsSeen ORs together the TCP flags of every packet the OUT row saw leaving a1 (egress).",
-        "a1 sent two packets in the handshake; print TcpFlags.text(row.tx_flags_seen) of node-a's TCP OUT row.",
+        "TxFlagsSeen collects flags over time: it is not the flags of one packet.",
+        "a1 sent two packets in the handshake; print TcpFlags.text(row.tx_flags_seen) of node-a's TCP OUT row "
+        "(describe(...) in section 1 prints it).",
         "The answer is ['SYN', 'ACK']: a1's SYN, then its ACK (RxFlagsSeen holds b1's SYN|ACK).",
     ),
+    fault="no-flags-seen",
+    cells=(OPEN,),
 )
-def tx_flags_after_open(answer, lab) -> Outcome:
-    """TxFlagsSeen of node-a's open a1 → b1:8080 OUT row, against the handshake rule SYN|ACK."""
+def tx_flags_after_open(answer, ev) -> Outcome:
+    """TxFlagsSeen of node-a's OUT row right after the open step, against the handshake rule SYN|ACK."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    rows = [r for r in _tcp_rows(lab, "node-a", "OUT", 8080) if not _closing(r)]
-    if not rows:
-        return Outcome(False, "node-a has no open TCP OUT row from a1 to b1:8080: run conn.open(), then check.")
-    row = newest(rows)
-    live = set(TcpFlags.text(row.tx_flags_seen).split("|")) - {"-"}
-    rule = {"SYN", "ACK"}
-    if live != rule:
-        return Outcome(False, f"node-a's OUT row has seen {TcpFlags.text(row.tx_flags_seen)} from a1, more than the "
-                              "handshake: this question is about the row right after open(). Run the cells again "
-                              "from conn = ... and check before sending data.")
+    step = _step(ev, "tcp-open", ok=True)
+    if step is None:
+        return Outcome.needs(OPEN, "conn.open() records the handshake")
+    rows = conn_rows(step, "node-a", "OUT")
+    live = {n for r in rows for n in TcpFlags.text(r.tx_flags_seen).split("|")} - {"-"}
+    if live != {"SYN", "ACK"}:
+        return unhealthy(OPEN, f"node-a's OUT row with TxFlagsSeen={'|'.join(sorted(live)) or '-'} after the "
+                               "handshake", step)
     got = _tcp_flags(answer)
     if got is None:
         return Outcome(False, f"{answer!r}: expected TCP flag names ({', '.join(TcpFlags.__members__)}), "
                               "e.g. ['FIN'] or 'SYN|ACK'.")
     out = compare_rows(sorted(live), sorted(got), "TCP flags a1 sent (TxFlagsSeen of node-a's OUT row)")
     if out.passed:
-        return Outcome(True, f"{TcpFlags.text(row.tx_flags_seen)}: a1 sent the SYN and then the last ACK of the "
-                             "handshake; b1's SYN|ACK went into RxFlagsSeen.", out.diff)
-    return out
+        return Outcome(True, "SYN|ACK: a1 sent the SYN and then the last ACK of the handshake; b1's SYN|ACK went "
+                             "into RxFlagsSeen.", out.diff)
+    if got == {"SYN"}:
+        msg = "the SYN was not a1's only packet: TxFlagsSeen ORs every packet a1 sent into the row."
+    elif got == {"ACK"}:
+        msg = "the row keeps more than the last packet's flags: TxFlagsSeen is an OR over everything a1 sent."
+    elif "PSH" in got or "FIN" in got:
+        msg = "no data and no FIN had been sent yet: the question is about the row right after open()."
+    else:
+        msg = out.message + " Which packets of the handshake did a1 itself send?"
+    return Outcome(False, msg, out.diff, reveal=out.reveal)
 
 
 # -- 02.2 ---------------------------------------------------------------------------------
@@ -95,47 +88,53 @@ def tx_flags_after_open(answer, lab) -> Outcome:
     "The lifetime jump at the first non-SYN packet",
     hints=(
         "Each CT lookup in the trace carries the lifetime the row got from that packet.",
-        "Print the open step's from-container/to-container records with f.event.ct_lifetime - opened.now, "
-        "and compare with lab.config.timeouts.",
+        "Section 2's loop prints lifetime = now + N for each packet of the open step; compare with "
+        "lab.config.timeouts.",
         "The answer is (60, 8000): the SYN timeout (syn), then the established TCP lifetime (tcp).",
     ),
+    fault="wrong-lifetime",
+    cells=(OPEN,),
 )
-def lifetime_jump(answer, lab) -> Outcome:
-    """(lifetime after the SYN, after the ACK) in seconds, checked against the trace's handshake and the timeouts."""
+def lifetime_jump(answer, ev) -> Outcome:
+    """(lifetime after the SYN, after the ACK) in seconds, read from the open step's own trace records."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    a1, b1 = lab.pod("a1").ip, lab.pod("b1").ip
-    out = [f for f in recent_flows(lab) if f.node == "node-a" and f.hook.label == "from-container"
-           and f.event.before.proto == _TCP and (addr(f.event.before.saddr), addr(f.event.before.daddr)) == (a1, b1)
-           and socket.ntohs(f.event.before.dport) == 8080]
-    syns = [i for i, f in enumerate(out) if f.event.before.tcp_flags & (TcpFlags.SYN | TcpFlags.ACK) == TcpFlags.SYN
-            and f.event.ct_result == CtResult.NEW]
-    if not syns:
-        return Outcome(False, "the trace holds no handshake of a1 → b1:8080: run conn.open(), then check.")
-    syn = out[syns[-1]]
-    acks = [f for f in out[syns[-1] + 1:] if f.event.before.sport == syn.event.before.sport
-            and not f.event.before.tcp_flags & TcpFlags.SYN]
-    if not acks:
-        return Outcome(False, "the newest handshake in the trace has no ACK from a1 yet: run conn.open() again.")
-    ack = acks[0]
-    t = lab.config.timeouts
+    step = _step(ev, "tcp-open", ok=True)
+    if step is None:
+        return Outcome.needs(OPEN, "conn.open() records the handshake's trace")
+    a1, b1, sport = ev.topology.pod("a1").ip, ev.topology.pod("b1").ip, step.attrs["sport"]
+    out = [f for f in step.flows if f.node == "node-a" and f.hook.label == "from-container"
+           and f.event.before.proto == socket.IPPROTO_TCP and socket.ntohs(f.event.before.sport) == sport]
+    syn = next((f for f in out if f.event.before.tcp_flags & (TcpFlags.SYN | TcpFlags.ACK) == TcpFlags.SYN
+                and f.event.ct_result == CtResult.NEW), None)
+    ack = next((f for f in out if not f.event.before.tcp_flags & TcpFlags.SYN), None)
+    t = ev.config.timeouts
+    if syn is None or ack is None:
+        return unhealthy(OPEN, "no SYN and ACK of a1 at node-a's from-container", step)
     jump = ack.event.ct_lifetime - syn.event.ct_lifetime
     if abs(jump - (t.tcp - t.syn)) > 2 or not ack.event.ct_flags & CtFlags.SEEN_NON_SYN:
-        return Outcome(False, f"in the newest handshake the ACK moved the lifetime by {jump} s "
-                              f"(flags [{' '.join(CtFlags.names(ack.event.ct_flags))}]), not by tcp - syn = "
-                              f"{t.tcp - t.syn} s: is a fault on? (lab.faults() = {lab.faults()})")
+        return unhealthy(OPEN, f"an ACK that moved the lifetime by {jump} s with flags "
+                               f"[{' '.join(CtFlags.names(ack.event.ct_flags))}]", step)
     if not isinstance(answer, (tuple, list)) or len(answer) != 2 or not all(
             isinstance(x, int) and not isinstance(x, bool) for x in answer):
         return Outcome(False, f"expected two whole numbers of seconds, (after the SYN, after the ACK), got {answer!r}.")
     expected = (t.syn, t.tcp)
     if tuple(answer) == expected:
-        return Outcome(True, f"{expected}: a new TCP row lives CT_SYN_TIMEOUT ({t.syn} s) until a packet without SYN "
-                             f"sets SeenNonSyn; from then on CT_CONNECTION_LIFETIME_TCP ({t.tcp} s). The trace shows "
-                             f"the ACK moving the lifetime by {jump} s.")
+        return Outcome(True, f"{expected}: a new TCP row lives CT_SYN_TIMEOUT ({t.syn} s) until a packet without "
+                             f"SYN sets SeenNonSyn; from then on CT_CONNECTION_LIFETIME_TCP ({t.tcp} s). The trace "
+                             f"shows the ACK moving the lifetime by {jump} s.")
     diff = tuple(("=" if e == g else "-", f"{what} {e} s", f"{g} s")
                  for what, e, g in zip(("after the SYN", "after the ACK"), expected, answer))
-    return Outcome(False, f"you answered {tuple(answer)}; in the trace the ACK moved the row's lifetime by {jump} s. "
-                          "The two values are timeouts you can read in lab.config.timeouts.", diff)
+    first, second = answer
+    if first == second:
+        msg = (f"your two lifetimes are equal, but in your open step the ACK moved the row's lifetime by {jump} s: "
+               "something about the ACK changed which timeout the row gets.")
+    elif first > second:
+        msg = "a half-open connection does not get the longer lifetime: the jump goes the other way."
+    else:
+        msg = f"in your open step the ACK moved the lifetime by {jump} s; the two values are timeouts you can read " \
+              "in lab.config.timeouts."
+    return Outcome(False, msg, diff, reveal=f"{expected}")
 
 
 # -- 02.3 ---------------------------------------------------------------------------------
@@ -147,29 +146,37 @@ def lifetime_jump(answer, lab) -> Outcome:
         "Read the [ ... ] after Flags= in node-a's TCP OUT line after conn.close() (row.flag_names).",
         "The answer is ['RxClosing', 'TxClosing', 'SeenNonSyn'].",
     ),
+    fault="no-close",
+    cells=(CLOSE,),
 )
-def flags_after_close(answer, lab) -> Outcome:
-    """Flag names of node-a's closed a1 → b1:8080 OUT row, live and by the rule."""
+def flags_after_close(answer, ev) -> Outcome:
+    """Flag names of node-a's OUT row after the close step, live and by the rule."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    rows = [r for r in _tcp_rows(lab, "node-a", "OUT", 8080) if _closing(r)]
-    if not rows:
-        return Outcome(False, "node-a has no closed TCP OUT row from a1 to b1:8080: run conn.close(), then check.")
-    row = newest(rows)
+    step = _step(ev, "tcp-close", ok=True)
+    if step is None:
+        return Outcome.needs(CLOSE, "conn.close() records both FINs")
+    rows = conn_rows(step, "node-a", "OUT")
     rule = ["RxClosing", "TxClosing", "SeenNonSyn"]
-    if sorted(row.flag_names) != sorted(rule):
-        return Outcome(False, f"node-a's closed OUT row shows [ {' '.join(row.flag_names)} ], not what a graceful "
-                              f"close leaves: is a fault on? (lab.faults() = {lab.faults()})")
-    got = _ct_flags(answer)
+    if len(rows) != 1 or sorted(rows[0].flag_names) != sorted(rule):
+        return unhealthy(CLOSE, "node-a's OUT row as [ " + " ".join(rows[0].flag_names if rows else ["no row"]) + " ]",
+                         step)
+    got = flag_list(answer, CtFlags.names(0xFFFF))
     if got is None:
-        return Outcome(False, f"{answer!r}: expected CT flag names as the line prints them between [ ], "
-                              f"e.g. ['NodePort']; the names are {', '.join(CtFlags.names(0xFFFF)[:-1])}.")
-    out = compare_rows(row.flag_names, got, "Flags of node-a's closed OUT row")
+        return Outcome(False, f"{answer!r}: expected CT flag names as the line prints them between [ ], e.g. "
+                              f"['NodePort']; the names are {', '.join(CtFlags.names(0x07FF))}.")
+    out = compare_rows(rows[0].flag_names, got, "Flags of node-a's closed OUT row")
     if out.passed:
-        return Outcome(True, "RxClosing (b1's FIN came in), TxClosing (a1's FIN went out) and SeenNonSyn from "
-                             "the handshake. With both closing flags the row is dead and gets the close timeout.",
-                       out.diff)
-    return out
+        return Outcome(True, "RxClosing (b1's FIN came in), TxClosing (a1's FIN went out) and SeenNonSyn from the "
+                             "handshake. With both closing flags the row is dead and gets the close timeout.", out.diff)
+    have = set(got)
+    if have == {"RxClosing", "TxClosing"}:
+        msg = "closing does not clear what the handshake set: a flag set by the ACK is sticky."
+    elif have <= {"TxClosing", "SeenNonSyn"}:
+        msg = "a1's FIN closed one direction; the connection was closed from both ends."
+    else:
+        msg = out.message
+    return Outcome(False, msg, out.diff, reveal=out.reveal)
 
 
 # -- 02.4 ---------------------------------------------------------------------------------
@@ -177,33 +184,42 @@ def flags_after_close(answer, lab) -> Outcome:
     "02.4",
     "Lifetime of a connection refused with RST",
     hints=(
-        "An RST before the handshake completed closes a row in both directions at once; what lifetime does a dead "
-        "row get?",
-        "Look at node-b's TCP IN row for port 9999: its Flags= and (remaining: …), and lab.config.timeouts.",
+        "An RST before the handshake completed closes a row in both directions at once: what does a dead row get?",
+        "Look at node-b's TCP IN row for port 9999 (section 5 prints it): its Flags= and its seconds left, and "
+        "lab.config.timeouts.",
         "The answer is 10: the close timeout (lab.config.timeouts.close).",
     ),
+    fault="no-close",
+    cells=(REFUSED,),
 )
-def rst_lifetime(answer, lab) -> Outcome:
+def rst_lifetime(answer, ev) -> Outcome:
     """Seconds node-b's IN row of the refused connection lives: the close timeout, row closed both ways."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    rows = _tcp_rows(lab, "node-b", "IN", 9999)
-    if not rows:
-        return Outcome(False, "node-b has no TCP IN row from a1 to b1:9999: run the refused connection cell, then check.")
-    row = newest(rows)
-    t, now = lab.config.timeouts, lab.clock.now()
-    if not _closing(row) or row.remaining(now) > t.close:
-        return Outcome(False, f"node-b's IN row for port 9999 shows [ {' '.join(row.flag_names)} ] with "
-                              f"{row.remaining(now)} s left; after the RST it should be closed both ways with at most "
-                              f"{t.close} s left. Is a fault on? (lab.faults() = {lab.faults()})")
+    step = _step(ev, "tcp-open", port=9999)
+    if step is None:
+        return Outcome.needs(REFUSED, "the connection to port 9999 records the RST")
+    t = ev.config.timeouts
+    rows = conn_rows(step, "node-b", "IN")
+    if len(rows) != 1 or not _closing(rows[0]) or rows[0].remaining(step.now) > t.close:
+        saw = (f"node-b's IN row for port 9999 as [ {' '.join(rows[0].flag_names)} ] with "
+               f"{rows[0].remaining(step.now)} s left") if rows else "no IN row on node-b for port 9999"
+        return unhealthy(REFUSED, saw, step)
+    row = rows[0]
     if isinstance(answer, bool) or not isinstance(answer, int):
         return Outcome(False, f"expected a whole number of seconds, got {answer!r}.")
     if answer == t.close:
-        return Outcome(True, f"{t.close} s: the RST set RxClosing and TxClosing together, so the row was dead at "
-                             f"once and got CT_CLOSE_TIMEOUT; it has {row.remaining(now)} s left now.")
-    return Outcome(False, f"you answered {answer} s; node-b's IN row is closed both ways (RxClosing and TxClosing) "
-                          f"and has {row.remaining(now)} s left on the lab clock. Which timeout does a dead row get?",
-                   (("-", "lifetime of a dead row", f"{answer} s"),))
+        return Outcome(True, f"{t.close} s: the RST set RxClosing and TxClosing together, so the row was dead at once "
+                             f"and got CT_CLOSE_TIMEOUT; it had {row.remaining(step.now)} s left after the step.")
+    if answer == t.syn:
+        msg = "the row did start with the SYN timeout, but the RST changed it: what happens to a row whose " \
+              "both directions are closing?"
+    elif answer == t.tcp:
+        msg = "SeenNonSyn is set (the RST|ACK had no SYN), but a dead row does not get the established lifetime."
+    else:
+        msg = f"node-b's IN row is closed both ways and had {row.remaining(step.now)} s left right after the RST. " \
+              "Which timeout does a dead row get?"
+    return Outcome(False, msg, (("-", f"{t.close} s", f"{answer} s"),), reveal=f"{t.close} (the close timeout)")
 
 
 # -- 02.5 ---------------------------------------------------------------------------------
@@ -211,35 +227,40 @@ def rst_lifetime(answer, lab) -> Outcome:
     "02.5",
     "Which rows expired when the clock moved",
     hints=(
-        "Dead TCP rows got the close timeout; a RELATED twin keeps the SYN timeout it was written with.",
+        "Dead TCP rows got the close timeout; the RELATED twin got the SYN timeout when it was written.",
         "The loop after lab.clock.advance(11) prints EXPIRED or alive and the kind of every row of node-a.",
         "The answer is ['TCP OUT']: both closed TCP rows expired; the ICMP OUT related twin still has time left.",
     ),
+    fault="no-close",
+    cells=(CLOCK,),
 )
-def expired_rows(answer, lab) -> Outcome:
-    """Kinds of node-a's expired rows, live, after the clock moved past the close timeout."""
+def expired_rows(answer, ev) -> Outcome:
+    """Kinds of node-a's expired rows in the snapshot taken after the clock moved."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    now = lab.clock.now()
-    rows = lab.ct("node-a")
-    expired = sorted({row_kind(r) for r in rows if r.expired(now)})
-    if not expired:
-        return Outcome(False, "no row of node-a has expired yet: run the cell that advances the lab clock "
-                              "(lab.clock.advance(...)), then check.")
-    stale = [r for r in rows if _closing(r) and not r.expired(now)]
-    if stale:
-        return Outcome(False, f"{len(stale)} closed TCP row(s) of node-a still have time left: advance the clock past "
-                              f"the close timeout ({lab.config.timeouts.close} s), then check.")
+    snap = ev.snapshot("after the clock moved")
+    if snap is None:
+        return Outcome.needs(CLOCK, "it moves the clock and records node-a's rows")
+    rows = snap.rows("node-a")
+    expired = sorted({row_kind(r) for r in rows if r.expired(snap.now)})
+    closed = [r for r in rows if r.proto_name == "TCP" and _closing(r)]
+    if not closed or any(not r.expired(snap.now) for r in closed) or not expired:
+        return unhealthy(CLOCK, f"{len(closed)} closed TCP row(s) on node-a, expired: {expired or 'none'}")
     got = kinds_answer(answer)
     if got is None:
         return Outcome(False, f"expected a list of row kinds such as ['UDP IN', 'ICMP OUT related'], got {answer!r}.")
-    out = compare_rows(expired, got, f"expired rows of node-a at lab clock {now}")
+    out = compare_rows(expired, got, f"expired rows of node-a at lab clock {snap.now}")
     if out.passed:
-        alive = sorted({row_kind(r) for r in rows if not r.expired(now)})
-        return Outcome(True, f"{expired} expired: the closed connections had only the close timeout. "
-                             f"Still alive: {alive or 'nothing'}. Expired rows stay until garbage collection "
-                             "deletes them.", out.diff)
-    return out
+        alive = sorted({row_kind(r) for r in rows if not r.expired(snap.now)})
+        return Outcome(True, f"{expired} expired: the closed connections had only the close timeout. Still alive: "
+                             f"{alive or 'nothing'}. Expired rows stay until garbage collection deletes them.", out.diff)
+    if not got:
+        msg = "a row is expired once the clock passes its lifetime, whether or not anything deleted it yet."
+    elif any("related" in g for g in got):
+        msg = "the twin does not share its connection's fate: nothing about the close touched it."
+    else:
+        msg = out.message
+    return Outcome(False, msg, out.diff, reveal=out.reveal)
 
 
 # -- 02.6 (break it) ----------------------------------------------------------------------
@@ -247,28 +268,25 @@ def expired_rows(answer, lab) -> Outcome:
     "02.6",
     "Break it: an established connection that does not look established",
     hints=(
-        "Compare conn2's OUT row with conn's right after its open(): Flags=, and (remaining: …).",
+        "Compare conn2's OUT row with conn's right after its open(): Flags=, and its seconds left.",
         "One flag that the handshake's ACK set before is missing, and the row kept the lifetime it had after the SYN.",
         "The answer is ('SeenNonSyn', 60): SeenNonSyn is never set, so the row keeps the SYN timeout.",
     ),
     break_it=True,
+    cells=(BREAK,),
 )
-def wrong_lifetime(answer, lab) -> Outcome:
-    """With wrong-lifetime on: the missing flag and the kept lifetime of an established row, seen live."""
+def wrong_lifetime(answer, ev) -> Outcome:
+    """With wrong-lifetime on: the missing flag and the kept lifetime of conn2's established row."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    if "wrong-lifetime" not in lab.faults():
-        return Outcome(False, "the fault is off: run the cell that switches it on (lab.fault('wrong-lifetime')) and "
-                              "the cells that open and use conn2, then check.")
-    t, now = lab.config.timeouts, lab.clock.now()
-    rows = [r for r in _tcp_rows(lab, "node-a", "OUT", 8080) if not _closing(r) and r.tx_flags_seen & TcpFlags.ACK]
-    if not rows:
-        return Outcome(False, "node-a has no open, established TCP OUT row from a1 to b1:8080: run conn2.open(), "
-                              "then check.")
-    row = newest(rows)
-    if "SeenNonSyn" in row.flag_names or row.remaining(now) > t.syn:
-        return Outcome(False, f"node-a's newest open row looks healthy ([ {' '.join(row.flag_names)} ], "
-                              f"{row.remaining(now)} s left): was it opened before the fault? Run conn2's cells again.")
+    step = ev.step(op="tcp-send", actor="a1", target="b1", port=8080, faults=lambda f: "wrong-lifetime" in f)
+    if step is None:
+        return Outcome.needs(BREAK, "it switches the fault on, then opens and uses conn2")
+    t = ev.config.timeouts
+    rows = conn_rows(step, "node-a", "OUT")
+    if len(rows) != 1 or "SeenNonSyn" in rows[0].flag_names or rows[0].remaining(step.now) > t.syn:
+        return unhealthy(BREAK, "conn2's row looking healthy", step)
+    row = rows[0]
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         return Outcome(False, f"expected (missing flag name, seconds of lifetime it keeps), got {answer!r}.")
     flag, seconds = answer
@@ -278,12 +296,13 @@ def wrong_lifetime(answer, lab) -> Outcome:
             ("=" if seconds_ok else "-", "the lifetime it keeps", f"{seconds} s"))
     if flag_ok and seconds_ok:
         return Outcome(True, f"SeenNonSyn never gets set, so every packet gives the row CT_SYN_TIMEOUT ({t.syn} s) "
-                             f"again: it has {row.remaining(now)} s left and would expire a minute after the "
+                             f"again: it had {row.remaining(step.now)} s left and would expire a minute after the "
                              "connection goes quiet.", diff)
     problems = []
     if not flag_ok:
-        problems.append(f"{flag!r} is not the missing flag: the row shows [ {' '.join(row.flag_names)} ] after "
-                        f"TxFlagsSeen={TcpFlags.text(row.tx_flags_seen)}")
+        problems.append(f"{flag!r} is not the missing flag: conn2's row shows [ {' '.join(row.flag_names)} ]; "
+                        "a closing flag would only come with a FIN or RST")
     if not seconds_ok:
-        problems.append(f"{seconds!r} s is not the lifetime it kept: the row has {row.remaining(now)} s left")
-    return Outcome(False, "; ".join(problems) + ".", diff)
+        problems.append(f"{seconds!r} s is not the lifetime it kept: the row had {row.remaining(step.now)} s left "
+                        "after the send")
+    return Outcome(False, "; ".join(problems) + ".", diff, reveal=f"('SeenNonSyn', {t.syn})")
