@@ -19,7 +19,8 @@ from ..checks import Outcome
 from ..maps.ct import CtRow
 
 __all__ = ["NO_ANSWER", "unanswered", "words", "row_kind", "norm_kind", "kinds_answer", "addr", "hook_name",
-           "step_rows", "conn_rows", "unhealthy", "flag_list"]
+           "step_rows", "conn_rows", "unhealthy", "flag_list", "touched", "src", "dst", "is_syn", "addr_port",
+           "ab_answer", "flatten"]
 
 #: What a check says while the answer cell still holds its placeholder.
 NO_ANSWER = "no answer yet: replace None in the answer cell with your answer, run it, then run this check again."
@@ -106,3 +107,68 @@ def unhealthy(cell: str, saw: str, step=None) -> Outcome:
     on = f" (faults on then: {', '.join(faults)})" if faults else ""
     return Outcome(False, f"your cells recorded {saw}{on}, not what this question is about: switch faults off "
                           f"(lab.fault(name, on=False)) and run the cell under '{cell}' again.", missing=cell)
+
+
+# -- trace tuples, rows a step touched, answers about addresses and nodes ------------------
+def touched(step, node: str) -> list[CtRow]:
+    """The CT rows of ``node`` that ``step`` added or changed, as they were after it."""
+    d = step.diff.get(node)
+    return [] if d is None else list(d.added) + [new for _, new, _ in d.changed]
+
+
+def src(t) -> tuple[str, int]:
+    """(address, port) of a trace tuple's source (``flow.event.before`` / ``.after`` / ``.inner``)."""
+    return addr(t.saddr), socket.ntohs(t.sport)
+
+
+def dst(t) -> tuple[str, int]:
+    """(address, port) of a trace tuple's destination."""
+    return addr(t.daddr), socket.ntohs(t.dport)
+
+
+def is_syn(t, ack: bool = False) -> bool:
+    """A TCP SYN (``ack=False``) or SYN|ACK (``ack=True``) trace tuple."""
+    syn, ackf = 0x02, 0x10
+    return t.proto == socket.IPPROTO_TCP and t.tcp_flags & (syn | ackf) == (syn | (ackf if ack else 0))
+
+
+def addr_port(text: Any, topology=None) -> str | None:
+    """``'198.19.0.10:80'`` from a learner's address:port (or an (address, port) pair); a pod's name stands
+    for its address when ``topology`` (``ev.topology``) is given. None when unreadable.
+
+    >>> addr_port(("198.19.0.10", "80")), addr_port("nowhere")
+    ('198.19.0.10:80', None)
+    """
+    if isinstance(text, (tuple, list)) and len(text) == 2:
+        text = f"{text[0]}:{text[1]}"
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep or not port.strip().isdigit():
+        return None
+    host = host.strip()
+    if topology is not None and host in [p.name for p in topology.pods]:
+        host = topology.pod(host).ip
+    return f"{host}:{int(port)}"
+
+
+def ab_answer(answer: Any, keys: dict[str, tuple[str, ...]]) -> dict[str, Any] | None:
+    """A dict answer with its keys mapped to canonical ones (``keys``: canonical -> other accepted spellings);
+    None when it is not a dict or a key cannot be placed.
+
+    >>> ab_answer({"Node A": ["TCP OUT"]}, {"node-a": ("a",), "node-b": ("b",)})
+    {'node-a': ['TCP OUT']}
+    """
+    if not isinstance(answer, dict):
+        return None
+    out = {}
+    for key, value in answer.items():
+        k = str(key).strip().lower().replace("_", "-").replace(" ", "-")
+        canon = next((c for c, spellings in keys.items() if k == c or k in spellings), None)
+        if canon is None or canon in out:
+            return None
+        out[canon] = value
+    return out
+
+
+def flatten(answer: dict) -> list[str]:
+    """``{'node-a': ['TCP OUT']}`` -> ``['node-a: TCP OUT']`` (kinds normalised), for :func:`compare_rows`."""
+    return [f"{key}: {kind}" for key, kinds in answer.items() for kind in kinds_answer(kinds) or []]
