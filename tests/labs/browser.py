@@ -635,3 +635,63 @@ def save_screenshot(driver, path, *, max_height: int = 12000) -> Path:
             with contextlib.suppress(Exception):
                 driver.set_window_size(*WINDOW)
     return path
+
+
+_JS_CELL_OUTPUT = r"""
+const panel = [...document.querySelectorAll('.jp-NotebookPanel')].find(p => !p.classList.contains('lm-mod-hidden'));
+const cell = panel && panel.querySelectorAll('.jp-Notebook .jp-Cell')[arguments[0]];
+if (!cell) return null;
+const prompt = cell.querySelector('.jp-InputArea-prompt, .jp-InputPrompt');
+const out = [...cell.querySelectorAll('.jp-OutputArea-output')].map(o => o.innerText).join('\n');
+return [(prompt ? prompt.textContent : '').replace(/\u00a0/g, ' ').trim(), out];
+"""
+
+
+def cell_output(driver, index: int) -> tuple[str, str]:
+    """(prompt, output text) of cell ``index`` (all cells, markdown included, in file order)."""
+    got = driver.execute_script(_JS_CELL_OUTPUT, index)
+    if got is None:
+        raise NotebookRunError(f"no cell {index} in the page")
+    return got[0], got[1]
+
+
+def type_and_run(driver, index: int, source: str, timeout: float = 60) -> str:
+    """Replace code cell ``index``'s text as a learner types it, run it (Shift+Enter), wait until it ran,
+    and return its output text."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    cells = driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
+    editor = cells[index].find_element(By.CSS_SELECTOR, ".cm-content")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", editor)
+    before = cell_output(driver, index)[0]
+    editor.click()
+    ActionChains(driver).key_down(Keys.CONTROL).send_keys("a").key_up(Keys.CONTROL).perform()
+    ActionChains(driver).send_keys(source).perform()
+    ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
+
+    def ran():
+        prompt, out = cell_output(driver, index)
+        return (prompt, out) if _DONE.match(prompt) and prompt != before else None
+
+    return _wait(f"cell {index} to run", timeout, ran)[1]
+
+
+def run_cell(driver, index: int, timeout: float = 60) -> str:
+    """Run code cell ``index`` as it stands (select it, Shift+Enter); its output text."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    cells = driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", cells[index])
+    before = cell_output(driver, index)[0]
+    cells[index].find_element(By.CSS_SELECTOR, ".cm-content").click()
+    ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
+
+    def ran():
+        prompt, out = cell_output(driver, index)
+        return (prompt, out) if _DONE.match(prompt) and prompt != before else None
+
+    return _wait(f"cell {index} to run", timeout, ran)[1]

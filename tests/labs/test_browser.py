@@ -11,6 +11,7 @@ without them the test is skipped, or fails when CI=true.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -26,10 +27,10 @@ from labtag import tagged
 
 try:
     from .browser import JupyterServer, chromium_driver, missing_tools, page_problems, run_all_cells, \
-        save_screenshot, widget_count
+        run_cell, save_screenshot, type_and_run, widget_count
 except ImportError:  # tests/labs is not a package: pytest put this directory on sys.path
     from browser import JupyterServer, chromium_driver, missing_tools, page_problems, run_all_cells, \
-        save_screenshot, widget_count
+        run_cell, save_screenshot, type_and_run, widget_count
 
 pytestmark = pytest.mark.labs
 
@@ -234,3 +235,52 @@ def test_live_table_keeps_scroll_position_across_refreshes(tmp_path):
             if passed:
                 pytest.fail(msg)
             warnings.warn(msg)
+
+
+# -- lab 02 as a learner answers it: Run All first, then the answers ---------------------------
+ANSWER_LAB = tagged("branswer")
+ANSWER_NOTEBOOK = "02-tcp-conntrack.ipynb"
+
+
+def test_lab02_answered_after_run_all(tmp_path):
+    """Run All on lab 02 in JupyterLab, then for each exercise a wrong answer typed into its answer cell and
+    checked (try 1 shows no expected value), then the reference answer typed and checked: every check passes."""
+    import json as _json
+
+    import nbformat
+
+    _require_browser()
+    labs = tmp_path / "labs"
+    shutil.copytree(REPO / "labs", labs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    key = _json.loads((REPO / "instructor" / "answers" / "02.json").read_text())
+    nb = nbformat.read(labs / ANSWER_NOTEBOOK, as_version=4)
+    answer_cell = {c.metadata["labkit"]["answer"]: i for i, c in enumerate(nb.cells)
+                   if c.get("metadata", {}).get("labkit", {}).get("answer")}
+    check_cell = {c.metadata["labkit"]["check"]: i for i, c in enumerate(nb.cells)
+                  if c.get("metadata", {}).get("labkit", {}).get("check")}
+    logs = ARTIFACTS / "lab02-answers-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "lab02-answers.png"
+    problems = {}
+    try:
+        with JupyterServer(labs, env=_kernel_env(ANSWER_LAB), log_path=logs / "jupyter.log") as (url, token), \
+                chromium_driver(logs) as driver:
+            try:
+                run_all_cells(driver, url, token, ANSWER_NOTEBOOK, timeout=RUN_TIMEOUT)
+                for ex in sorted(answer_cell):
+                    reference = key[ex]["answer"]
+                    expected = reference.split("=", 1)[1].strip()
+                    type_and_run(driver, answer_cell[ex], key[ex]["wrong"][0]["answer"])
+                    first = run_cell(driver, check_cell[ex])
+                    if "not yet" not in first or "Expected:" in first or expected in first:
+                        problems[f"{ex} try 1"] = first
+                    type_and_run(driver, answer_cell[ex], reference)
+                    second = run_cell(driver, check_cell[ex])
+                    if "correct" not in second:
+                        problems[f"{ex} reference"] = second
+            finally:
+                with contextlib.suppress(Exception):
+                    save_screenshot(driver, shot)
+    finally:
+        _lab_down(ANSWER_LAB)
+    assert problems == {}, f"lab 02 answered in JupyterLab (screenshot {shot}): {problems}"
