@@ -19,7 +19,7 @@ from ..checks import Outcome
 from ..maps.ct import CtRow
 
 __all__ = ["NO_ANSWER", "unanswered", "words", "row_kind", "norm_kind", "kinds_answer", "addr", "hook_name",
-           "step_rows", "conn_rows", "unhealthy", "flag_list", "touched", "src", "dst", "is_syn", "addr_port",
+           "step_rows", "conn_rows", "unhealthy", "broken_step", "flag_list", "touched", "src", "dst", "is_syn", "addr_port",
            "ab_answer", "flatten"]
 
 #: What a check says while the answer cell still holds its placeholder.
@@ -108,6 +108,20 @@ def unhealthy(cell: str, saw: str, step=None) -> Outcome:
     return Outcome(False, f"your cells recorded {saw}{on}, not what this question is about: switch faults off "
                           f"(lab.fault(name, on=False)) and run the cell under '{cell}' again.", missing=cell)
 
+
+
+def broken_step(ev, fault: str, cell: str, what: str, **attrs):
+    """The step a break-it cell took with its fault on: the newest step matching ``attrs`` (the break-it cell's
+    traffic comes last), as ``(step, None)``; or ``(None, outcome)`` naming the cell under ``cell`` to run,
+    when no such step was taken under ``fault`` (``what`` says what the cell records) or the newest one ran
+    with the fault off (no try is spent either way)."""
+    step = ev.step(**attrs)
+    if step is None or not ev.steps(faults=lambda f: fault in f, **attrs):
+        return None, Outcome.needs(cell, what)
+    if fault not in step.attrs.get("faults", ()):
+        return None, Outcome(False, f"your last {step.title} ran with the fault off: run the cells under '{cell}' "
+                                    "again, the one that switches the fault on first.", missing=cell)
+    return step, None
 
 # -- trace tuples, rows a step touched, answers about addresses and nodes ------------------
 def touched(step, node: str) -> list[CtRow]:
