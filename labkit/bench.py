@@ -357,12 +357,14 @@ def _synthetic_services(n: int) -> list:
             for i in range(n)]
 
 
-def compare_service_modes(sizes: tuple[int, ...], progress=None) -> dict:
+def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "bench") -> dict:
     """At each size, side by side: an iptables-mode lab with that many services in node-a's nat table and an
     eBPF lab with as many in its maps. First packet: median connect() from a1 to the last-added service, one
     client taking turns between the two labs (300 pairs).
     Adding one endpoint: iptables-restore of the whole table with one more endpoint, vs one agent call.
-    ``progress(done, total, text)`` is called after each step (lab 09 draws a progress bar with it)."""
+    ``progress(done, total, text)`` is called after each step (lab 09 draws a progress bar with it).
+    The two labs are ``<prefix>-ipt`` and ``<prefix>-ebpf`` (a notebook passes its own lab's name, so that two
+    notebooks measuring at once never share a lab), taken down at the end."""
     total, done = 2 + len(sizes), 0
 
     def tick(text: str) -> None:
@@ -378,7 +380,7 @@ def compare_service_modes(sizes: tuple[int, ...], progress=None) -> dict:
     from .lab import Lab
     from .services import Backend
 
-    names = {"iptables": "bench-ipt", "ebpf": "bench-ebpf"}
+    names = {"iptables": f"{prefix}-ipt", "ebpf": f"{prefix}-ebpf"}
     out = {"sizes": list(sizes), "iptables": {}, "ebpf": {}}
     labs = {}
     try:
