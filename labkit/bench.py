@@ -363,7 +363,7 @@ def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "
     client taking turns between the two labs (300 pairs).
     Adding one endpoint: iptables-restore of the whole table with one more endpoint, vs one agent call.
     ``progress(done, total, text)`` is called after each step (lab 09 draws a progress bar with it).
-    The two labs are ``<prefix>-ipt`` and ``<prefix>-ebpf`` (a notebook passes its own lab's name, so that two
+    The two labs are ``<prefix>-bipt`` and ``<prefix>-bebpf`` (a notebook passes its own lab's name, so that two
     notebooks measuring at once never share a lab), taken down at the end."""
     total, done = 2 + len(sizes), 0
 
@@ -380,7 +380,7 @@ def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "
     from .lab import Lab
     from .services import Backend
 
-    names = {"iptables": f"{prefix}-ipt", "ebpf": f"{prefix}-ebpf"}
+    names = {"iptables": f"{prefix}-bipt", "ebpf": f"{prefix}-bebpf"}
     out = {"sizes": list(sizes), "iptables": {}, "ebpf": {}}
     labs = {}
     try:

@@ -19,8 +19,9 @@ __all__ = ["start", "check", "current_lab", "lab_name", "show", "VARIANTS"]
 
 #: The second labs the notebooks start beside their main one (``start(variant=...)``):
 #: lab 03 native routing, lab 06 socket LB for pods, lab 07 snat mode, lab 08 a small CT map,
-#: lab 09 kube-proxy's iptables mode.
-VARIANTS = ("native", "socklb", "snat", "small", "ipt")
+#: lab 09 kube-proxy's iptables mode, and the two labs lab 09's measurement brings up
+#: (``compare_service_modes(prefix=lab.name)``).
+VARIANTS = ("native", "socklb", "snat", "small", "ipt", "bipt", "bebpf")
 
 _CURRENT = None
 # A venv that also sees the distribution's matplotlib warns that Axes3D cannot load; labkit draws none.
