@@ -1,10 +1,10 @@
-"""Lab 05, hairpin: a pod calling its own Service. The server sees the loopback
-address, the three rows with LBLoopback, where the reply is rewritten, and a
-break-it fault that drops the loopback SNAT.
+"""Lab 05, hairpin: a pod calling its own Service. The server sees the loopback address, the three rows with
+LBLoopback, where the reply is rewritten, and a break-it fault that drops the loopback SNAT.
 
-Graders find the connection by what the notebook fixes (a1, the Service
-``self`` backed by a1:8080) and read the client's port from the live rows or
-the server's log, never from the answer.
+Graders read what the notebook's cells recorded: the GET of section 1 (its step's server log and rows), the
+connection of section 2 (the one a1 closed: its rows after the close, its open step's trace), and the open
+taken in section 4 with the fault on. Steps taken under that fault are left out of sections 1-3, so a learner
+who ran everything first is graded on the hairpin as the datapath makes it.
 """
 from __future__ import annotations
 
@@ -12,26 +12,30 @@ import re
 from typing import Any
 
 from ..checks import Outcome, compare_rows, exercise
+from ..constants import Hook, Verdict
 from ..maps.ct import CtFlags
 from ..topology import LOOPBACK_SNAT_ADDR
-from .lab01 import hook_name, kinds_answer, newest, recent_flows, row_kind, unanswered
-from .lab04 import conn_rows, dst, is_syn, service, src, svc_rows
+from .common import dst, hook_name, is_syn, kinds_answer, row_kind, src, step_rows, unanswered, unhealthy
 
-_ACCEPT = re.compile(r"tcp accept pod=(\S+) client=([\d.]+):(\d+)")
+GET, PATH, BREAK = "1. GET your own Service", "2. The path and the rows", "4. Break it"
+_FAULT = "no-loopback-snat"  #: section 4's fault, which breaks what sections 1-3 ask about on purpose
+_LOGGED = re.compile(r"(?:tcp accept|http \S+) pod=a1 client=([\d.]+):(\d+)")
 
 
-def _self(lab):
-    """(Service self, None) or (None, a failed Outcome saying what to run)."""
-    svc = service(lab, "self")
-    if svc is None:
-        return None, Outcome(False, f"lab '{lab.name}' has no Service 'self': run the cell that adds it "
-                                    "(lab.services.add('self', 80, ['a1:8080'])), then check.")
-    return svc, None
+def _step(ev, op: str, **attrs):
+    """The newest a1 → self:80 step ``op`` taken without section 4's fault."""
+    return ev.step(op=op, actor="a1", target="self", port=80, faults=lambda f: _FAULT not in f, **attrs)
+
+
+def _conn(step, node: str = "node-a") -> list:
+    """``node``'s TCP rows of the step's connection (client port ``sport``), SVC, OUT and IN."""
+    return [r for r in step_rows(step, node, "TCP") if r.sport == step.attrs.get("sport")]
 
 
 def _ip(answer: Any) -> str:
     """The address part of ``'1.2.3.4'`` or ``'1.2.3.4:5'``."""
-    return str(answer).strip().rpartition(":")[0] if ":" in str(answer) else str(answer).strip()
+    text = str(answer).strip()
+    return text.rpartition(":")[0] if ":" in text else text
 
 
 # -- 05.1 ---------------------------------------------------------------------------------
@@ -43,36 +47,43 @@ def _ip(answer: Any) -> str:
         "Read the last lines of lab.pod('a1').server_log(), or the client= in the GET's answer.",
         f"The answer is '{LOOPBACK_SNAT_ADDR}': Cilium's service loopback address.",
     ),
+    fault="no-loopback-snat",
+    cells=(GET,),
 )
-def server_view(answer, lab) -> Outcome:
-    """The client address a1's server logged for the newest hairpin connection, tied to its live OUT row."""
+def server_view(answer, ev) -> Outcome:
+    """The client address a1's server logged for section 1's GET, tied to that connection's OUT row."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    svc, missing = _self(lab)
-    if missing:
-        return missing
-    accepts = [m for m in map(_ACCEPT.search, lab.pod("a1").server_log()) if m]
-    if not accepts:
-        return Outcome(False, "a1's server has logged no connection yet: run the GET cell, then check.")
-    _, ip, port = accepts[-1].groups()
-    a1 = lab.pod("a1").ip
-    rows = [r for r in conn_rows(lab, "node-a", int(port), {8080}) if r.dir == "OUT" and r.dst == a1]
-    if not rows:
-        return Outcome(False, f"the newest connection a1's server logged (from {ip}:{port}) is not one a1 made to "
-                              "self: run the GET cell again, then check.")
-    if ip != LOOPBACK_SNAT_ADDR or not rows[0].flags & CtFlags.LB_LOOPBACK:
-        return Outcome(False, f"a1's server saw {ip}, and the row says [ {' '.join(rows[0].flag_names)} ]: not a "
-                              f"hairpin connection as the datapath makes it; faults on: {lab.faults() or 'none'}.")
+    gets = [s for s in ev.steps(op="tcp-send", actor="a1", target="self", port=80, ok=True,
+                                faults=lambda f: _FAULT not in f)
+            if any(" http " in f" {line}" for line in s.server_log.get("a1", []))]
+    if not gets:
+        return Outcome.needs(GET, "get.send(b'GET ...') records what a1's server logged")
+    step = gets[-1]
+    logged = [m.groups() for m in map(_LOGGED.search, step.server_log["a1"]) if m]
+    ip = next((i for i, port in logged if int(port) == step.attrs["sport"]), None)
+    outs = [r for r in _conn(step) if r.dir == "OUT" and r.flags & CtFlags.LB_LOOPBACK]
+    if ip != LOOPBACK_SNAT_ADDR or not outs:
+        return unhealthy(GET, f"a1's server logging the GET from {ip or 'nobody'}, "
+                              f"{'with' if outs else 'and no'} LBLoopback OUT row on node-a", step)
+    a1, vip = ev.topology.pod("a1").ip, step.attrs["dst"]
     got = _ip(answer)
+    diff = (("-", ip, got),)
     if got == ip:
         return Outcome(True, f"{ip}: node-a rewrote the source of a1's request to the loopback address, so a1's "
                              "server cannot tell that a1 itself called. Access logs and allow-lists keyed on the "
-                             "client address see this address for every pod that calls its own Service.")
+                             "client address see this address for every pod that calls its own Service.",
+                       (("=", ip, got),))
     if got == a1:
-        return Outcome(False, f"{got} is a1's own address, where the request really came from; that is not what the "
-                              "server logged. Read the server log.", (("-", ip, got),))
-    return Outcome(False, f"{answer!r} is not the client a1's server logged for the newest connection.",
-                   (("-", ip, got),))
+        msg = ("that is a1's own address, where the request really came from, not what the server logged: a packet "
+               "coming into a1 from a1's own address would be a martian.")
+    elif got == vip:
+        msg = "the VIP is where a1 sent the request, its destination; the server logs the source of what it accepted."
+    elif got == ev.topology.node("node-a").ip:
+        msg = "node-a did not masquerade the request to its own address: that is how kube-proxy does it (section 3)."
+    else:
+        msg = f"{answer!r} is not the client a1's server logged for the GET: read its server log."
+    return Outcome(False, msg, diff, reveal=ip)
 
 
 # -- 05.2 ---------------------------------------------------------------------------------
@@ -84,24 +95,22 @@ def server_view(answer, lab) -> Outcome:
         "Print node-a's TCP rows of the connection and look for LBLoopback between Flags=[ ].",
         "The answer is ['TCP OUT', 'TCP IN']: the SVC row, keyed by what a1 sent, has no LBLoopback.",
     ),
+    fault="no-in-entry",
+    cells=(PATH,),
 )
-def loopback_rows(answer, lab) -> Outcome:
-    """Kinds of node-a's rows of a1's newest connection to self that carry LBLoopback, live and by the rule."""
+def loopback_rows(answer, ev) -> Outcome:
+    """Kinds of node-a's rows of section 2's connection that carry LBLoopback after its close, by the rule."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    svc, missing = _self(lab)
-    if missing:
-        return missing
-    svcs = svc_rows(lab, "node-a", svc)
-    if not svcs:
-        return Outcome(False, "node-a has no TCP SVC row towards self's VIP: run the connection cells, then check.")
-    rows = conn_rows(lab, "node-a", newest(svcs).sport, {svc.port, 8080})
+    step = _step(ev, "tcp-close", ok=True)
+    if step is None:
+        return Outcome.needs(PATH, "conn.open(), send() and close() record the connection's rows")
+    rows = _conn(step)
     kinds = sorted(row_kind(r) for r in rows)
     live = sorted(row_kind(r) for r in rows if r.flags & CtFlags.LB_LOOPBACK)
     if kinds != ["TCP IN", "TCP OUT", "TCP SVC"] or live != ["TCP IN", "TCP OUT"]:
-        return Outcome(False, f"the newest connection to self left {kinds}, with LBLoopback on {live}: not what a "
-                              f"hairpin makes; faults on: {lab.faults() or 'none'}. Run lab.reset() and the cells "
-                              "from section 1 again.")
+        return unhealthy(PATH, f"node-a's rows {kinds or 'none'} for the connection, LBLoopback on {live or 'none'}",
+                         step)
     got = kinds_answer(answer)
     if got is None:
         return Outcome(False, f"expected a list of row kinds such as ['TCP SVC'], got {answer!r}.")
@@ -110,7 +119,19 @@ def loopback_rows(answer, lab) -> Outcome:
         return Outcome(True, f"OUT and IN, both {LOOPBACK_SNAT_ADDR} -> a1:8080: a1 is client and server of one "
                              "flow, so node-a tracks it from both sides, and marks both rows as a loopback flow. The "
                              "SVC row is keyed by what a1 sent (a1 -> VIP) and is an ordinary service row.", out.diff)
-    return out
+    have = set(got)
+    if have == {"TCP SVC"}:
+        msg = ("LBLoopback does not mark the load balancer's choice: it marks the rows of the flow whose source was "
+               "rewritten.")
+    elif "TCP SVC" in have:
+        msg = "the SVC row is keyed by what a1 sent, a1 -> the VIP, before any source was rewritten: nothing in it " \
+              "is a loopback flow."
+    elif have == {"TCP OUT"}:
+        msg = "a1 is also the server of this flow: the row to-container made when the SYN came back in is a loopback " \
+              "row as well."
+    else:
+        msg = out.message
+    return Outcome(False, msg, out.diff, reveal=out.reveal)
 
 
 # -- 05.3 ---------------------------------------------------------------------------------
@@ -120,39 +141,44 @@ def loopback_rows(answer, lab) -> Outcome:
     hints=(
         "In lab 04 the reply came from node-b and was rewritten on its way into a1. Here the server is a1 itself.",
         "Find the SYN|ACK's line with `=>` in the open step: which hook is it?",
-        "The answer is 'from-container': the reply leaves a1 towards 169.254.42.1 and is rewritten, then handed straight back.",
+        "The answer is 'from-container': the reply leaves a1 towards 169.254.42.1 and is rewritten, then handed "
+        "straight back.",
     ),
+    fault="skip-rev-nat",
+    cells=(PATH,),
 )
-def hairpin_reply_hook(answer, lab) -> Outcome:
-    """The hook that rewrote the newest hairpin SYN|ACK back to the VIP, from the trace."""
+def hairpin_reply_hook(answer, ev) -> Outcome:
+    """The hook that rewrote the SYN|ACK of section 2's connection back to the VIP, from its open step's trace."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    svc, missing = _self(lab)
-    if missing:
-        return missing
-    a1 = lab.pod("a1").ip
-    replies = [f for f in recent_flows(lab) if f.node == "node-a" and is_syn(f.event.before, ack=True)
-               and f.translated and src(f.event.before) == (a1, 8080) and src(f.event.after) == (svc.vip, svc.port)]
-    if not replies:
-        return Outcome(False, "the trace holds no SYN|ACK from a1:8080 rewritten to self's VIP: run the connection "
-                              "cells, then check.")
-    f = replies[-1]
-    live = f.hook.label
-    if live != "from-container" or dst(f.event.before)[0] != LOOPBACK_SNAT_ADDR:
-        return Outcome(False, f"the newest hairpin reply was rewritten at {live}, addressed to "
-                              f"{dst(f.event.before)[0]}: not what the datapath does; faults on: {lab.faults() or 'none'}.")
+    closed = _step(ev, "tcp-close")
+    opened = closed and _step(ev, "tcp-open", conn=closed.attrs["conn"])
+    if opened is None:
+        return Outcome.needs(PATH, "conn.open() records the hairpin's trace")
+    a1, vip = ev.topology.pod("a1").ip, (opened.attrs["dst"], 80)
+    replies = [f for f in opened.flows if f.node == "node-a" and is_syn(f.event.before, ack=True) and f.translated
+               and src(f.event.before) == (a1, 8080) and src(f.event.after) == vip]
+    if len(replies) != 1 or replies[0].hook != Hook.FROM_CONTAINER or replies[0].verdict != Verdict.REDIRECTED \
+            or dst(replies[0].event.before)[0] != LOOPBACK_SNAT_ADDR:
+        saw = (f"the SYN|ACK rewritten to the VIP at {replies[-1].hook.label}" if replies
+               else "no SYN|ACK rewritten back to the VIP")
+        return unhealthy(PATH, saw, opened)
+    live = replies[0].hook.label
     got = hook_name(answer)
     if got == live:
         return Outcome(True, f"from-container: the SYN|ACK leaves a1 addressed to {LOOPBACK_SNAT_ADDR}, the very "
                              "first hook finds the OUT row (ct=reply), rewrites source and destination back to "
-                             f"{svc.vip}:{svc.port} -> a1, and hands it straight back into a1 (REDIRECTED). Without "
-                             "the loopback SNAT the reply would never leave a1, and nothing could rewrite it.")
+                             f"{vip[0]}:{vip[1]} -> a1, and hands it straight back into a1 (REDIRECTED). Without the "
+                             "loopback SNAT the reply would never leave a1, and nothing could rewrite it.",
+                       (("=", live, got),))
     if got == "to-container":
-        return Outcome(False, "to-container is where lab 04's reply was rewritten, coming back from node-b; this "
-                              "reply is not rewritten there. Find the SYN|ACK's line with `=>`.",
-                       (("-", live, got),))
-    return Outcome(False, f"{answer!r} is not where this reply was rewritten: find the SYN|ACK's line with `=>`.",
-                   (("-", live, got),))
+        msg = "to-container is where lab 04's reply was rewritten, coming back from another node; this reply never " \
+              "came from another node. Find the SYN|ACK's line with `=>`."
+    elif got in ("to-netdev", "from-netdev", "to-overlay", "from-overlay"):
+        msg = "the hairpin reply never reaches node-a's eth0 or tunnel: it leaves a1 and is handed straight back."
+    else:
+        msg = f"{answer!r} is not where this reply was rewritten: find the SYN|ACK's line with `=>`."
+    return Outcome(False, msg, (("-", live, got),), reveal=live)
 
 
 # -- 05.4 (break it) ----------------------------------------------------------------------
@@ -165,41 +191,46 @@ def hairpin_reply_hook(answer, lab) -> Outcome:
         "The answer is ('198.18.1.11', 0): the SYN came in from a1's own address and a1 never answered it.",
     ),
     break_it=True,
+    cells=(BREAK,),
 )
-def no_loopback_snat(answer, lab) -> Outcome:
-    """With no-loopback-snat on: (source of the SYN delivered into a1, SYN|ACKs a1 sent), from the trace."""
+def no_loopback_snat(answer, ev) -> Outcome:
+    """With no-loopback-snat on: (source of the SYN delivered into a1, SYN|ACKs a1 sent), from the step's trace."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    if "no-loopback-snat" not in lab.faults():
-        return Outcome(False, "the fault is off: run the break-it cell (it resets the lab, adds self and switches the "
-                              "fault on), then check.")
-    a1 = lab.pod("a1").ip
-    flows = recent_flows(lab)
-    idx = [i for i, f in enumerate(flows) if f.node == "node-a" and f.hook.label == "to-container"
-           and is_syn(f.event.before) and dst(f.event.before) == (a1, 8080)]
-    if not idx:
-        return Outcome(False, "the trace holds no SYN delivered into a1:8080: run the break-it cell, then check.")
-    syn = flows[idx[-1]]
-    live_src, cp = src(syn.event.before)
-    synacks = [f for f in flows[idx[0]:] if f.node == "node-a" and is_syn(f.event.before, ack=True)
-               and src(f.event.before) == (a1, 8080) and dst(f.event.before)[1] == cp]
-    if live_src != a1:
-        return Outcome(False, f"the newest SYN came into a1 from {live_src}: it was made before the fault. Run the "
-                              "break-it cell again, then check.")
+    step = ev.step(op="tcp-open", actor="a1", target="self", port=80)  # section 4's is the last
+    if step is None or not ev.steps(op="tcp-open", actor="a1", target="self", faults=lambda f: _FAULT in f):
+        return Outcome.needs(BREAK, "it switches the fault on, then tries to connect to self")
+    if _FAULT not in step.attrs["faults"]:
+        return unhealthy(BREAK, "your newest connection to self made without the fault")
+    a1 = ev.topology.pod("a1").ip
+    syns = [f for f in step.flows if f.node == "node-a" and f.hook == Hook.TO_CONTAINER and is_syn(f.event.before)
+            and dst(f.event.before) == (a1, 8080)]
+    synacks = [f for f in step.flows if f.node == "node-a" and is_syn(f.event.before, ack=True)
+               and src(f.event.before) == (a1, 8080)]
+    if not syns or step.ok or src(syns[-1].event.before)[0] != a1:
+        saw = f"the SYN delivered into a1 from {src(syns[-1].event.before)[0]}" if syns else \
+            "no SYN delivered into a1"
+        return unhealthy(BREAK, f"{saw}, and connect() {'succeeding' if step.ok else 'failing'}", step)
+    live_src, live_n = a1, len(synacks)
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         return Outcome(False, f"expected a pair ('address', number of SYN|ACKs), got {answer!r}.")
     got_src, got_n = _ip(answer[0]), answer[1]
     src_ok = got_src == live_src
-    n_ok = isinstance(got_n, int) and not isinstance(got_n, bool) and got_n == len(synacks)
-    diff = (("=" if src_ok else "-", live_src, got_src), ("=" if n_ok else "-", f"{len(synacks)} SYN|ACK", str(got_n)))
+    n_ok = isinstance(got_n, int) and not isinstance(got_n, bool) and got_n == live_n
+    diff = (("=" if src_ok else "-", live_src, got_src), ("=" if n_ok else "-", f"{live_n} SYN|ACK", str(got_n)))
     if src_ok and n_ok:
         return Outcome(True, f"the SYN reached a1 as {live_src} -> {a1}: a packet from the outside claiming a1's own "
-                             f"address, a martian source. a1's kernel dropped it without a word ({len(synacks)} "
-                             "SYN|ACKs) and connect() timed out. The loopback SNAT exists to avoid exactly this, and "
-                             "to make the reply leave a1 so it can be rewritten.", diff)
+                             f"address, a martian source. a1's kernel dropped it without a word ({live_n} SYN|ACKs, "
+                             f"{len(syns)} SYNs delivered) and connect() timed out. The loopback SNAT exists to avoid "
+                             "exactly this, and to make the reply leave a1 so it can be rewritten.", diff)
     problems = []
     if not src_ok:
-        problems.append(f"{answer[0]!r} is not the source the SYN carried into a1: read the to-container line of the SYN")
+        if got_src == LOOPBACK_SNAT_ADDR:
+            problems.append("the loopback SNAT is what the fault switched off: the SYN did not carry that address "
+                            "this time; read the source on its to-container line")
+        else:
+            problems.append(f"{answer[0]!r} is not the source the SYN carried into a1: read its to-container line")
     if not n_ok:
-        problems.append(f"{got_n!r}: count the SYN|ACK lines from a1:8080 after the SYNs")
-    return Outcome(False, "; ".join(problems) + ".", diff)
+        problems.append(f"{got_n!r} SYN|ACKs: count the lines from a1:8080 in the step; a SYN arriving through eth0 "
+                        "that claims to come from a1's own address is what Linux calls a martian")
+    return Outcome(False, "; ".join(problems) + ".", diff, reveal=f"('{live_src}', {live_n})")

@@ -1,11 +1,12 @@
-"""Lab 06, socket LB against per-packet LB: the same connection in two labs, the
-rows and the first SYN of each, what ``getpeername()`` says and why, a Service
-without backends, and a break-it fault that only one of them survives.
+"""Lab 06, socket LB against per-packet LB: the same connection in two labs, the rows and the first SYN of
+each, what ``getpeername()`` says and why, a Service without backends, and a break-it fault that only one of
+them survives.
 
-The main lab (``start()``) leaves pods to the per-packet path (``socket_lb=
-'hostns'``); the second, ``<this lab>-socklb``, rewrites ``connect()`` in every
-pod (``socket_lb='full'``). Answers are dicts keyed ``'per-packet'`` and
-``'socket'``; graders read both labs live.
+The main lab (``start()``) leaves pods to the per-packet path (``socket_lb='hostns'``); the second,
+``<this lab>-socklb``, rewrites ``connect()`` in every pod (``socket_lb='full'``). Answers are dicts keyed
+``'per-packet'`` and ``'socket'``. Graders read the steps each lab recorded: a1's connections to ``web``
+(section 2; those taken under section 5's fault are left out) and to ``empty`` (section 4), and the
+connections of section 5, taken with the fault on in both labs.
 """
 from __future__ import annotations
 
@@ -13,14 +14,12 @@ import socket
 from typing import Any
 
 from ..checks import Outcome, compare_rows, exercise
-from ..constants import DropReason
-from ..maps.base import PinnedMap
-from ..maps.ct import TcpFlags
-from ..maps.lb import REVERSE_SK_MAP, Ipv4RevnatEntry, Ipv4RevnatTuple
-from .lab01 import addr, kinds_answer, newest, recent_flows, row_kind, unanswered, words
-from .lab04 import ab_answer, addr_port, backend_ips, conn_rows, dst, flatten, is_syn, service, src, tcp_rows
+from ..constants import DropReason, Hook
+from .common import (ab_answer, addr_port, dst, flatten, is_syn, kinds_answer, row_kind, src, step_rows, unanswered,
+                     unhealthy, words)
 
-_TCP = socket.IPPROTO_TCP
+SAME, EMPTY, BREAK = "2. The same connection, two ways", "4. A Service without backends", "5. Break it"
+_FAULT = "skip-rev-nat"  #: section 5's fault, switched on in both labs
 _KEYS = {
     "per-packet": ("perpacket", "per-packet-lb", "packet", "per", "tc", "hostns", "main"),
     "socket": ("socket-lb", "socketlb", "socklb", "sock", "full"),
@@ -28,43 +27,38 @@ _KEYS = {
 _EXAMPLE = "{'per-packet': ..., 'socket': ...}"
 
 
-def _both(lab, service_name: str = "web"):
-    """((per-packet lab, socket lab), None) or (None, a failed Outcome saying what to run)."""
-    from ..lab import Lab
+def _steps(ev, target: str = "web", broken: bool = False) -> dict | None:
+    """a1's newest open step to ``target`` in each lab ({'per-packet': step, 'socket': step}), taken with
+    section 5's fault on (``broken``) or without it; None when one lab has none."""
+    faults = (lambda f: _FAULT in f) if broken else (lambda f: _FAULT not in f)
+    found = {which: e.step(op="tcp-open", actor="a1", target=target, port=80, faults=faults)
+             for which, e in (("per-packet", ev), ("socket", ev.variant("socklb")))}
+    return found if all(found.values()) else None
 
-    if lab.config.socket_lb != "hostns":
-        return None, Outcome(False, f"lab '{lab.name}' rewrites connect() itself (socket_lb={lab.config.socket_lb}); "
-                                    "these questions compare the main lab of start(), where pods use the per-packet path.")
-    name = f"{lab.name}-socklb"
-    try:
-        sock = Lab.attach(name)
-    except Exception:
-        return None, Outcome(False, f"the socket-LB lab '{name}' is not up: run the cell with "
-                                    "start(socket_lb='full', variant='socklb'), then the cells after it, then check.")
-    if sock.config.socket_lb != "full":
-        return None, Outcome(False, f"lab '{name}' has socket_lb={sock.config.socket_lb}, not 'full': run "
-                                    "start(socket_lb='full', variant='socklb') again.")
-    for which, l in (("per-packet", lab), ("socket", sock)):
-        if service(l, service_name) is None:
-            return None, Outcome(False, f"the {which} lab ('{l.name}') has no Service '{service_name}': run the cell "
-                                        "that adds it to both labs, then check.")
-    return (lab, sock), None
+
+def _syn_at(step, hook: Hook, ack: bool = False) -> list:
+    """node-a's records at ``hook`` of the step's SYNs (or SYN|ACKs), in time order."""
+    return [f for f in step.flows if f.node == "node-a" and f.hook == hook and is_syn(f.event.before, ack)]
+
+
+def _rows(step) -> list[str]:
+    """Kinds of node-a's TCP rows of the step's connection (a1's client port)."""
+    cp = step.attrs["sport"]
+    return sorted({row_kind(r) for r in step_rows(step, "node-a", "TCP") if cp in (r.sport, r.dport)})
 
 
 def _dict(answer: Any) -> dict | None:
-    got = ab_answer(answer, _KEYS)
-    return got if got is not None and set(got) == set(_KEYS) else None
+    """A dict answer keyed 'per-packet' and 'socket' (other spellings forgiven), else None."""
+    out = ab_answer(answer, _KEYS)
+    return out if out is not None and set(out) == set(_KEYS) else None
 
 
 def _bad_dict(answer: Any, what: str) -> Outcome:
     return Outcome(False, f"expected a dict {_EXAMPLE} with {what} for each lab, got {answer!r}.")
 
 
-def _newest_conn(l, svc) -> int | None:
-    """Client port of a1's newest connection to one of ``svc``'s backends on node-a (its OUT row)."""
-    bips, a1 = backend_ips(l, svc), l.pod("a1").ip
-    outs = [r for r in tcp_rows(l, "node-a") if r.dir == "OUT" and r.src == a1 and r.dst in bips]
-    return newest(outs).sport if outs else None
+def _pair_diff(live: dict, got: dict) -> tuple:
+    return tuple(("=" if got[k] == v else "-", f"{k}: {v}", f"{k}: {got[k]}") for k, v in live.items())
 
 
 # -- 06.1 ---------------------------------------------------------------------------------
@@ -76,46 +70,54 @@ def _newest_conn(l, svc) -> int | None:
         "Compare the two row listings of section 2: which kind of row is missing on one side?",
         "The answer is {'per-packet': ['TCP SVC', 'TCP OUT'], 'socket': ['TCP OUT']}.",
     ),
+    fault="no-svc-entry",
+    cells=(SAME,),
 )
-def rows_each_way(answer, lab) -> Outcome:
-    """Kinds of node-a's TCP rows of a1's newest connection to web in both labs, live and by the rule."""
+def rows_each_way(answer, ev) -> Outcome:
+    """Kinds of node-a's TCP rows of a1's connection to web in both labs, right after each open."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    labs, missing = _both(lab)
-    if missing:
-        return missing
-    live = {}
-    for which, l in zip(_KEYS, labs):
-        svc = service(l, "web")
-        cp = _newest_conn(l, svc)
-        if cp is None:
-            return Outcome(False, f"node-a of the {which} lab has no OUT row from a1 to a web backend: run the cell "
-                                  "that opens a connection in both labs, then check.")
-        live[which] = sorted({row_kind(r) for r in conn_rows(l, "node-a", cp, {svc.port, 8080})})
+    steps = _steps(ev)
+    if steps is None:
+        return Outcome.needs(SAME, "it opens a connection to web in both labs")
+    live = {which: _rows(step) for which, step in steps.items()}
     rule = {"per-packet": ["TCP OUT", "TCP SVC"], "socket": ["TCP OUT"]}
-    if live != rule:
-        return Outcome(False, f"node-a holds {live} for the newest connections, not what each path makes ({rule}); "
-                              "run the cells of section 2 again.")
+    if live != rule or not all(s.ok for s in steps.values()):
+        sick = steps["per-packet"] if live["per-packet"] != rule["per-packet"] else steps["socket"]
+        return unhealthy(SAME, f"node-a's rows {live} for the two connections", sick)
     got = _dict(answer)
     if got is None or any(kinds_answer(v) is None for v in got.values()):
         return _bad_dict(answer, "a list of row kinds")
+    got = {k: sorted(set(kinds_answer(v))) for k, v in got.items()}
     out = compare_rows(flatten(live), flatten(got), "node-a's TCP rows in the two labs")
     if out.passed:
         return Outcome(True, "per packet, from-container met the VIP and made an SVC row before the OUT row; with "
                              "socket LB, connect() was pointed at the backend before any packet existed, so the "
                              "datapath only ever saw a1 talking to a pod: an OUT row, no SVC row.", out.diff)
-    return out
+    problems = []
+    if "TCP SVC" in got["socket"]:
+        problems.append("in the socket-LB lab no packet ever carried the VIP: the datapath had nothing to make a "
+                        "service row from")
+    elif not got["socket"]:
+        problems.append("the socket-LB connection's packets still crossed from-container: pod-to-pod traffic is "
+                        "tracked like any other")
+    if "TCP SVC" in got["per-packet"] and "TCP OUT" not in got["per-packet"]:
+        problems.append("per packet, from-container tracks the translated flow too: the SVC row only remembers the "
+                        "backend")
+    msg = "; ".join(problems) + "." if problems else out.message
+    return Outcome(False, msg, out.diff, reveal=out.reveal)
 
 
 # -- 06.2 ---------------------------------------------------------------------------------
-def _vip_or_backend(value: Any, svc, bips: dict[str, str]) -> str | None:
+def _vip_or_backend(value: Any, vip: str, pods: dict[str, str]) -> str:
+    """'VIP' or 'backend' for a learner's word or address (pods: address -> name); else the value."""
     text = str(value).strip().lower()
-    if text in (svc.vip, f"{svc.vip}:{svc.port}") or any(w in text for w in ("vip", "service", "clusterip")):
-        return "vip"
     host = text.rpartition(":")[0] if ":" in text else text
-    if host in bips or host in bips.values() or "backend" in text or "pod" in text:
+    if host == vip or any(w in text for w in ("vip", "service", "clusterip")):
+        return "VIP"
+    if host in pods or host in pods.values() or any(w in text for w in ("backend", "pod")):
         return "backend"
-    return None
+    return str(value)
 
 
 @exercise(
@@ -126,49 +128,50 @@ def _vip_or_backend(value: Any, svc, bips: dict[str, str]) -> str | None:
         "Print the SYN's from-container line of each open step (the first line of each).",
         "The answer is {'per-packet': 'VIP', 'socket': 'backend'}.",
     ),
+    fault="no-out-entry",
+    cells=(SAME,),
 )
-def first_syn(answer, lab) -> Outcome:
-    """Whether the newest SYN from a1 to web met from-container addressed to the VIP or a backend, in both labs."""
+def first_syn(answer, ev) -> Outcome:
+    """Whether a1's first SYN to web met from-container addressed to the VIP or a backend, in both labs."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    labs, missing = _both(lab)
-    if missing:
-        return missing
+    steps = _steps(ev)
+    if steps is None:
+        return Outcome.needs(SAME, "it opens a connection to web in both labs")
+    pods = {p.ip: p.name for p in ev.topology.pods}
+    vip = steps["per-packet"].attrs["dst"]
     live, seen = {}, {}
-    for which, l in zip(_KEYS, labs):
-        svc = service(l, "web")
-        bips, a1 = backend_ips(l, svc), l.pod("a1").ip
-        targets = {(svc.vip, svc.port)} | {(ip, 8080) for ip in bips}
-        syns = [f for f in recent_flows(l) if f.node == "node-a" and f.hook.label == "from-container"
-                and is_syn(f.event.before) and src(f.event.before)[0] == a1 and dst(f.event.before) in targets]
-        if not syns:
-            return Outcome(False, f"the {which} lab's trace holds no SYN from a1 to web: run the cell that opens a "
-                                  "connection in both labs, then check.")
-        to = dst(syns[-1].event.before)
-        live[which] = "vip" if to == (svc.vip, svc.port) else "backend"
-        seen[which] = f"{to[0]}:{to[1]}"
-    if live != {"per-packet": "vip", "socket": "backend"}:
-        return Outcome(False, f"the newest SYNs met from-container addressed to {seen}: not what the two paths do.")
+    for which, step in steps.items():
+        syns = _syn_at(step, Hook.FROM_CONTAINER)
+        if not syns or not step.ok:
+            return unhealthy(SAME, f"the {which} connection {'failing' if syns else 'with no SYN at from-container'}",
+                             step)
+        to = dst(syns[0].event.before)
+        seen[which] = f"{to[0]}:{to[1]}" + (" => " + "{}:{}".format(*dst(syns[0].event.after))
+                                            if syns[0].translated else "")
+        live[which] = "VIP" if to == (vip, 80) and syns[0].translated else "backend" if to[0] in pods else "?"
+    if live != {"per-packet": "VIP", "socket": "backend"}:
+        return unhealthy(SAME, f"the first SYNs at from-container {seen}", steps["per-packet"])
     got = _dict(answer)
     if got is None:
         return _bad_dict(answer, "'VIP' or 'backend'")
-    svc = service(labs[1], "web")
-    norm = {k: _vip_or_backend(v, svc, backend_ips(labs[1], svc)) or str(v) for k, v in got.items()}
-    out = compare_rows([f"{k}: {v}" for k, v in live.items()], [f"{k}: {v}" for k, v in norm.items()],
-                       "what the SYN was addressed to at from-container")
-    if out.passed:
-        return Outcome(True, f"per packet the SYN leaves a1 for {seen['per-packet']} and from-container rewrites it; "
+    norm = {k: _vip_or_backend(v, vip, pods) for k, v in got.items()}
+    diff = _pair_diff(live, norm)
+    if norm == live:
+        return Outcome(True, f"per packet the SYN leaves a1 for {seen['per-packet']}: from-container rewrites it; "
                              f"with socket LB it leaves a1 already addressed to {seen['socket']}: cgroup/connect4 "
-                             "rewrote the address connect() was given, and no packet ever carries the VIP.", out.diff)
-    return out
+                             "rewrote the address connect() was given, and no packet ever carries the VIP.", diff)
+    problems = []
+    if norm["socket"] != live["socket"]:
+        problems.append("in the socket-LB lab the SYN's from-container line has no `=>`: connect() was pointed "
+                        "elsewhere before the SYN existed")
+    if norm["per-packet"] != live["per-packet"]:
+        problems.append("per packet nothing in a1 picks a backend: from-container is the first to see the SYN, and "
+                        "it rewrites it (`=>`)")
+    return Outcome(False, "; ".join(problems) + ".", diff, reveal=str(live))
 
 
 # -- 06.3 ---------------------------------------------------------------------------------
-def _reverse_sk(l) -> list[tuple[Ipv4RevnatTuple, Ipv4RevnatEntry]]:
-    with PinnedMap(f"{l.pin_dir('node-a')}/{REVERSE_SK_MAP}", Ipv4RevnatTuple, Ipv4RevnatEntry) as m:
-        return m.items()
-
-
 @exercise(
     "06.3",
     "What getpeername() says",
@@ -177,56 +180,67 @@ def _reverse_sk(l) -> list[tuple[Ipv4RevnatTuple, Ipv4RevnatEntry]]:
         "Print each open step's result['peer'], and dump cilium_lb4_reverse_sk of the socket-LB lab.",
         "The answer is {'per-packet': '198.19.0.10:80', 'socket': '198.19.0.10:80'}: the VIP in both.",
     ),
+    fault="skip-rev-nat",
+    cells=(SAME,),
 )
-def peer_name(answer, lab) -> Outcome:
-    """The peer a1's socket reports in each lab: checked against the reverse-NATed reply and the reverse_sk entry."""
+def peer_name(answer, ev) -> Outcome:
+    """The peer a1's socket reported in each lab's open step, against the reverse-NATed reply (per packet) and
+    the backend the socket really reached (socket LB)."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    labs, missing = _both(lab)
-    if missing:
-        return missing
-    per, sock = labs
-    svc = service(per, "web")
-    vip = f"{svc.vip}:{svc.port}"
-    a1 = per.pod("a1").ip
-    replies = [f for f in recent_flows(per) if f.node == "node-a" and f.hook.label == "to-container"
-               and is_syn(f.event.before, ack=True) and f.translated and dst(f.event.after)[0] == a1
-               and "{}:{}".format(*src(f.event.after)) == vip]
-    if not replies:
-        return Outcome(False, "the per-packet lab's trace holds no reply rewritten back to web's VIP: run the cell "
-                              "that opens a connection in both labs, then check.")
-    ssvc = service(sock, "web")
-    entries = [v for _, v in _reverse_sk(sock) if (addr(v.address), socket.ntohs(v.port)) == (ssvc.vip, ssvc.port)]
-    if not entries:
-        return Outcome(False, f"the socket-LB lab's {REVERSE_SK_MAP} holds no entry for web: run the cell that opens "
-                              "a connection in both labs, then check.")
-    live = {"per-packet": vip, "socket": f"{ssvc.vip}:{ssvc.port}"}
+    steps = _steps(ev)
+    if steps is None:
+        return Outcome.needs(SAME, "it opens a connection to web in both labs; each step keeps getpeername()")
+    per, sock = steps["per-packet"], steps["socket"]
+    vip = f"{per.attrs['dst']}:80"
+    pods = {p.ip for p in ev.topology.pods}
+    replies = _syn_at(per, Hook.TO_CONTAINER, ack=True)
+    if not per.ok or not replies or "{}:{}".format(*src(replies[-1].event.after)) != vip \
+            or per.result.get("peer") != vip:
+        return unhealthy(SAME, f"the per-packet connection {'opened' if per.ok else 'failing'}, its socket's peer "
+                               f"{per.result.get('peer')}", per)
+    real = str(sock.result.get("real_peer") or "")
+    if not sock.ok or sock.result.get("peer") != vip or real.rpartition(":")[0] not in pods:
+        return unhealthy(SAME, f"the socket-LB connection's socket showing {sock.result.get('peer')}, really "
+                               f"connected to {real or 'nothing'}", sock)
+    live = {"per-packet": vip, "socket": vip}
     got = _dict(answer)
     if got is None:
         return _bad_dict(answer, "an 'address:port'")
-    norm = {k: addr_port(per, v) or str(v) for k, v in got.items()}
-    out = compare_rows([f"{k}: {v}" for k, v in live.items()], [f"{k}: {v}" for k, v in norm.items()],
-                       "what getpeername() returns in a1")
-    if out.passed:
+    norm = {k: addr_port(v, ev.topology) or str(v).strip() for k, v in got.items()}
+    diff = _pair_diff(live, norm)
+    if norm == live:
         return Outcome(True, "the VIP in both: per packet because to-container rewrites every reply's source back to "
-                             "it; with socket LB because the socket really is connected to the backend, and "
-                             f"cgroup/getpeername4 looks the socket up in {REVERSE_SK_MAP} and answers with the VIP "
-                             "stored there.", out.diff)
-    bips = backend_ips(sock, ssvc)
-    if any(v.split(":")[0] in bips for v in norm.values()):
-        return Outcome(False, f"{out.message} A backend's address is what the packets carry in the socket-LB lab, but "
-                              f"not what getpeername() answers: it reads {REVERSE_SK_MAP}.", out.diff)
-    return out
+                             f"it; with socket LB because the socket really is connected to the backend ({real}), and "
+                             "cgroup/getpeername4 looks the socket up in cilium_lb4_reverse_sk and answers with the "
+                             "VIP stored there.", diff)
+    problems = []
+    if norm["socket"] != vip:
+        problems.append("a pod's address is what the packets carry in the socket-LB lab, but not what getpeername() "
+                        "answers: it reads cilium_lb4_reverse_sk" if norm["socket"].rpartition(":")[0] in pods
+                        else f"socket: {got['socket']!r} is not what a1's socket reported")
+    if norm["per-packet"] != vip:
+        problems.append("per packet, to-container rewrote every reply's source before a1 saw it: the socket never met "
+                        "the backend" if norm["per-packet"].rpartition(":")[0] in pods
+                        else f"per-packet: {got['per-packet']!r} is not what a1's socket reported")
+    return Outcome(False, "; ".join(problems) + ".", diff, reveal=str(live))
 
 
 # -- 06.4 ---------------------------------------------------------------------------------
-def _failure(value: Any) -> str | None:
+_DROP = f"drop: {DropReason.text(DropReason.NO_SERVICE)}"
+
+
+def _failure(value: Any) -> str:
+    """A learner's failure in canonical form: the drop, or the errno name."""
     text = str(value).strip().lower()
     if any(w in text for w in ("backend not found", "no_service", "no service", "no backend", "-158")):
-        return "drop: Service backend not found"
-    if any(w in text for w in ("ehostunreach", "no route to host", "113")):
-        return "EHOSTUNREACH"
-    return None
+        return _DROP
+    for errno, spellings in (("EHOSTUNREACH", ("ehostunreach", "no route to host", "113")),
+                             ("ECONNREFUSED", ("econnrefused", "refused", "rst", "111")),
+                             ("ETIMEDOUT", ("etimedout", "timeout", "timed out", "110"))):
+        if any(w in text for w in spellings):
+            return errno
+    return str(value)
 
 
 @exercise(
@@ -237,50 +251,61 @@ def _failure(value: Any) -> str | None:
         "Read the per-packet step's DROPPED (...) line, and the socket-LB step's result['error'].",
         "The answer is {'per-packet': 'Service backend not found', 'socket': 'EHOSTUNREACH'}.",
     ),
+    fault="sock-no-reject",
+    cells=(EMPTY,),
 )
-def no_backends(answer, lab) -> Outcome:
-    """How a connection to a Service without backends fails in each lab: the drop reason, or no packet at all."""
+def no_backends(answer, ev) -> Outcome:
+    """How a1's connection to a Service without backends failed in each lab: the drop reason in the
+    per-packet trace, the error connect() returned with socket LB."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    labs, missing = _both(lab, "empty")
-    if missing:
-        return missing
-    per, sock = labs
-    for which, l in (("per-packet", per), ("socket", sock)):
-        if service(l, "empty").backends:
-            return Outcome(False, f"Service 'empty' of the {which} lab has backends: lab.reset() and run the cells of "
-                                  "section 4 again.")
-    e = service(per, "empty")
-    drops = [f for f in recent_flows(per) if f.node == "node-a" and f.dropped and is_syn(f.event.before)
-             and dst(f.event.before) == (e.vip, e.port)]
-    if not drops:
-        return Outcome(False, "the per-packet lab's trace holds no dropped SYN to 'empty': run the cell that connects "
-                              "to it in both labs, then check.")
-    reason = drops[-1].event.drop_reason
-    es = service(sock, "empty")
-    sent = [f for f in recent_flows(sock) if f.event.before.proto == _TCP and dst(f.event.before)[0] == es.vip]
-    if reason != DropReason.NO_SERVICE or sent:
-        return Outcome(False, f"the per-packet SYN was dropped with '{DropReason.text(reason)}' and the socket-LB lab "
-                              f"sent {len(sent)} packet(s) to 'empty': not what the two paths do.")
-    live = {"per-packet": "drop: Service backend not found", "socket": "EHOSTUNREACH"}
+    steps = _steps(ev, "empty")
+    if steps is None:
+        return Outcome.needs(EMPTY, "it connects to 'empty' in both labs")
+    per, sock = steps["per-packet"], steps["socket"]
+    # The notebook's faults are switched on in its main lab only, where this fault has nothing to act on: a
+    # step recorded with any fault on is not the world this question is about either.
+    for step in steps.values():
+        if step.attrs.get("faults"):
+            return unhealthy(EMPTY, "the connections to 'empty' made with a fault on", step)
+    drops = [f for f in _syn_at(per, Hook.FROM_CONTAINER) if f.dropped]
+    reasons = {DropReason.text(f.event.drop_reason) for f in drops}
+    sent = [f for f in sock.flows if f.event.before.proto == socket.IPPROTO_TCP]
+    if per.ok or reasons != {DropReason.text(DropReason.NO_SERVICE)}:
+        return unhealthy(EMPTY, f"the per-packet SYNs dropped with {sorted(reasons) or 'no reason'}", per)
+    if sock.ok or sock.result.get("error") != "EHOSTUNREACH" or sent:
+        return unhealthy(EMPTY, f"the socket-LB connect() ending in {sock.result.get('error') or 'success'} after "
+                                f"{len(sent)} TCP packet record(s)", sock)
+    live = {"per-packet": _DROP, "socket": "EHOSTUNREACH"}
     got = _dict(answer)
     if got is None:
         return _bad_dict(answer, "what went wrong (a drop reason or an errno name)")
-    norm = {k: _failure(v) or str(v) for k, v in got.items()}
-    diff = tuple(("=" if norm[k] == v else "-", f"{k}: {v}", f"{k}: {norm[k]}") for k, v in live.items())
+    norm = {k: _failure(v) for k, v in got.items()}
+    diff = _pair_diff(live, norm)
     if norm == live:
         return Outcome(True, "per packet, the SYN leaves a1 and from-container finds a head with count=0: it drops "
-                             "the packet (Service backend not found), and connect() waits until it times out. At the "
-                             "socket, connect() itself finds count=0 and fails at once with EHOSTUNREACH: no packet, "
-                             "no wait.", diff)
+                             "the packet (Service backend not found), and connect() waits until it times out "
+                             f"({per.seconds:.1f} s). At the socket, connect() itself finds count=0 and fails at once "
+                             f"with EHOSTUNREACH ({sock.seconds:.2f} s): no packet, no wait.", diff)
     problems = []
     if norm["per-packet"] != live["per-packet"]:
-        problems.append(f"per-packet: {got['per-packet']!r}: the SYN did leave a1 there, and from-container dropped "
-                        "it; read the reason in its DROPPED (...) line")
+        if norm["per-packet"] == "ECONNREFUSED":
+            problems.append("nothing answered the per-packet SYN with an RST: from-container dropped it; read the "
+                            "reason in its DROPPED (...) line")
+        elif norm["per-packet"] == "ETIMEDOUT":
+            problems.append("a timeout is what connect() saw in the end; the question asks for the reason in the "
+                            "per-packet trace's DROPPED (...) line")
+        else:
+            problems.append(f"per-packet: {got['per-packet']!r}: the SYN did leave a1 there, and from-container "
+                            "dropped it; read the reason in its DROPPED (...) line")
     if norm["socket"] != live["socket"]:
-        problems.append(f"socket: {got['socket']!r}: in the socket-LB lab no packet left a1 at all; connect() "
-                        "itself failed, read the step's result['error']")
-    return Outcome(False, "; ".join(problems) + ".", diff)
+        if norm["socket"] == "ETIMEDOUT":
+            problems.append(f"connect() did not wait in the socket-LB lab: it failed after {sock.seconds:.2f} s; read "
+                            "the step's result['error']")
+        else:
+            problems.append(f"socket: {got['socket']!r}: in the socket-LB lab no packet left a1 at all; connect() "
+                            "itself failed, read the step's result['error']")
+    return Outcome(False, "; ".join(problems) + ".", diff, reveal=str(live))
 
 
 # -- 06.5 (break it) ----------------------------------------------------------------------
@@ -293,50 +318,44 @@ def no_backends(answer, lab) -> Outcome:
         "The answer is 'socket': with socket LB the packets never carried the VIP, so there is nothing to reverse.",
     ),
     break_it=True,
+    cells=(BREAK,),
 )
-def skip_rev_nat_both(answer, lab) -> Outcome:
-    """With skip-rev-nat on in both labs: which lab's connection opens, from the two traces."""
+def skip_rev_nat_both(answer, ev) -> Outcome:
+    """With skip-rev-nat on in both labs: which lab's connection opened, from the two steps."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    labs, missing = _both(lab)
-    if missing:
-        return missing
-    per, sock = labs
-    off = [l.name for l in labs if "skip-rev-nat" not in l.faults()]
-    if off:
-        return Outcome(False, f"the fault is off in {', '.join(off)}: run the break-it cell (it switches it on in both "
-                              "labs and connects in each), then check.")
-    svc = service(per, "web")
-    bips, a1 = backend_ips(per, svc), per.pod("a1").ip
-    stray = [f for f in recent_flows(per) if f.node == "node-a" and f.hook.label == "to-container"
-             and is_syn(f.event.before, ack=True) and src(f.event.before)[0] in bips and dst(f.event.before)[0] == a1]
-    if not stray or stray[-1].translated:
-        return Outcome(False, "the per-packet lab's newest SYN|ACK was still rewritten: run the break-it cell again, "
-                              "then check.")
-    sflows = recent_flows(sock)
-    ssvc = service(sock, "web")
-    sbips = backend_ips(sock, ssvc)
-    syns = [i for i, f in enumerate(sflows) if f.node == "node-a" and f.hook.label == "from-container"
-            and is_syn(f.event.before) and src(f.event.before)[0] == a1 and dst(f.event.before)[0] in sbips]
-    if not syns:
-        return Outcome(False, "the socket-LB lab's trace holds no SYN from a1 to web: run the break-it cell, then check.")
-    cp = src(sflows[syns[-1]].event.before)[1]
-    acked = [f for f in sflows[syns[-1]:] if f.node == "node-a" and f.hook.label == "from-container"
-             and src(f.event.before) == (a1, cp) and f.event.before.tcp_flags & (TcpFlags.SYN | TcpFlags.ACK | TcpFlags.RST)
-             == TcpFlags.ACK]
-    if not acked:
-        return Outcome(False, "the socket-LB lab's newest connection did not complete its handshake: run the break-it "
-                              "cell again, then check.")
+    steps = {which: e.step(op="tcp-open", actor="a1", target="web", port=80)  # section 5's are the last
+             for which, e in (("per-packet", ev), ("socket", ev.variant("socklb")))}
+    if _steps(ev, broken=True) is None or not all(steps.values()):
+        return Outcome.needs(BREAK, "it switches the fault on in both labs and connects in each")
+    for which, step in steps.items():
+        if _FAULT not in step.attrs["faults"]:
+            return unhealthy(BREAK, f"your newest connection to web in the {which} lab made without the fault")
+    per, sock = steps["per-packet"], steps["socket"]
+    pods = {p.ip for p in ev.topology.pods}
+    stray = _syn_at(per, Hook.TO_CONTAINER, ack=True)
+    if per.ok or not stray or stray[-1].translated or src(stray[-1].event.before)[0] not in pods:
+        return unhealthy(BREAK, f"the per-packet connection {'opening' if per.ok else 'failing'} with its SYN|ACK "
+                                f"{'rewritten' if stray and stray[-1].translated else 'as it came'}", per)
+    if not sock.ok:
+        return unhealthy(BREAK, "the socket-LB connection failing too", sock)
     said = set(words(answer))
     said_sock = bool(said & {"socket", "sock", "socklb", "socket-lb", "full"})
-    said_per = bool(said & {"per-packet", "per", "packet", "perpacket", "hostns", "tc", "both"})
-    if said_sock and not said_per:
+    said_per = bool(said & {"per-packet", "per", "packet", "perpacket", "hostns", "tc"})
+    diff = (("-", "socket", str(answer)),)
+    if said_sock and not said_per and "both" not in said:
         return Outcome(True, "socket: its packets carried the backend's address from the first SYN, so the replies "
                              "need no rewriting and the fault has nothing to break. Per packet, the SYN|ACK reached "
                              "a1 from the backend's address and a1 reset it: reverse NAT is what keeps every "
-                             "per-packet Service connection alive.")
-    if said_per:
-        return Outcome(False, f"{answer!r}: the per-packet lab's connection is the one that failed; its SYN|ACK reached "
-                              "a1 without `=>`, from the backend's address.", (("-", "socket", str(answer)),))
-    return Outcome(False, f"{answer!r} does not name a lab: answer 'per-packet', 'socket', or 'both'.",
-                   (("-", "socket", str(answer)),))
+                             "per-packet Service connection alive.", (("=", "socket", str(answer)),))
+    if "both" in said or (said_sock and said_per):
+        msg = "one of the two connections never completed its handshake: look for the SYN|ACK that reached a1 " \
+              "without `=>`."
+    elif said_per:
+        msg = "the per-packet lab's connection is the one that failed: its SYN|ACK reached a1 without `=>`, from " \
+              "the backend's address."
+    elif said & {"none", "neither", "nothing"}:
+        msg = "one of the two connections did open: compare the two steps' results."
+    else:
+        msg = f"{answer!r} does not name a lab: answer 'per-packet', 'socket', or 'both'."
+    return Outcome(False, msg, diff, reveal="socket")

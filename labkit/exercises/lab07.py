@@ -1,59 +1,61 @@
-"""Lab 07, traffic from outside: a LoadBalancer VIP reached by the external
-client, the node that load-balances and the node that answers (DSR), the same
-traffic in snat mode, a Maglev prediction, and a break-it fault that stops the
-backend's node from restoring the VIP on the reply.
+"""Lab 07, traffic from outside: a LoadBalancer VIP reached by the external client, the node that
+load-balances and the node that answers (DSR), the same traffic in snat mode, a Maglev prediction, and a
+break-it fault that stops the backend's node from restoring the VIP on the reply.
 
-Graders find the flows by what the notebook fixes (the LoadBalancer Service
-``web`` backed by b1:8080, the Maglev Service ``dns``, the snat lab beside the
-main one) and read ports and rows from the live maps and the trace, never from
-the answer.
+Graders read what the notebook's cells recorded: ext's connection to ``web`` (section 1; connections taken
+under section 6's fault are left out), the snat lab's connection (``<this lab>-snat``, section 3), the
+Service maps snapshotted when ``dns`` was added and ext's datagram from port 40001 (section 4), and the
+connection of section 6, taken with the fault on.
 """
 from __future__ import annotations
 
 import re
+import socket
 from typing import Any
 
 from ..checks import Outcome, compare_rows, exercise
+from ..constants import Hook
 from ..maglev import backend_name, flow_slot, lookup_table
-from .lab01 import kinds_answer, newest, recent_flows, row_kind, unanswered, variant_lab, variant_missing
-from .lab04 import ab_answer, addr_port, dst, flatten, is_syn, service, src
+from ..maps.ct import TcpFlags
+from .common import (ab_answer, addr_port, dst, flatten, kinds_answer, row_kind, src, step_rows, unanswered,
+                     unhealthy)
 
-__all__ = ["ext_rows", "snat_lab", "PREDICT_PORT"]
+__all__ = ["PREDICT_PORT", "MAGLEV_SNAPSHOT"]
 
-_ACCEPT = re.compile(r"tcp accept pod=(\S+) client=([\d.]+):(\d+)")
+DSR, SNAT, MAGLEV, BREAK = ("1. A LoadBalancer VIP, from outside", "3. The same traffic in snat mode", "4. Maglev",
+                            "6. Break it")
 #: The client port of the flow whose backend 07.4 asks to predict.
-PREDICT_PORT = 40000
+PREDICT_PORT = 40001
+#: The title of the snapshot section 4 takes when it adds ``dns``.
+MAGLEV_SNAPSHOT = "dns and its Maglev table"
+_FAULT = "no-dsr-snat"  #: section 6's fault, which breaks what section 1 asks about on purpose
+_LOGGED = re.compile(r"tcp accept pod=b1 client=([\d.]+):(\d+)")
 
 
-def _lb(lab, name: str = "web"):
-    """(the LoadBalancer Service, None) or (None, a failed Outcome saying what to run)."""
-    svc = service(lab, name)
-    if svc is None or not svc.lb_vip:
-        return None, Outcome(False, f"lab '{lab.name}' has no LoadBalancer Service '{name}': run the cell that adds "
-                                    "it, then check.")
-    return svc, None
+def _web(ev, broken: bool = False):
+    """ext's newest open step to web:80, taken with section 6's fault on (``broken``) or without it."""
+    return ev.step(op="tcp-open", actor="ext", target="web", port=80,
+                   faults=(lambda f: _FAULT in f) if broken else (lambda f: _FAULT not in f))
 
 
-def ext_rows(lab, node: str, ext_ip: str, cp: int) -> list:
-    """``node``'s TCP rows of the external client's connection from port ``cp`` (either way round)."""
-    out = []
-    for r in lab.ct(node):
-        if r.proto_name != "TCP" or r.related:
-            continue
-        if (r.src, r.sport) == (ext_ip, cp) or (r.dst, r.dport) == (ext_ip, cp):
-            out.append(r)
-    return out
+def _synack_leaving(step, ext: str) -> list:
+    """The records of the step's SYN|ACKs towards ext at node-b's to-netdev."""
+    return [f for f in step.flows if f.node == "node-b" and f.hook == Hook.TO_NETDEV
+            and f.event.after.proto == socket.IPPROTO_TCP
+            and f.event.after.tcp_flags & (TcpFlags.SYN | TcpFlags.ACK) == TcpFlags.SYN | TcpFlags.ACK
+            and dst(f.event.after)[0] == ext]
 
 
-def snat_lab(lab):
-    """The snat-mode lab the notebook started beside ``lab`` (``<name>-snat``), or None."""
-    other = variant_lab(lab, "snat")
-    return other if other is not None and other.config.lb_mode == "snat" else None
+def _ext_rows(step, node: str, ext: str) -> list:
+    """``node``'s TCP rows of the step's connection (ext's client port, either way round)."""
+    cp = step.attrs["sport"]
+    return [r for r in step_rows(step, node, "TCP") if (ext, cp) in ((r.src, r.sport), (r.dst, r.dport))]
 
 
-def _newest_client_port(lab, svc) -> int | None:
-    rows = [r for r in lab.ct("node-a") if r.proto_name == "TCP" and r.dir == "SVC" and r.dst == svc.lb_vip]
-    return newest(rows).sport if rows else None
+def _addr_port(ev, value: Any) -> str:
+    """``'203.0.113.10:80'`` from a learner's address:port or pair (a pod's name for its address); the value as
+    text when it has no port."""
+    return addr_port(value, ev.topology) or str(value).strip()
 
 
 # -- 07.1 ---------------------------------------------------------------------------------
@@ -65,34 +67,47 @@ def _newest_client_port(lab, svc) -> int | None:
         "Print lab.nat('node-a') and lab.nat('node-b'): which one has a row, and what does XLATE_SRC say?",
         "The answer is ('node-b', '203.0.113.10:80'): node-b's NAT row rewrites b1:8080 to the VIP at to-netdev.",
     ),
+    fault="no-dsr-snat",
+    cells=(DSR,),
 )
-def reply_source(answer, lab) -> Outcome:
-    """(node, address:port) of the NAT row that rewrites web's replies, read from both nodes' NAT maps."""
+def reply_source(answer, ev) -> Outcome:
+    """(node, address:port) of the NAT row that rewrote the replies of ext's connection, from the open step's
+    NAT rows and its SYN|ACK leaving node-b."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    svc, missing = _lb(lab)
-    if missing:
-        return missing
-    ext = lab.topology.external("ext").ip
-    found = [(node, f"{r.to_addr}:{r.to_port}") for node in ("node-a", "node-b") for r in lab.nat(node)
-             if r.dir == "OUT" and r.dst == ext and r.to_addr == svc.lb_vip]
-    if len(found) != 1 or found[0][0] != "node-b" or lab.config.lb_mode != "dsr":
-        return Outcome(False, f"the NAT rows that give ext's replies the VIP are {found or 'none'} in an "
-                              f"{lab.config.lb_mode} lab: not what dsr makes. Run lab.reset() and section 1 again.")
+    step = _web(ev)
+    if step is None:
+        return Outcome.needs(DSR, "conn.open() records ext's connection and both nodes' NAT rows")
+    ext, cp, vip = ev.topology.external("ext").ip, step.attrs["sport"], f"{step.attrs['dst']}:80"
+    found = [(node, f"{r.to_addr}:{r.to_port}") for node, rows in step.nat_after.items() for r in rows
+             if r.dir == "OUT" and (r.dst, r.dport) == (ext, cp)]
+    leaving = _synack_leaving(step, ext)
+    sent_as = "{}:{}".format(*src(leaving[-1].event.after)) if leaving else None
+    if not step.ok or found != [("node-b", vip)] or sent_as != vip or ev.config.lb_mode != "dsr":
+        return unhealthy(DSR, f"NAT rows for ext's replies {found or 'nowhere'}, the SYN|ACK leaving node-b as "
+                              f"{sent_as or 'nothing'}", step)
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         return Outcome(False, f"expected a pair ('node', 'address:port'), got {answer!r}.")
     node, where = found[0]
-    got_node, got_addr = str(answer[0]).strip().lower(), addr_port(lab, answer[1])
-    diff = (("=" if got_node == node else "-", node, got_node), ("=" if got_addr == where else "-", where,
-                                                                   str(got_addr)))
+    got_node, got_addr = str(answer[0]).strip().lower(), _addr_port(ev, answer[1])
+    diff = (("=" if got_node == node else "-", node, got_node), ("=" if got_addr == where else "-", where, got_addr))
     if got_node == node and got_addr == where:
         return Outcome(True, f"node-b: its NAT row, keyed by the reply b1:8080 -> ext, says XLATE_SRC {where}. The "
                              "DSR option carried the frontend from node-a; node-b wrote it down on the SYN and "
                              "rewrites every reply at to-netdev, so ext's socket sees the VIP it connected to.", diff)
+    problems = []
     if got_node == "node-a":
-        return Outcome(False, "node-a load-balanced the request but never sees the reply in dsr mode; its NAT map is "
-                              "empty. Look at node-b's.", diff)
-    return Outcome(False, f"{answer!r} is not the row that rewrites the reply: print both nodes' NAT maps.", diff)
+        problems.append("node-a load-balanced the request but never sees the reply in dsr mode; its NAT map holds "
+                        "nothing for it")
+    elif got_node != node:
+        problems.append(f"{answer[0]!r} is not a node that held a NAT row for ext's replies")
+    if got_addr != where:
+        if got_addr.rpartition(":")[0] in {n.ip for n in ev.topology.nodes}:
+            problems.append(f"{got_addr} is a NodePort frontend on a node's address; ext connected to the "
+                            "LoadBalancer VIP, and the reply must come from what ext connected to")
+        else:
+            problems.append(f"{got_addr} is not what the NAT row writes into the reply's source: read its XLATE_SRC")
+    return Outcome(False, "; ".join(problems) + ".", diff, reveal=f"('{node}', '{where}')")
 
 
 # -- 07.2 ---------------------------------------------------------------------------------
@@ -106,29 +121,27 @@ def reply_source(answer, lab) -> Outcome:
         "The answer is {'node-a': ['TCP SVC'], 'node-b': ['TCP OUT', 'TCP IN']}: the OUT row on node-b carries "
         "DSRInternal, the IN row is b1's own.",
     ),
+    fault="no-in-entry",
+    cells=(DSR,),
 )
-def dsr_rows(answer, lab) -> Outcome:
-    """Kinds of the TCP rows of ext's newest connection to web on node-a and node-b, live and by the dsr rule."""
+def dsr_rows(answer, ev) -> Outcome:
+    """Kinds of the TCP rows of ext's connection to web on node-a and node-b right after its open, by the dsr
+    rule."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    svc, missing = _lb(lab)
-    if missing:
-        return missing
-    cp = _newest_client_port(lab, svc)
-    if cp is None:
-        return Outcome(False, "node-a has no SVC row of ext towards web's VIP: run the cell that opens conn, then "
-                              "check.")
-    ext = lab.topology.external("ext").ip
-    live = {node: sorted({row_kind(r) for r in ext_rows(lab, node, ext, cp)}) for node in ("node-a", "node-b")}
+    step = _web(ev)
+    if step is None:
+        return Outcome.needs(DSR, "conn.open() records ext's connection and both nodes' rows")
+    ext = ev.topology.external("ext").ip
+    live = {node: sorted({row_kind(r) for r in _ext_rows(step, node, ext)}) for node in ("node-a", "node-b")}
     rule = {"node-a": ["TCP SVC"], "node-b": ["TCP IN", "TCP OUT"]}
-    if live != rule:
-        return Outcome(False, f"ext's connection from port {cp} left {live}, not what a dsr connection to a backend "
-                              f"on node-b makes ({rule}); faults on: {lab.faults() or 'none'}. Run lab.reset() and "
-                              "section 1 again.")
-    got = ab_answer(answer, {"node-a": (), "node-b": ()})
-    if got is None or any(kinds_answer(v) is None for v in got.values()):
+    if live != rule or not step.ok:
+        return unhealthy(DSR, f"ext's connection leaving {live}", step)
+    got = ab_answer(answer, {"node-a": ("a",), "node-b": ("b",)})
+    if got is None or set(got) != set(rule) or any(kinds_answer(v) is None for v in got.values()):
         return Outcome(False, f"expected a dict {{'node-a': [...], 'node-b': [...]}} of row kinds such as 'TCP OUT', "
                               f"got {answer!r}.")
+    got = {k: kinds_answer(v) for k, v in got.items()}
     out = compare_rows(flatten(live), flatten(got), "TCP rows of ext's connection to web")
     if out.passed:
         return Outcome(True, "node-a keeps only the SVC row: enough to send every packet of the flow to the same "
@@ -136,10 +149,25 @@ def dsr_rows(answer, lab) -> Outcome:
                              "wrote when it read the DSR option, an OUT row ext -> b1:8080 flagged DSRInternal, which "
                              "marks b1's replies as a DSR flow to rewrite with the NAT row; and b1's own IN row, made "
                              "at to-container as for any packet into a pod.", out.diff)
-    return out
+    problems = []
+    if set(got["node-a"]) - {"TCP SVC"}:
+        problems.append("node-a only load-balanced the request and never sees a reply: the row written from the DSR "
+                        "option is not on node-a")
+    if "TCP OUT" not in got["node-b"] and "TCP OUT" not in got["node-a"]:
+        problems.append("node-b wrote a second row when it read the DSR option, besides b1's own")
+    if "TCP IN" not in got["node-b"]:
+        problems.append("b1 received the SYN at to-container like any pod: that makes a row too")
+    msg = "; ".join(problems) + "." if problems else out.message
+    return Outcome(False, msg, out.diff, reveal=out.reveal)
 
 
 # -- 07.3 ---------------------------------------------------------------------------------
+def _main_faults_during(ev, rec) -> tuple:
+    """The faults on in the notebook's main lab when the second lab recorded ``rec``."""
+    before = [r for r in ev.records("fault") if r.seq < rec.seq]
+    return tuple(before[-1].data) if before else ()
+
+
 @exercise(
     "07.3",
     "snat mode: who called?",
@@ -148,81 +176,122 @@ def dsr_rows(answer, lab) -> Outcome:
         "Read the last line of snat.pod('b1').server_log(), or the XLATE_SRC of snat.nat('node-a').",
         "The answer is '198.51.100.11': node-a's own address (with a port node-a chose).",
     ),
+    fault="no-snat",
+    cells=(SNAT,),
 )
-def snat_client(answer, lab) -> Outcome:
-    """The client address b1's server logged in the snat lab, tied to node-a's NAT row there."""
+def snat_client(answer, ev) -> Outcome:
+    """The client address b1 saw in the snat lab: the SYN's source at node-b's to-container, tied to node-a's
+    NAT row there and to b1's server log."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    other = snat_lab(lab)
-    if other is None:
-        return variant_missing(lab, "snat", "snat = start(variant='snat', lb_mode='snat')")
-    accepts = [m for m in map(_ACCEPT.search, other.pod("b1").server_log()) if m]
-    if not accepts:
-        return Outcome(False, "b1's server in the snat lab has logged no connection yet: run section 3, then check.")
-    _, ip, port = accepts[-1].groups()
-    rows = [r for r in other.nat("node-a") if r.dir == "OUT" and (r.to_addr, r.to_port) == (ip, int(port))]
-    if not rows:
-        return Outcome(False, f"the newest connection b1's server logged in the snat lab ({ip}:{port}) has no NAT "
-                              "row on node-a: run section 3 again, then check.")
-    got = str(answer).strip().rpartition(":")[0] if ":" in str(answer) else str(answer).strip()
-    if got in other.topology.names():
-        got = other.address_of(got)
+    snat = ev.variant("snat")
+    rec = snat.journal.latest(snat.lab_name, "step", op="tcp-open", actor="ext", target="web", port=80)
+    if rec is None:
+        return Outcome.needs(SNAT, "it starts the snat lab and opens ext's connection there")
+    step, ext = rec.data, ev.topology.external("ext").ip
+    # The notebook's faults are switched on in its main lab only, where no-snat has nothing to act on (dsr): a
+    # step taken while one was on is not the world this question is about either.
+    faults = tuple(step.attrs.get("faults", ())) + _main_faults_during(ev, rec)
+    if faults:
+        return unhealthy(SNAT, f"the snat lab's connection made while {', '.join(faults)} was on in your labs")
+    b1 = ev.topology.pod("b1").ip
+    syns = [f for f in step.flows if f.node == "node-b" and f.hook == Hook.TO_CONTAINER
+            and f.event.before.proto == socket.IPPROTO_TCP and f.event.before.tcp_flags & TcpFlags.SYN
+            and dst(f.event.before)[0] == b1]
+    seen = src(syns[0].event.before) if syns else None
+    nat = [r for r in step.nat_after.get("node-a", []) if r.dir == "OUT" and r.src == ext and seen
+           and (r.to_addr, r.to_port) == seen]
+    logged = {(i, int(p)) for m in map(_LOGGED.search, step.server_log.get("b1", [])) if m for i, p in [m.groups()]}
+    if not step.ok or seen is None or seen[0] != ev.topology.node("node-a").ip or not nat or \
+            (logged and seen not in logged):
+        return unhealthy(SNAT, f"the SYN reaching b1 from {seen[0] if seen else 'nobody'}, "
+                               f"{'with' if nat else 'without'} a NAT row on node-a", step)
+    ip = seen[0]
+    got = _addr_port(ev, answer)
+    got = got.rpartition(":")[0] if ":" in got else got
+    if got in ev.topology.names():
+        got = ev.topology.node(got).ip if got.startswith("node-") else got
+    diff = (("=" if got == ip else "-", ip, got),)
     if got == ip:
         return Outcome(True, f"{ip}, node-a's own address: node-a SNATed the request (NAT row OUT: XLATE_SRC "
-                             f"{ip}:{port}) so that b1's reply comes back to it, where the IN row turns it into a "
+                             f"{ip}:{seen[1]}) so that b1's reply comes back to it, where the IN row turns it into a "
                              "reply to ext. The price: the server never learns the client's address, and every "
-                             "reply crosses node-a.")
-    if got == lab.topology.external("ext").ip:
-        return Outcome(False, f"{got} is ext's address: that is what b1 saw in dsr mode (section 1). Read the snat "
-                              "lab's server log.", (("-", ip, got),))
-    return Outcome(False, f"{answer!r} is not the client b1's server logged in the snat lab.", (("-", ip, got),))
+                             "reply crosses node-a.", diff)
+    if got == ext:
+        msg = f"{got} is ext's address: that is what b1 saw in dsr mode (section 1). In snat mode the request's " \
+              "source was rewritten on its way: read the snat lab's server log."
+    elif got == step.attrs["dst"]:
+        msg = "the VIP is the destination ext connected to; b1 logs the source of what reached it."
+    elif got == ev.topology.node("node-b").ip:
+        msg = "node-b did nothing to the request's source: the node that load-balanced rewrote it before the tunnel."
+    else:
+        msg = f"{answer!r} is not the client b1's server logged in the snat lab."
+    return Outcome(False, msg, diff, reveal=ip)
 
 
 # -- 07.4 ---------------------------------------------------------------------------------
+def _maglev_pick(names: dict[int, str], ids: dict[str, int], m: int, src: str, sport: int, dport: int,
+                 proto: int) -> str | None:
+    """The pod Maglev gives this flow: ``names`` backend id -> pod, ``ids`` backend name -> id."""
+    return names.get(lookup_table(ids, m)[flow_slot(src, sport, dport, proto, m)])
+
+
 @exercise(
     "07.4",
     "Predict Maglev",
     hints=(
         "The flow hash uses the client's address, both ports and the protocol; the slot is the hash modulo M.",
-        "slot = flow_slot(ext_ip, 40000, 53, 17, M); the backend id is table[slot]; dns.backends maps ids to pods.",
-        "The answer is the pod named by names[bpf_table.backend_ids[flow_slot(ext.ip, 40000, 53, 17, M)]].",
+        "slot = flow_slot(ext_ip, 40001, 53, 17, M); the backend id is table[slot]; dns.backends maps ids to pods.",
+        "The answer is names[bpf_table.backend_ids[flow_slot(ext.ip, 40001, 53, 17, M)]]: b2, with a1, a2, b1 and b2 "
+        "as dns's backends.",
     ),
+    fault="maglev-wrong-hash",
+    cells=(MAGLEV,),
 )
-def maglev_prediction(answer, lab) -> Outcome:
-    """The pod node-a chose for ext's datagram from port 40000 to dns (sent by the check if needed), and the same pod from the Python table and hash."""
+def maglev_prediction(answer, ev) -> Outcome:
+    """The pod node-a chose for ext's datagram from port 40001 to dns (its SVC row), and the same pod from the
+    Maglev table of dns's backends as the snapshot of section 4 holds them and the flow hash."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    svc, missing = _lb(lab, "dns")
-    if missing:
-        return missing
-    ext = lab.topology.external("ext").ip
-
-    def flow_rows():
-        return [r for r in lab.ct("node-a") if r.dir == "SVC" and r.proto_name == "UDP" and r.src == ext
-                and r.sport == PREDICT_PORT and r.dst == svc.lb_vip]
-
-    if not flow_rows():  # predict first, then watch: the check sends the datagram itself
-        lab.external("ext").udp("dns", svc.port, b"who answers?", sport=PREDICT_PORT)
-    rows = flow_rows()
-    if not rows:
-        return Outcome(False, f"ext's datagram from port {PREDICT_PORT} left no SVC row on node-a; faults on: "
-                              f"{lab.faults() or 'none'}. Run lab.reset() and section 4 again.")
-    by_id = {b.id: b.pod for b in svc.backends}
-    live = by_id.get(rows[0].backend_id, f"backend {rows[0].backend_id}")
-    m = lab.config.maglev_table_size
-    names = {backend_name(lab.topology.pod(b.pod).ip, b.port, svc.protocol, lab.config.cilium): b.id
-             for b in svc.active}
-    predicted = by_id.get(lookup_table(names, m)[flow_slot(ext, PREDICT_PORT, svc.port, 17, m)])
-    if predicted != live:
-        return Outcome(False, f"node-a sent the flow to {live}, labkit.maglev predicts {predicted}: the table or the "
-                              "hash differ from the datapath's. Run lab.reset() and section 4 again.")
+    snap = ev.snapshot(MAGLEV_SNAPSHOT)
+    step = ev.step(op="udp", actor="ext", target="dns", sport=PREDICT_PORT)
+    if snap is None or step is None:
+        return Outcome.needs(MAGLEV, "the cell that adds dns keeps the Service maps; the cell after your answer "
+                                     "sends ext's datagram")
+    ext, vip, port = ev.topology.external("ext").ip, step.attrs["dst"], step.attrs["port"]
+    front = next((r for r in snap.lb["node-a"].rows() if (r.vip, r.port, r.scope) == (vip, port, 0)), None)
+    rows = [r for r in step_rows(step, "node-a", "UDP", "SVC") if (r.src, r.sport) == (ext, PREDICT_PORT)]
+    if front is None or not rows:
+        return unhealthy(MAGLEV, f"{'no SVC row' if not rows else 'no dns frontend in the snapshot'} for ext's "
+                                 "datagram", step)
+    pods = {p.ip: p.name for p in ev.topology.pods}
+    names = {b.backend_id: pods.get(b.address, f"backend {b.backend_id}") for b in front.backends}
+    ids = {backend_name(b.address, b.port, "UDP", ev.config.cilium): b.backend_id for b in front.backends
+           if b.state == "active"}
+    m = ev.config.maglev_table_size
+    live = names.get(rows[0].backend_id, f"backend {rows[0].backend_id}")
+    predicted = _maglev_pick(names, ids, m, ext, PREDICT_PORT, port, socket.IPPROTO_UDP)
+    if predicted != live or not step.ok:
+        return unhealthy(MAGLEV, f"node-a sending the flow to {live} where dns's Maglev table and the flow hash give "
+                                 f"{predicted}", step)
     got = str(answer).strip()
     if got == live:
-        return Outcome(True, f"{live}: slot {flow_slot(ext, PREDICT_PORT, svc.port, 17, m)} of {m}. Every node holds "
-                             "the same table and hashes the same fields, so whichever node the router picks, the "
-                             "flow lands on the same backend: no shared state needed.")
-    return Outcome(False, f"{answer!r} is not where node-a sent the flow: compute the slot, then table[slot].",
-                   (("-", live, got),))
+        return Outcome(True, f"{live}: slot {flow_slot(ext, PREDICT_PORT, port, socket.IPPROTO_UDP, m)} of {m}. "
+                             "Every node holds the same table and hashes the same fields, so whichever node the "
+                             "router picks, the flow lands on the same backend: no shared state needed.",
+                       (("=", live, got),))
+    swapped = _maglev_pick(names, ids, m, ext, port, PREDICT_PORT, socket.IPPROTO_UDP)
+    tcp = _maglev_pick(names, ids, m, ext, PREDICT_PORT, port, socket.IPPROTO_TCP)
+    if got == swapped:
+        msg = "the ports go in as the datagram carries them: the client's port is the source port, dns's the " \
+              "destination."
+    elif got == tcp:
+        msg = "dns is a UDP Service, and the protocol number is one of the fields the flow hash takes."
+    elif got not in names.values():
+        msg = f"{answer!r} is not one of dns's backends: answer with a pod's name."
+    else:
+        msg = f"{answer!r} is not where node-a sent the flow: compute the slot, then table[slot]."
+    return Outcome(False, msg, (("-", live, got),), reveal=live)
 
 
 # -- 07.5 (break it) ----------------------------------------------------------------------
@@ -235,29 +304,36 @@ def maglev_prediction(answer, lab) -> Outcome:
         "The answer is '198.18.2.11:8080': the reply left with b1's own address, and ext had no socket for it.",
     ),
     break_it=True,
+    cells=(BREAK,),
 )
-def no_dsr_snat(answer, lab) -> Outcome:
-    """With no-dsr-snat on: the source the newest SYN|ACK to ext carried when it left node-b, from the trace."""
+def no_dsr_snat(answer, ev) -> Outcome:
+    """With no-dsr-snat on: the source the SYN|ACK to ext carried when it left node-b, from the step's trace."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    if "no-dsr-snat" not in lab.faults():
-        return Outcome(False, "the fault is off: run the break-it cell (it resets the lab, adds web and switches the "
-                              "fault on), then check.")
-    ext = lab.topology.external("ext").ip
-    leaving = [f for f in recent_flows(lab) if f.node == "node-b" and f.hook.label == "to-netdev"
-               and is_syn(f.event.after, ack=True) and dst(f.event.after)[0] == ext]
-    if not leaving:
-        return Outcome(False, "the trace holds no SYN|ACK leaving node-b for ext: run the break-it cell, then check.")
-    s_addr, s_port = src(leaving[-1].event.after)
+    step = ev.step(op="tcp-open", actor="ext", target="web", port=80)  # section 6's is the last
+    if step is None or _web(ev, broken=True) is None:
+        return Outcome.needs(BREAK, "it switches the fault on, then ext connects to web")
+    if _FAULT not in step.attrs["faults"]:
+        return unhealthy(BREAK, "your newest connection to web made without the fault")
+    ext, b1 = ev.topology.external("ext").ip, ev.topology.pod("b1").ip
+    leaving = _synack_leaving(step, ext)
+    s_addr, s_port = src(leaving[-1].event.after) if leaving else (None, None)
+    if step.ok or s_addr != b1:
+        saw = f"the SYN|ACK leaving node-b as {s_addr}:{s_port}" if leaving else "no SYN|ACK leaving node-b"
+        return unhealthy(BREAK, f"{saw}, and connect() {'succeeding' if step.ok else 'failing'}", step)
     live = f"{s_addr}:{s_port}"
-    if s_addr != lab.pod("b1").ip:
-        return Outcome(False, f"the newest SYN|ACK left node-b as {live}: it was made before the fault. Run the "
-                              "break-it cell again, then check.")
-    got = addr_port(lab, answer)
+    got = _addr_port(ev, answer)
     if got == live:
         return Outcome(True, f"{live}: without its NAT row applied, the reply leaves node-b with the backend's own "
                              "address. ext connected to the VIP, so no socket of ext expects a packet from b1 and "
                              "connect() times out: in dsr mode the backend's node alone is responsible for making "
                              "the reply look like the Service's.", (("=", live, got),))
-    return Outcome(False, f"{answer!r} is not the source the SYN|ACK carried out of node-b: read its to-netdev line.",
-                   (("-", live, str(got)),))
+    host = got.rpartition(":")[0]
+    if host == step.attrs["dst"]:
+        msg = "the VIP is what a healthy node-b writes into the reply at to-netdev, from its NAT row; with the fault " \
+              "that line has no `=>`."
+    elif host in {n.ip for n in ev.topology.nodes}:
+        msg = "node-b did not masquerade the reply to its own address: nothing rewrote its source at all."
+    else:
+        msg = f"{answer!r} is not the source the SYN|ACK carried out of node-b: read its to-netdev line."
+    return Outcome(False, msg, (("-", live, got),), reveal=live)
