@@ -1,123 +1,51 @@
-"""Lab 01, a tour: the hooks, the maps, a ping's rows and a break-it fault.
+"""Lab 01, a tour: the hook that writes an OUT row, what a row counts, the map that holds ICMP rows, and a
+break-it fault.
 
-Every grader reads the running lab (CT maps and the trace) and compares the
-learner's answer with what it finds there *and* with the rule the answer
-should follow, so a check never passes on a lab that did not do the thing.
-
-The small helpers at the top (reading answers, naming rows, reading the
-trace) are shared by the graders of the other labs.
+Graders read what the notebook's cells recorded: the first ping a1 → b1 (section 5) and the ping ×3
+(section 6) with their trace records and rows, the snapshot of node-a's rows that section 7 prints, and the
+ping taken with the fault on (section 8). Steps taken under section 8's fault (``no-related``) never
+answer the questions of sections 5-7, so a learner who runs everything first and answers at the end is
+graded on the cells the questions are about.
 """
 from __future__ import annotations
 
 import os
-import re
 import socket
-import struct
-from typing import Any, Iterable
 
 from ..checks import Outcome, exercise
+from ..constants import Hook
 from ..maps.ct import CT_MAPS, CtResult, CtRow
-from ..trace import EVENT_SIZE, Flow
+from . import common
 
-__all__ = ["NO_ANSWER", "unanswered", "row_kind", "norm_kind", "kinds_answer", "rows_between", "recent_flows",
-           "addr", "newest", "hook_name", "words", "variant_lab", "variant_missing"]
-
-#: What a check says while the answer cell still holds its placeholder.
-NO_ANSWER = "no answer yet: replace None in the answer cell with your answer, run it, then run this check again."
-
-_ICMP, _TCP = socket.IPPROTO_ICMP, socket.IPPROTO_TCP
-
-
-# -- helpers shared by the lab graders ------------------------------------------------------
-def variant_lab(lab, variant: str):
-    """The second lab a notebook started beside ``lab`` with ``start(variant=...)``
-    (``<name>-<variant>``), or None when it is not running."""
-    from ..lab import Lab
-
-    try:
-        return Lab.attach(f"{lab.name}-{variant}")
-    except Exception:
-        return None
+RUN, PING, TABLE, LINE, BREAK = ("Run this cell", "5. One ping, step by step", "6. A live table",
+                                 "7. Reading a CT line", "8. Break it")
+#: The title of section 7's snapshot of node-a's rows.
+ROWS = "node-a's rows in section 7"
+_ICMP = socket.IPPROTO_ICMP
+_ECHO_REQUEST = 8
+_HOOKS = tuple(h.label for h in Hook)
 
 
-def variant_missing(lab, variant: str, how: str) -> Outcome:
-    """The failed Outcome of a check whose second lab is not running; ``how`` is the cell that starts it."""
-    return Outcome(False, f"no lab '{lab.name}-{variant}' is running: run the cell that starts it ({how}), then "
-                          "check.")
+def _ping_records(ev, **attrs):
+    """Records of a1's pings to b1 taken outside section 8's fault (``no-related``)."""
+    return ev.records("step", op="ping", actor="a1", target="b1", faults=lambda f: "no-related" not in f, **attrs)
 
 
-def unanswered(answer: Any) -> Outcome | None:
-    """A failed Outcome while the answer is still the placeholder, else None."""
-    if answer is None or answer is Ellipsis or (isinstance(answer, str) and not answer.strip()):
-        return Outcome(False, NO_ANSWER)
-    return None
+def _ping(ev, **attrs):
+    """The newest ping from a1 to b1 taken outside section 8's fault, or None."""
+    recs = _ping_records(ev, **attrs)
+    return recs[-1].data if recs else None
 
 
-def words(answer: Any) -> list[str]:
-    """The lower-case words of a text answer (or of every item of a list answer)."""
-    items = answer if isinstance(answer, (list, tuple, set)) else [answer]
-    return [w for item in items for w in re.split(r"[^a-z0-9_-]+", str(item).lower()) if w]
+def _out_rows(step, a1: str, b1: str) -> list[CtRow]:
+    """node-a's ICMP OUT rows a1 → b1 (not the twin) that the step wrote or updated."""
+    return [r for r in common.touched(step, "node-a") if r.proto_name == "ICMP" and r.dir == "OUT"
+            and not r.related and (r.src, r.dst) == (a1, b1)]
 
 
-def row_kind(row: CtRow) -> str:
-    """``"ICMP OUT"``, ``"ICMP IN related"``: a row named without its addresses and ports."""
-    return f"{row.proto_name} {row.dir}" + (" related" if row.related else "")
-
-
-def norm_kind(text: Any) -> str:
-    """A learner's row kind in :func:`row_kind` form (case and spacing forgiven)."""
-    tokens = str(text).replace(",", " ").split()
-    related = any(t.lower() == "related" for t in tokens)
-    rest = [t.upper() for t in tokens if t.lower() != "related"]
-    return " ".join(rest + (["related"] if related else []))
-
-
-def kinds_answer(answer: Any) -> list[str] | None:
-    """A list-of-row-kinds answer normalised, or None when it is not a list of strings."""
-    if isinstance(answer, str):
-        answer = [answer]
-    if not isinstance(answer, (list, tuple, set)) or not all(isinstance(a, str) for a in answer):
-        return None
-    return [norm_kind(a) for a in answer]
-
-
-def rows_between(lab, node: str, a: str, b: str, proto: str | None = None, either_way: bool = False) -> list[CtRow]:
-    """``node``'s CT rows of flows from pod ``a`` to pod ``b`` (or back too, with ``either_way``)."""
-    ia, ib = lab.pod(a).ip, lab.pod(b).ip
-    pairs = {(ia, ib), (ib, ia)} if either_way else {(ia, ib)}
-    return [r for r in lab.ct(node) if (r.src, r.dst) in pairs and (proto is None or r.proto_name == proto)]
-
-
-def newest(rows: Iterable[CtRow]) -> CtRow:
-    """The row touched last (largest lifetime; most packets on a tie)."""
-    return max(rows, key=lambda r: (r.lifetime, max(r.last_tx_report, r.last_rx_report), r.packets))
-
-
-def recent_flows(lab, last: int = 20000) -> list[Flow]:
-    """The lab's last ``last`` trace records, in time order."""
-    log = lab.events()
-    try:
-        size = os.stat(log.path).st_size
-    except FileNotFoundError:
-        return []
-    log.offset = max(0, size - size % EVENT_SIZE - last * EVENT_SIZE)
-    return sorted(log.read(), key=lambda f: f.event.ts_ns)
-
-
-def addr(be32: int) -> str:
-    """Dotted address of a trace record's field."""
-    return socket.inet_ntoa(struct.pack("=I", be32))
-
-
-def hook_name(text: Any) -> str:
-    """A hook as the learner wrote it, in Cilium's form: ``from-container``."""
-    name = str(text).strip().lower().replace("_", "-").replace(" ", "-")
-    return name[4:] if name.startswith("cil-") else name
-
-
-def _pings(lab, node: str, src: str, dst: str) -> list[CtRow]:
-    """ICMP OUT rows (not the twins) of ``src`` pinging ``dst`` on ``node``."""
-    return [r for r in rows_between(lab, node, src, dst, "ICMP") if r.dir == "OUT" and not r.related]
+def _pair_rows(step, node: str, a1: str, b1: str) -> list[CtRow]:
+    """``node``'s ICMP rows between a1 and b1 (either way, twins too) after the step."""
+    return [r for r in common.step_rows(step, node, "ICMP", related=None) if {r.src, r.dst} == {a1, b1}]
 
 
 # -- 01.1 ---------------------------------------------------------------------------------
@@ -129,33 +57,42 @@ def _pings(lab, node: str, src: str, dst: str) -> list[CtRow]:
         "Look at the step's trace lines for node-a: which hook reports ct=new/egress for the echo request?",
         "The answer is 'from-container': the program on lxc-a1's tc ingress, where packets from a1 arrive.",
     ),
+    fault="no-out-entry",
+    cells=(PING,),
 )
-def hook_creating_out_row(answer, lab) -> Outcome:
-    """The hook whose CT lookup created node-a's ICMP OUT row, read from the trace."""
-    if (blank := unanswered(answer)) is not None:
+def hook_creating_out_row(answer, ev) -> Outcome:
+    """The hook whose CT lookup created node-a's ICMP OUT row, read from the first ping's trace and rows."""
+    if (blank := common.unanswered(answer)) is not None:
         return blank
-    if not _pings(lab, "node-a", "a1", "b1"):
-        return Outcome(False, "node-a has no ICMP OUT row from a1 to b1 yet: run the ping cell "
-                              "(lab.pod('a1').ping('b1')), then check again.")
-    a1, b1 = lab.pod("a1").ip, lab.pod("b1").ip
-    created = [f for f in recent_flows(lab) if f.node == "node-a" and f.event.ct_result == CtResult.NEW
-               and f.event.before.proto == _ICMP and (addr(f.event.before.saddr), addr(f.event.before.daddr)) == (a1, b1)]
-    if not created:
-        return Outcome(False, "the trace holds no record of node-a creating the a1 → b1 row (ct=new): "
-                              "run the ping cell again, then check.")
-    live = created[-1].hook.label
-    if live != "from-container":
-        return Outcome(False, f"the trace shows node-a creating the row at {live}, not at from-container where "
-                              f"labkit's datapath creates OUT rows: is a fault on? (lab.faults() = {lab.faults()})")
-    got = hook_name(answer)
+    step = _ping(ev, count=1)
+    if step is None:
+        return Outcome.needs(PING, "the ping records each hook's line and the rows it wrote")
+    a1, b1 = ev.topology.pod("a1").ip, ev.topology.pod("b1").ip
+    created = [f for f in step.flows if f.node == "node-a" and f.ct_result == CtResult.NEW
+               and f.event.before.proto == _ICMP and f.event.before.icmp_type == _ECHO_REQUEST
+               and (common.addr(f.event.before.saddr), common.addr(f.event.before.daddr)) == (a1, b1)]
+    if not step.ok or not created or not _out_rows(step, a1, b1):
+        rows = [common.row_kind(r) for r in common.touched(step, "node-a")]
+        return common.unhealthy(PING, f"a ping that left node-a with {rows or 'no new rows'} "
+                                      f"({'answered' if step.ok else 'not answered'})", step)
+    live = created[0].hook.label
+    got = common.hook_name(answer)
     if got == live:
         return Outcome(True, f"{live}: the program on lxc-a1's tc ingress, the first hook the echo request meets, "
                              "found no row (ct=new) and wrote the OUT row.")
-    hooks = {"from-container", "to-container", "from-netdev", "to-netdev", "from-overlay", "to-overlay"}
-    if got not in hooks:
-        return Outcome(False, f"{answer!r} is not a hook name; the hooks are {', '.join(sorted(hooks))}.")
-    return Outcome(False, f"{answer!r} is not where node-a's OUT row was made: the record there does not say "
-                          "ct=new/egress. Find the one node-a line of the echo request that does.")
+    diff = (("-", f"the hook that wrote node-a's OUT row: {live}", got),)
+    if got not in _HOOKS:
+        return Outcome(False, f"{answer!r} is not a hook name; the hooks are {', '.join(sorted(_HOOKS))}.")
+    if got == "to-container":
+        msg = ("to-container hands packets into a pod: on node-a it only met the echo reply on its way back to a1, "
+               "and that found the row already there (ct=reply).")
+    elif got in ("to-overlay", "to-netdev"):
+        msg = (f"{got} saw the echo request only after the row existed: its node-a line has no ct= at all. Conntrack "
+               "runs at the pod's veth, before the packet is routed out of the node.")
+    else:
+        msg = (f"{got} on node-a only saw the echo reply arriving from node-b: the row was written before the "
+               "request ever left node-a.")
+    return Outcome(False, msg, diff, reveal=f"{live!r}")
 
 
 # -- 01.2 ---------------------------------------------------------------------------------
@@ -165,67 +102,109 @@ def hook_creating_out_row(answer, lab) -> Outcome:
     hints=(
         "With CT accounting on, the OUT row on node-a counts every packet of the flow that passes a1's veth, in "
         "both directions.",
-        "Find the newest `ICMP OUT 198.18.1.11:<id> -> 198.18.2.11:0` row (not the related one) and read Packets=.",
+        "Find the new `ICMP OUT 198.18.1.11:<id> -> 198.18.2.11:0` row of the ping ×3 (not the related one) and "
+        "read Packets=.",
         "The answer is 6: three echo requests leaving a1 plus three echo replies coming back.",
     ),
+    fault="no-accounting",
+    cells=(TABLE,),
 )
-def packets_after_ping3(answer, lab) -> Outcome:
-    """node-a's newest ICMP OUT row must count 2×3 packets (CT accounting on), and the answer must say so."""
-    if (blank := unanswered(answer)) is not None:
+def packets_after_ping3(answer, ev) -> Outcome:
+    """Packets= of the OUT row the ping ×3 made on node-a: 2 × 3 with CT accounting on, and the answer."""
+    if (blank := common.unanswered(answer)) is not None:
         return blank
+    if not ev.config.ct_accounting:
+        return Outcome(False, "this lab counts no packets: like a default Cilium v1.16 node it was built without CT "
+                              "accounting, so every row says Packets=0. Run the setup cell as the notebook has it "
+                              "(start(ct_accounting=True)), then the ping ×3, then check.", missing=RUN)
+    step = _ping(ev, count=3)
+    if step is None:
+        return Outcome.needs(TABLE, "the ping ×3 records the row it made")
+    a1, b1 = ev.topology.pod("a1").ip, ev.topology.pod("b1").ip
+    rows = _out_rows(step, a1, b1)
     rule = 2 * 3
-    rows = _pings(lab, "node-a", "a1", "b1")
-    if not rows:
-        return Outcome(False, "node-a has no ICMP OUT row from a1 to b1: run the ping ×3 cell, then check again.")
-    row = newest(rows)
-    if not lab.config.ct_accounting:
-        return Outcome(False, f"lab '{lab.name}' counts no packets: like a default Cilium v1.16 node it is built "
-                              "without CT accounting, so every row says Packets=0. Run the setup cell as the notebook "
-                              "has it (start(ct_accounting=True)), then the ping ×3 cell, then check.")
-    if row.packets != rule:
-        return Outcome(False, f"node-a's newest ICMP OUT row counts {row.packets} packets, not the {rule} a ping ×3 "
-                              "leaves (3 requests + 3 replies): run the ping ×3 cell again, then check.")
+    if not step.ok or len(rows) != 1 or rows[0].packets != rule:
+        counts = ", ".join(f"Packets={r.packets}" for r in rows) or "no new OUT row"
+        return common.unhealthy(TABLE, f"a ping ×3 whose node-a OUT row says {counts}", step)
+    row = rows[0]
     if isinstance(answer, bool) or not isinstance(answer, int):
         return Outcome(False, f"expected a whole number of packets, got {answer!r}.")
     if answer == row.packets:
         return Outcome(True, f"{row.packets} packets: 3 echo requests leaving a1 and 3 echo replies entering it, "
                              "all counted on the one OUT row.")
-    return Outcome(False, f"you answered {answer}, but node-a's newest ICMP OUT row (the ping ×3) counts "
-                          f"{row.packets} packets. Which packets of the ping pass lxc-a1?",
-                   (("-", f"Packets={row.packets}", f"Packets={answer}"),))
+    diff = (("-", f"Packets={row.packets}", f"Packets={answer}"),)
+    if answer == 3:
+        msg = "the row counts both directions of its flow: what came back to a1 passed the same row."
+    elif answer == 2 * rule:
+        msg = ("each packet is counted once on node-a's row, however many hooks it passes, and node-b's IN row keeps "
+               "a count of its own.")
+    elif answer > rule:
+        msg = ("a new ping is a new flow: ping picked a new ICMP identifier, so the ping ×3 got a row of its own; the "
+               "first ping's packets stay on the first ping's row.")
+    else:
+        msg = f"you answered {answer}; the ping ×3's OUT row on node-a counts another number. Which packets of the " \
+              "ping pass lxc-a1?"
+    return Outcome(False, msg, diff, reveal=f"{row.packets} (3 echo requests + 3 echo replies)")
 
 
 # -- 01.3 ---------------------------------------------------------------------------------
+_NOT_CT = {
+    "cilium_lxc": "cilium_lxc lists node-a's local endpoints, one entry per pod: it holds no connections",
+    "cilium_ipcache": "cilium_ipcache says which node owns which address: it holds no connections",
+    "labkit_events": "labkit_events is the ring buffer of trace records: it holds no rows",
+    "labkit_config": "labkit_config holds the lab clock offset and the faults: it holds no rows",
+}
+
+
 @exercise(
     "01.3",
     "The map that holds ICMP rows",
     hints=(
         "A node has two CT maps; one of them is only for TCP.",
-        "Look at the pins list (ls of lab.pin_dir('node-a')) and at the `map` field of an ICMP row: lab.ct('node-a')[0].map.",
+        "Look at the pins list (ls of lab.pin_dir('node-a')) and at the `map` field of an ICMP row (section 7's "
+        "loop prints it).",
         "The answer is 'cilium_ct_any4_global'.",
     ),
+    fault="no-out-entry",
+    cells=(TABLE, LINE),
 )
-def map_of_icmp_rows(answer, lab) -> Outcome:
-    """The pinned map that holds node-a's ICMP rows, compared with the rows' real map."""
-    if (blank := unanswered(answer)) is not None:
+def map_of_icmp_rows(answer, ev) -> Outcome:
+    """The pinned map that holds node-a's ICMP rows in section 7's snapshot, with the ping ×3's row among them."""
+    if (blank := common.unanswered(answer)) is not None:
         return blank
-    rows = lab.ct("node-a")
+    snap_rec = ev.latest("snapshot", title=ROWS)
+    if snap_rec is None:
+        return Outcome.needs(LINE, "it keeps node-a's rows as it prints them")
+    before = [r for r in _ping_records(ev) if r.seq < snap_rec.seq]
+    if not before:
+        return Outcome.needs(TABLE, "the ping ×3 makes the rows section 7 reads")
+    step, snap = before[-1].data, snap_rec.data
+    a1, b1 = ev.topology.pod("a1").ip, ev.topology.pod("b1").ip
+    mine = {r.key for r in _out_rows(step, a1, b1)}
+    rows = snap.rows("node-a")
     icmp = [r for r in rows if r.proto_name == "ICMP"]
-    if not icmp:
-        return Outcome(False, "node-a holds no ICMP row right now: run a ping cell, then check again.")
+    if not mine or not mine <= {r.key for r in icmp}:
+        return common.unhealthy(TABLE, "node-a's rows without the OUT row of your last ping a1 → b1", step)
     live = sorted({r.map for r in icmp})
-    if live != ["cilium_ct_any4_global"]:
-        return Outcome(False, f"node-a's ICMP rows are in {live}; expected them all in one non-TCP map.")
-    got = os.path.basename(str(answer).strip().rstrip("/"))
-    if got == live[0]:
-        return Outcome(True, f"{got}: ICMP, UDP and the RELATED twins share the 'any' map; "
-                             "cilium_ct4_global is for TCP only.")
-    if got in CT_MAPS:
-        tcp = sum(1 for r in rows if r.map == got)
-        return Outcome(False, f"{got} holds node-a's TCP rows only ({tcp} now, no ICMP among them). "
-                              "ICMP rows are in the node's other CT map.",
-                       (("-", "the map of the ICMP rows", got),))
-    return Outcome(False, f"{answer!r} is not one of node-a's CT maps ({', '.join(CT_MAPS)}).")
+    if live != [CT_MAPS[1]]:
+        return common.unhealthy(LINE, f"node-a's ICMP rows in {live}")
+    items = answer if isinstance(answer, (list, tuple, set)) else [answer]
+    got = [os.path.basename(str(a).strip().rstrip("/")) for a in items]
+    diff = (("-", f"the map of node-a's {len(icmp)} ICMP row(s)", ", ".join(got)),)
+    if got == live:
+        return Outcome(True, f"{live[0]}: ICMP, UDP and the RELATED twins share the 'any' map; "
+                             f"{CT_MAPS[0]} is for TCP only.")
+    if len(got) > 1:
+        msg = "each row lives in exactly one CT map, chosen by its protocol: name the one that holds ICMP rows."
+    elif got[0] == CT_MAPS[0]:
+        tcp = sum(1 for r in rows if r.map == CT_MAPS[0])
+        msg = (f"{CT_MAPS[0]} holds TCP rows only ({tcp} in your snapshot, and no ICMP among them): the '4' is IPv4, "
+               "not 'every IPv4 protocol'.")
+    elif got[0] in _NOT_CT:
+        msg = _NOT_CT[got[0]] + "; the rows are in one of the two CT maps."
+    else:
+        msg = f"{answer!r} is not one of node-a's pinned maps: the pins list of section 4 names them."
+    return Outcome(False, msg, diff, reveal=f"'{live[0]}'")
 
 
 # -- 01.4 (break it) ----------------------------------------------------------------------
@@ -234,30 +213,46 @@ def map_of_icmp_rows(answer, lab) -> Outcome:
     "Break it: which rows are missing?",
     hints=(
         "Compare the rows of this ping with those of the first ping of the notebook, node by node.",
-        "Before the fault every ping left two rows per node; count them now. The missing ones have ports 0 and one extra word.",
+        "Before the fault every ping left two rows per node; count them now. The missing ones have ports 0 and one "
+        "extra word.",
         "The answer is 'related': the RELATED twins (ICMP, ports 0, the word `related` in the line) are not created.",
     ),
     break_it=True,
+    cells=(BREAK,),
 )
-def missing_related(answer, lab) -> Outcome:
-    """With no-related on, the learner names the missing RELATED twins, checked against the live rows."""
-    if (blank := unanswered(answer)) is not None:
+def missing_related(answer, ev) -> Outcome:
+    """With no-related on: the word that marks the rows the ping no longer made, checked on its rows."""
+    if (blank := common.unanswered(answer)) is not None:
         return blank
-    if "no-related" not in lab.faults():
-        return Outcome(False, "the fault is off: run the cell that resets the lab and switches it on "
-                              "(lab.fault('no-related')), then the ping after it, then check.")
-    a_rows = rows_between(lab, "node-a", "a1", "b1", "ICMP")
-    b_rows = rows_between(lab, "node-b", "a1", "b1", "ICMP")
-    if not [r for r in a_rows if not r.related]:
-        return Outcome(False, "node-a has no ICMP OUT row from a1 to b1: run the ping cell under the fault, then check.")
+    step, missing = common.broken_step(ev, "no-related", BREAK, "it switches the fault on, empties the CT maps "
+                                       "and pings", op="ping", actor="a1", target="b1")
+    if missing:
+        return missing
+    a1, b1 = ev.topology.pod("a1").ip, ev.topology.pod("b1").ip
+    a_rows, b_rows = _pair_rows(step, "node-a", a1, b1), _pair_rows(step, "node-b", a1, b1)
+    outs = [r for r in a_rows if r.dir == "OUT" and not r.related]
+    ins = [r for r in b_rows if r.dir == "IN" and not r.related]
     twins = [r for r in a_rows + b_rows if r.related]
-    if twins:
-        return Outcome(False, f"there are still {len(twins)} twin row(s) from before the fault: run the break-it cell "
-                              "again (it resets the lab first), then check.")
-    if "related" in words(answer) or "twin" in words(answer) or "twins" in words(answer):
-        return Outcome(True, f"related: node-a has {len(a_rows)} row(s) and node-b {len(b_rows)} for the ping, "
-                             "and none is a RELATED twin, so an ICMP error about this flow would now find no row.")
-    return Outcome(False, f"{answer!r} does not name what is missing: node-a still has its ICMP OUT row and node-b its "
-                          f"ICMP IN row ({len(a_rows)} and {len(b_rows)} row(s)); after the first ping each node had "
-                          "two. Which kind of row is gone?",
-                   (("-", "the missing kind of row", str(answer)),))
+    if not outs or not ins or twins:
+        saw = (f"{len(twins)} twin row(s) left from before the fault" if twins
+               else f"node-a {sorted(map(common.row_kind, a_rows))}, node-b {sorted(map(common.row_kind, b_rows))}")
+        return Outcome(False, f"your cells recorded {saw}, not the rows this question is about: run the cells under "
+                              f"'{BREAK}' again (the fault, then the cell that empties the maps and pings).",
+                       missing=BREAK)
+    said = set(common.words(answer))
+    if said & {"related", "twin", "twins"}:
+        return Outcome(True, f"related: node-a has {len(a_rows)} row(s) and node-b {len(b_rows)} for the ping, and "
+                             "none is a RELATED twin, so an ICMP error about this flow would now find no row.")
+    diff = (("-", "the word of the missing rows", str(answer)),)
+    if "in" in said:
+        msg = "node-b still has its IN row for this ping: the receiving side was tracked as before."
+    elif "out" in said:
+        msg = "node-a still has its OUT row for this ping: the sending side was tracked as before."
+    elif "icmp" in said:
+        msg = ("the ping's own rows are ICMP too, and they are there on both nodes: the missing rows are marked by "
+               "another word of the line.")
+    else:
+        msg = (f"{answer!r} does not name what is missing: node-a still has its OUT row and node-b its IN row "
+               f"({len(a_rows)} and {len(b_rows)} row(s)); after the first ping each node had two. Which kind of row "
+               "is gone?")
+    return Outcome(False, msg, diff, reveal="'related': the RELATED twins (ports 0) are not created")
