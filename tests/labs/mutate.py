@@ -8,10 +8,10 @@ per exercise the reference answer and at least two wrong ones, each with the mes
 Each mutant is one notebook execution carrying every mutation of one kind for the whole lab, with what
 each exercise's checks must then say:
 
-- ``paused``: reference answers, and a 6-minute pause before every check (the lab clock moved 360 s:
-  the time the datapath and the GC see) -> every exercise passes;
-- ``late``: the notebook as handed out, Run All, then every exercise answered at the end: each wrong
-  answer, then the reference -> each wrong one fails with its message, the reference passes;
+- ``paced``: reference answers, each checked after a 6-minute pause (the lab clock moved 360 s: the time
+  the datapath and the GC see) -> every exercise passes; then, with every cell run (as after Run All),
+  each exercise answered again at the end: each wrong answer, then the reference -> each wrong one fails
+  with its message, the reference passes;
 - ``no-evidence``: reference answers, every evidence cell removed -> every exercise says which cell to
   run (no try spent);
 - ``fault-N``: reference answers, each exercise's fault switched on around its own cells (rounds keep
@@ -29,7 +29,7 @@ import nbformat
 __all__ = ["Mutant", "ANSWERS_DIR", "load_key", "mutants", "judge", "PAUSE"]
 
 ANSWERS_DIR = Path(__file__).resolve().parents[2] / "instructor" / "answers"
-PAUSE = 360  #: seconds of the pause before each check in the ``paused`` mutant
+PAUSE = 360  #: seconds of the pause before each check in the ``paced`` mutant
 
 
 def load_key(lab: str) -> dict:
@@ -80,19 +80,15 @@ def _index(nb, what: str) -> dict[str, list[int]]:
     return out
 
 
-def paused(lab: str, nb, key: dict) -> Mutant:
+def paced(lab: str, nb, key: dict) -> Mutant:
+    """Reference answers in place, each check after a six-minute pause; then, once every cell has run (as after
+    Run All), each exercise answered again at the end: every wrong answer, then the reference."""
     out = _with_answers(nb, key)
     cells = []
     for cell in out.cells:
         if _meta(cell).get("check"):
             cells.append(_code(f"lab.clock.advance({PAUSE})  # a learner reading for six minutes"))
         cells.append(cell)
-    out.cells = cells
-    return Mutant(lab, "paused", out, {ex: ["pass"] for ex in key})
-
-
-def late(lab: str, nb, key: dict) -> Mutant:
-    out = copy.deepcopy(nb)
     expect = {}
     for ex, entry in key.items():
         var = f"answer_{ex.replace('.', '_')}"
@@ -100,9 +96,10 @@ def late(lab: str, nb, key: dict) -> Mutant:
         source = ["from labkit.checks import check, reset_attempts"]
         for src in tries:
             source += [f"reset_attempts({ex!r})", src, f"display(check({ex!r}, {var}))"]
-        out.cells.append(_code("\n".join(source)))
-        expect[ex] = [f"fail:{w['message']}" for w in entry["wrong"]] + ["pass"]
-    return Mutant(lab, "late", out, expect)
+        cells.append(_code("\n".join(source)))
+        expect[ex] = ["pass"] + [f"fail:{w['message']}" for w in entry["wrong"]] + ["pass"]
+    out.cells = cells
+    return Mutant(lab, "paced", out, expect)
 
 
 def no_evidence(lab: str, nb, key: dict) -> Mutant:
@@ -157,7 +154,7 @@ def faults(lab: str, nb, key: dict, exercises) -> list[Mutant]:
 def mutants(lab: str, nb, exercises) -> list[Mutant]:
     """Every mutant of lab ``lab``'s notebook ``nb``."""
     key = load_key(lab)
-    return [paused(lab, nb, key), late(lab, nb, key), no_evidence(lab, nb, key), *faults(lab, nb, key, exercises)]
+    return [paced(lab, nb, key), no_evidence(lab, nb, key), *faults(lab, nb, key, exercises)]
 
 
 def judge(mutant: Mutant, log: list[dict]) -> dict[str, str]:
