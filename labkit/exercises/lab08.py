@@ -1,31 +1,44 @@
-"""Lab 08, conntrack over time: which rows a GC run leaves, the interval it
-picks next, what an LRU map under pressure forgets, and a break-it fault that
-lets the GC delete an established connection.
+"""Lab 08, conntrack over time: which rows a GC run leaves, the interval it picks next, what an LRU map under
+pressure forgets, and a break-it fault that lets the GC delete an established connection.
 
-Graders read the live maps, the GC's own record of its runs (``lab.gc``) and
-the trace; the small-map lab is the ``-small`` lab beside the main one.
+Graders read what the notebook's cells recorded: section 1's GC run and the snapshot taken right after it;
+the first GC run of the small lab (``ev.variant("small")``, section 3); the snapshot the flood cell took in
+the small lab (section 5); and the steps of ``idle`` taken with the fault on, with the GC run that followed
+them (section 6). Each compares the answer with that evidence and with the rule the exercise teaches;
+evidence that breaks the rule (a GC that deleted nothing, kept its interval, a map that evicted nothing)
+sends the learner back to the cell, at no cost.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..checks import Outcome, compare_rows, exercise
-from ..gc import next_interval
-from ..maps.ct import CT_MAPS
-from .lab01 import kinds_answer, row_kind, unanswered, variant_lab, variant_missing
+from ..gc import MIN_INTERVAL, next_interval
+from ..maps.ct import CT_MAPS, CtRow
+from .common import conn_rows, kinds_answer, row_kind, unanswered, unhealthy
 
-__all__ = ["small_lab"]
-
-
-def small_lab(lab):
-    """(the small-CT-map lab the notebook started beside ``lab``, None) or (None, a failed Outcome)."""
-    small = variant_lab(lab, "small")
-    if small is None:
-        return None, variant_missing(lab, "small", "small = start(variant='small', ...)")
-    return small, None
+ONE_RUN, INTERVAL, FULL, BREAK = ("1. Rows with three lifetimes, and one GC run", "3. The interval, on a small map",
+                                  "5. A full table", "6. Break it")
+FLOOD = 400  #: connections the flood cell makes from a2 to b2 in the small lab
 
 
-def _last_run(lab) -> dict | None:
-    runs = lab.gc.history()
-    return runs[-1] if runs else None
+def _number(answer: Any) -> bool:
+    return isinstance(answer, (int, float)) and not isinstance(answer, bool)
+
+
+def _before(ev, rec, kind: str):
+    """The newest ``kind`` record made before ``rec`` (None if there is none)."""
+    found = [r for r in ev.records(kind) if r.seq < rec.seq]
+    return found[-1] if found else None
+
+
+def _tcp_deleted(run) -> int:
+    """TCP rows (``cilium_ct4_global``, every node) a GC run deleted."""
+    return sum(m.deleted for m in run.maps if m.map == CT_MAPS[0])
+
+
+def _seen_non_syn(row: CtRow) -> bool:
+    return "SeenNonSyn" in row.flag_names
 
 
 # -- 08.1 ---------------------------------------------------------------------------------
@@ -33,36 +46,56 @@ def _last_run(lab) -> dict | None:
     "08.1",
     "Which rows survive a GC",
     hints=(
-        "A row survives when its lifetime is still ahead of the clock: compare each row's expires= with now.",
-        "61 s is past the close timeout (10 s) and the 60 s of ICMP rows and RELATED twins, not 8,000 s.",
+        "A row survives when its lifetime is still ahead of the clock: the GC never looks at flags or at whether "
+        "a connection is open.",
+        "The clock moved 61 s: compare that with what show(lab) printed before, 'expires in … s' for each row "
+        "(10 s for a closed connection, 60 s for ICMP and every RELATED twin, 8,000 s for an open connection).",
         "The answer is ['TCP OUT']: only the open connection's own row on node-a is left.",
     ),
+    fault="gc-noop",
+    cells=(ONE_RUN,),
 )
-def survivors(answer, lab) -> Outcome:
-    """Kinds of node-a's rows left after the newest GC run, live, checked against the run's clock."""
+def survivors(answer, ev) -> Outcome:
+    """Kinds of node-a's rows in the snapshot taken right after section 1's GC run."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    run = _last_run(lab)
-    if run is None:
-        return Outcome(False, "the GC has not run in this lab yet: run the cell with lab.gc.run(), then check.")
-    rows = lab.ct("node-a")
-    early = [r for r in rows if r.lifetime < run["now"]]
-    if early:
-        return Outcome(False, f"node-a holds {len(early)} row(s) that expired before the last GC run: the run "
-                              "cannot have been the last thing done. Run section 1's cells again, then check.")
-    live = sorted({row_kind(r) for r in rows})
-    if not any(r.proto_name == "TCP" and r.dir == "OUT" and r.flags & 0x10 for r in rows):
-        return Outcome(False, f"node-a has no open TCP connection left ({live}): run section 1 from the top.")
+    rec = ev.latest("snapshot", title="after the GC run")
+    gc = _before(ev, rec, "gc") if rec is not None else None
+    if rec is None or gc is None:
+        return Outcome.needs(ONE_RUN, "it moves the clock, runs the GC and records node-a's rows")
+    snap, run = rec.data, gc.data
+    rows = snap.rows("node-a")
+    stale = [r for r in rows if r.expired(run.now)]
+    if run.deleted == 0 or stale:
+        return unhealthy(ONE_RUN, f"a GC run that deleted {run.deleted} row(s) and left {len(stale)} row(s) on "
+                                  "node-a whose lifetime was already behind its clock")
+    left = sorted({row_kind(r) for r in rows})
+    if not any(r.proto_name == "TCP" and r.dir == "OUT" and not r.related and _seen_non_syn(r) for r in rows):
+        return unhealthy(ONE_RUN, f"no open TCP connection left on node-a after the run (rows left: "
+                                  f"{left or 'none'})")
     got = kinds_answer(answer)
     if got is None:
-        return Outcome(False, f"expected a list of row kinds such as ['TCP OUT'], got {answer!r}.")
-    out = compare_rows(live, got, "rows left on node-a")
+        return Outcome(False, f"expected a list of row kinds such as ['UDP IN', 'ICMP IN related'], got {answer!r}.")
+    out = compare_rows(left, got, "rows left on node-a after the run")
     if out.passed:
-        return Outcome(True, "Only the open connection's OUT row: its lifetime runs 8,000 s from its last packet. "
-                             "The closed connection had 10 s, the ping and every RELATED twin 60 s; the clock moved "
-                             "61 s and the run deleted them all. The GC never looks at flags, only at lifetimes.",
-                       out.diff)
-    return out
+        return Outcome(True, f"{left}: only the open connection's OUT row, whose lifetime runs 8,000 s from its "
+                             f"last packet. The run at lab clock {run.now} deleted {run.deleted} rows: the closed "
+                             "connection's (10 s), the ping's and every RELATED twin (60 s). The GC never looks at "
+                             "flags, only at lifetimes.", out.diff)
+    extra = set(got) - set(left)
+    if not got:
+        msg = "the GC deletes only rows whose lifetime is behind the clock, and keep's last packet pushed its " \
+              "row's lifetime far ahead of 61 s."
+    elif any("related" in g for g in extra):
+        msg = "a RELATED twin does not live as long as its connection: it kept the lifetime its flow's first " \
+              "packet gave it, and no later packet refreshed it."
+    elif extra & {"ICMP OUT", "ICMP IN"}:
+        msg = "a ping's row lives ICMP's 60 s after its last packet, and the clock moved more than that."
+    elif extra & {"TCP IN"}:
+        msg = "node-a holds the client side of its pods' connections: an IN row would be on the server's node."
+    else:
+        msg = out.message + " Which lifetimes were still ahead of the clock when the GC ran?"
+    return Outcome(False, msg, out.diff, reveal=out.reveal)
 
 
 # -- 08.2 ---------------------------------------------------------------------------------
@@ -70,75 +103,113 @@ def survivors(answer, lab) -> Outcome:
     "08.2",
     "The next interval",
     hints=(
-        "The rule reads the largest ratio deleted / max_entries over the maps, and only compares it with 5% and 25%.",
-        "Above 25% the interval is multiplied by (1 - ratio), rounded to whole seconds (never below 10 s).",
-        "The answer is next_interval(run.interval, run.ratio): print small.gc.state()['interval'] to see it.",
+        "The rule reads the largest ratio deleted / max_entries over the maps, and compares it with 5% and 25%.",
+        "Above 25% the interval is multiplied by (1 - ratio), rounded to whole seconds (never below 10 s); the run "
+        "printed its ratio and the interval it was scheduled with.",
+        "The answer is round(run.interval × (1 − run.ratio)): 188 s when the run deleted 6 of 16 rows.",
     ),
+    fault="gc-fixed-interval",
+    cells=(INTERVAL,),
 )
-def interval_after(answer, lab) -> Outcome:
-    """The small lab's interval after its newest GC run, live, and by the rule from that run's ratio."""
+def interval_after(answer, ev) -> Outcome:
+    """The small lab's interval after its first GC run (section 3), as the run recorded it and by the rule."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    small, missing = small_lab(lab)
-    if missing:
-        return missing
-    run = _last_run(small)
-    if run is None:
-        return Outcome(False, "the small lab's GC has not run yet: run the churn cell of section 3, then check.")
-    live = small.gc.state()["interval"]
-    rule = next_interval(run["interval"], run["ratio"])
-    if live != rule:
-        return Outcome(False, f"the small lab's interval is {live} s but its last run ({run['interval']} s, ratio "
-                              f"{run['ratio']:.3f}) gives {rule} s: another run happened since. Run the churn cell "
-                              "again, then check.")
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+    runs = ev.variant("small").records("gc")
+    if not runs:
+        return Outcome.needs(INTERVAL, "it starts the small lab, churns and runs its GC once")
+    run = runs[0].data  # the first run since start(variant="small"): the one section 3 prints
+    rule = next_interval(run.interval, run.ratio)
+    if run.ratio <= 0.25:
+        return unhealthy(INTERVAL, f"a first run that deleted {run.ratio:.1%} of its fullest map, not more than a "
+                                   "quarter (6 short connections in 16-entry maps)")
+    if run.next_interval != rule:
+        return unhealthy(INTERVAL, f"a GC that went from {run.interval} s to {run.next_interval} s after deleting "
+                                   f"{run.ratio:.1%} of a map, against Cilium's rule")
+    if not _number(answer):
         return Outcome(False, f"expected a number of seconds, got {answer!r}.")
-    if round(answer) == live:
-        return Outcome(True, f"{live} s: the run deleted {run['ratio']:.1%} of the fullest map, more than a quarter, "
-                             f"so the GC comes back sooner: {run['interval']} s × (1 − {run['ratio']:.3f}). A node "
-                             "with many short connections converges on a short interval; an idle one grows it "
-                             "by half each run up to 12 hours.", (("=", f"{live} s", f"{answer} s"),))
-    return Outcome(False, f"{answer!r} s is not the interval the rule gives for ratio {run['ratio']:.3f} after "
-                          f"{run['interval']} s.", (("-", f"{live} s", f"{answer} s"),))
+    diff = (("=" if round(answer) == rule else "-", f"{rule} s", f"{answer} s"),)
+    if round(answer) == rule:
+        return Outcome(True, f"{rule} s: the run deleted {run.ratio:.1%} of the fullest map, more than a quarter, so "
+                             f"the GC comes back sooner: {run.interval} s × (1 − {run.ratio:.3f}). A node with many "
+                             "short connections converges on a short interval; an idle one grows it by half each "
+                             "run, up to 12 hours.", diff)
+    first = run.interval
+    if round(answer) == round(first * 1.5):
+        msg = "×1.5 is what a run gets that deletes under 5% of a map, as section 1's did; this run deleted more " \
+              "than a quarter of one."
+    elif round(answer) == first:
+        msg = "the interval is not fixed: a run that deletes more than a quarter of a map brings the next one " \
+              "closer."
+    elif round(answer) in (round(first * run.ratio), int(first * run.ratio)):
+        msg = "the interval keeps the part of itself that was not deleted: it is scaled by one minus the ratio, " \
+              "not by the ratio."
+    elif round(answer) == MIN_INTERVAL:
+        msg = "10 s is only the floor the rule never goes under; this ratio does not take the interval that low."
+    else:
+        msg = f"{answer!r} s is not what the rule gives for ratio {run.ratio:.3f} after {first} s."
+    return Outcome(False, msg, diff, reveal=f"{rule} s = round({first} × (1 − {run.ratio:.3f}))")
 
 
 # -- 08.3 ---------------------------------------------------------------------------------
-FLOOD = 400  #: connections the notebook's flood cell makes from a2 to b2 in the small lab
-
-
 @exercise(
     "08.3",
     "A full table forgets",
     hints=(
-        "Every one of the flood's connections made an OUT row on node-a, and no GC ran since.",
-        "Count the TCP OUT rows from a2 still in small.ct('node-a'); the rest are gone.",
-        "The answer is 400 minus that count: the LRU map evicted them to make room.",
+        "Every one of the flood's connections made an OUT row on node-a, and no GC ran since: whatever is "
+        "missing, the map itself threw out.",
+        "Count a2's TCP OUT rows in the snapshot the flood cell took (flood.rows('node-a')); the rest are gone.",
+        "The answer is 400 - len(a2_rows): the LRU map evicted them to make room.",
     ),
+    fault="no-out-entry",
+    cells=(FULL,),
 )
-def evicted(answer, lab) -> Outcome:
-    """How many of the flood's OUT rows the small lab's 16-entry TCP map on node-a no longer holds, live."""
+def evicted(answer, ev) -> Outcome:
+    """How many of the flood's OUT rows node-a's 16-entry TCP map of the small lab no longer held, from the
+    snapshot the flood cell took."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    small, missing = small_lab(lab)
-    if missing:
-        return missing
-    a2 = small.pod("a2").ip
-    rows = [r for r in small.ct("node-a") if r.proto_name == "TCP" and r.dir == "OUT" and r.src == a2
-            and not r.related]
-    size = small.config.ct_tcp_size
-    if not rows:
-        return Outcome(False, "node-a of the small lab holds no row of a2's connections: run the flood cell, then "
-                              "check.")
-    live = FLOOD - len(rows)
+    small = ev.variant("small")
+    rec = small.latest("snapshot", title="after the flood")
+    if rec is None:
+        return Outcome.needs(FULL, "it floods node-a's small map and records its rows")
+    snap = rec.data
+    opened = [r.seq for r in small.records("step", op="tcp-open", actor="a1", target="b1") if r.seq < rec.seq]
+    collected = [g for g in small.records("gc") if (opened[-1] if opened else 0) < g.seq < rec.seq]
+    size = (snap.extra or {}).get("map size", 16)
+    a2 = (snap.extra or {}).get("a2") or ev.topology.pod("a2").ip
+    rows = [r for r in snap.rows("node-a") if r.proto_name == "TCP" and r.dir == "OUT" and not r.related
+            and r.src == a2]
+    tcp = [r for r in snap.rows("node-a") if r.proto_name == "TCP" and not r.related]
+    if not rows or len(rows) >= FLOOD or len(tcp) > size or collected:
+        during = f" and {len(collected)} GC run(s) during the flood" if collected else ""
+        return unhealthy(FULL, f"{len(rows)} OUT row(s) of a2's {FLOOD} connections in node-a's {size}-entry "
+                               f"map{during}")
+    gone = FLOOD - len(rows)
     if isinstance(answer, bool) or not isinstance(answer, int):
-        return Outcome(False, f"expected a number of rows, got {answer!r}.")
-    if answer == live:
-        return Outcome(True, f"{live} of {FLOOD}: the map holds {size} entries, so every new connection past that "
-                             "made the kernel evict one. Nothing had expired and no GC ran: an LRU map forgets under "
+        return Outcome(False, f"expected a whole number of rows, got {answer!r}.")
+    diff = (("=" if answer == gone else "-", str(gone), str(answer)),)
+    if answer == gone:
+        return Outcome(True, f"{gone} of {FLOOD}: the map holds {size} entries, so new connections past that made "
+                             "the kernel evict others. Nothing had to expire and no GC ran: an LRU map forgets under "
                              "pressure, whatever the lifetimes say. Which entry goes is the kernel's guess at the one "
-                             "used longest ago, made per CPU.", (("=", str(live), str(answer)),))
-    return Outcome(False, f"{answer!r} is not how many of the flood's {FLOOD} rows are gone: count a2's OUT rows "
-                          "left.", (("-", str(live), str(answer)),))
+                             "used longest ago, made per CPU" + (f", which is why only {len(rows)} of the {size} "
+                                                                 "slots held a2's rows." if len(rows) < size else "."),
+                       diff)
+    if answer == 0:
+        msg = f"nothing had to expire: node-a's map holds {size} entries, and a full LRU map makes room for a new " \
+              "row by throwing an old one out, without a GC."
+    elif answer == FLOOD:
+        msg = "some of a2's rows are still in node-a's map: eviction makes room for each new row, it does not " \
+              "empty the map."
+    elif answer == FLOOD - size:
+        msg = f"not every one of the map's {size} slots held one of a2's rows after the flood: count a2's rows left " \
+              "instead of assuming."
+    elif answer < 0 or answer > FLOOD:
+        msg = f"the flood made {FLOOD} rows: the answer is between 0 and {FLOOD}."
+    else:
+        msg = f"{answer!r} is not how many of the flood's {FLOOD} rows are gone: count a2's OUT rows left on node-a."
+    return Outcome(False, msg, diff, reveal=f"{gone} ({FLOOD} − {len(rows)} of a2's rows left)")
 
 
 # -- 08.4 (break it) ----------------------------------------------------------------------
@@ -147,33 +218,48 @@ def evicted(answer, lab) -> Outcome:
     "Break it: the GC takes a live connection",
     hints=(
         "Which lifetime did idle's rows carry with the fault on? Compare it with the 61 s the clock moved.",
-        "The last GC run says how many TCP rows it deleted: print lab.gc.history()[-1]['maps'].",
+        "The GC run's report lists what it deleted per map and node: cilium_ct4_global holds the TCP rows.",
         "The answer is 2: idle's OUT row on node-a and its IN row on node-b.",
     ),
     break_it=True,
+    cells=(BREAK,),
 )
-def gc_takes_live(answer, lab) -> Outcome:
-    """With wrong-lifetime on: the TCP rows the newest GC run deleted on both nodes, from the GC's own record."""
+def gc_takes_live(answer, ev) -> Outcome:
+    """With wrong-lifetime on: idle's TCP rows (as its last step left them) that the GC run after it deleted."""
     if (blank := unanswered(answer)) is not None:
         return blank
-    if "wrong-lifetime" not in lab.faults():
-        return Outcome(False, "the fault is off: run the break-it cell, then check.")
-    run = _last_run(lab)
-    if run is None:
-        return Outcome(False, "the GC has not run since the fault went on: run the break-it cell, then check.")
-    tcp = sum(m["deleted"] for m in run["maps"] if m["map"] == CT_MAPS[0])
-    a1, b1 = lab.pod("a1").ip, lab.pod("b1").ip
-    left = [f"{n}: {r.line()[:80]}" for n in ("node-a", "node-b") for r in lab.ct(n)
-            if r.proto_name == "TCP" and not r.related and {r.src, r.dst} == {a1, b1} and r.lifetime >= run["now"]]
-    if left or tcp == 0:
-        return Outcome(False, f"idle's rows are not gone after the last run ({'; '.join(left) or 'it deleted none'}):"
-                              " run the break-it cell from the top.")
+    recs = ev.records("step", actor="a1", target="b1", ok=True, faults=lambda f: "wrong-lifetime" in f)
+    if not recs:
+        return Outcome.needs(BREAK, "it opens idle with the fault on, lets it sit and runs the GC")
+    step_rec = recs[-1]
+    gcs = ev.after(step_rec, "gc")
+    if not gcs:
+        return Outcome.needs(BREAK, "it runs the GC after idle's minute of quiet")
+    step, run = step_rec.data, gcs[0].data
+    idle = conn_rows(step, "node-a", "OUT") + conn_rows(step, "node-b", "IN")
+    taken = [r for r in idle if r.expired(run.now) and not _seen_non_syn(r)]
+    if not idle or len(taken) != len(idle) or _tcp_deleted(run) < len(taken):
+        return unhealthy(BREAK, f"idle's {len(idle)} TCP row(s) with [ "
+                                f"{' '.join(sorted({n for r in idle for n in r.flag_names}))} ] and a GC run that "
+                                f"deleted {_tcp_deleted(run)} TCP row(s)", step)
+    n = len(taken)
     if isinstance(answer, bool) or not isinstance(answer, int):
-        return Outcome(False, f"expected a number of rows, got {answer!r}.")
-    if answer == tcp:
-        return Outcome(True, f"{tcp}: with SeenNonSyn never set, idle's rows kept the 60 s SYN lifetime; a minute of "
-                             "quiet later the GC deleted them as it deletes any expired row. The connection itself "
-                             "is still open in both pods: its next packet finds no row at all.",
-                       (("=", str(tcp), str(answer)),))
-    return Outcome(False, f"{answer!r} is not how many TCP rows the last run deleted: print "
-                          "lab.gc.history()[-1]['maps'].", (("-", str(tcp), str(answer)),))
+        return Outcome(False, f"expected a whole number of rows, got {answer!r}.")
+    diff = (("=" if answer == n else "-", str(n), str(answer)),)
+    if answer == n:
+        return Outcome(True, f"{n}: with SeenNonSyn never set, idle's rows kept the {ev.config.timeouts.syn} s SYN "
+                             "lifetime; a minute of quiet later the GC deleted them as it deletes any expired row. "
+                             "The connection itself is still open in both pods: its next packet finds no row at "
+                             "all.", diff)
+    if answer == 0:
+        msg = "the GC does not know a connection is open: it compares each row's lifetime with the clock, and " \
+              "idle's rows had fallen behind it."
+    elif answer == 1:
+        msg = "idle had a row at each end, one on the client's node and one on the server's, and the fault gave " \
+              "both the same short lifetime."
+    elif answer > n:
+        msg = "the RELATED twins are ICMP rows in the other map (cilium_ct_any4_global): the question counts " \
+              "idle's TCP rows."
+    else:
+        msg = f"{answer!r} is not how many of idle's TCP rows the run deleted: read its report per map and node."
+    return Outcome(False, msg, diff, reveal=f"{n} (idle's OUT row on node-a and IN row on node-b)")
