@@ -110,6 +110,30 @@ def no_evidence(lab: str, nb, key: dict) -> Mutant:
     return Mutant(lab, "no-evidence", out, {ex: ["missing"] for ex in key if ex in evidence})
 
 
+# A mutant's fault is on in every lab of the notebook, the second labs (started later, or reset) included:
+# Lab.reset re-applies the mutation's faults, and the labs already up get them at once.
+_FAULT_ON = """# mutation: {ex}'s fault, in every lab of this notebook
+from labkit.lab import Lab as _Lab
+from labkit.ledger import Ledger as _Ledger
+from labkit.nb import VARIANTS as _VARIANTS
+_MUTATION_FAULTS = globals().get("_MUTATION_FAULTS", set()) | {{{fault!r}}}
+if not getattr(_Lab, "_mutation_reset", None):
+    _Lab._mutation_reset = _Lab.reset
+    def _reset(self):
+        _Lab._mutation_reset(self)
+        for _f in _MUTATION_FAULTS:
+            self.fault(_f)
+    _Lab.reset = _reset
+def _notebook_labs():
+    names = [lab.name] + [f"{{lab.name}}-{{v}}" for v in _VARIANTS]
+    return [_Lab.attach(n) for n in names if _Ledger(n).exists()]
+for _l in _notebook_labs():
+    _l.fault({fault!r})"""
+_FAULT_OFF = """_MUTATION_FAULTS = _MUTATION_FAULTS - {{{fault!r}}}
+for _l in _notebook_labs():
+    _l.fault({fault!r}, on=False)"""
+
+
 def faults(lab: str, nb, key: dict, exercises) -> list[Mutant]:
     """The fault mutants: rounds of exercises whose cells (first evidence cell to check cell) do not overlap."""
     base = _with_answers(nb, key)
@@ -138,8 +162,8 @@ def faults(lab: str, nb, key: dict, exercises) -> list[Mutant]:
             if fault is None:
                 drop.add(first)  # the break-it exercise's own fault cell: never switched on
             else:
-                before.setdefault(first, []).append(_code(f"lab.fault({fault!r})  # mutation: {ex}'s fault"))
-                after.setdefault(last, []).append(_code(f"lab.fault({fault!r}, on=False)"))
+                before.setdefault(first, []).append(_code(_FAULT_ON.format(fault=fault, ex=ex)))
+                after.setdefault(last, []).append(_code(_FAULT_OFF.format(fault=fault)))
         cells = []
         for i, cell in enumerate(out.cells):
             cells += before.get(i, [])
