@@ -87,6 +87,9 @@ def cmd_grade(args) -> int:
     from .grade import default_jobs, grade, notebook_paths
     from .gradereport import format_csv, format_html, format_json, format_table, warnings
 
+    from .doctor import require_datapath
+
+    require_datapath()  # every notebook brings a lab up: say what is missing once, not in every notebook
     jobs = args.jobs or default_jobs()
     progress = None
     if not args.quiet:

@@ -319,3 +319,29 @@ def test_cli_grade_and_answers_options():
     assert (args.lab_id, args.json) == ("02", True)
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["grade", "a.ipynb", "--jobs", "0"])
+
+
+def test_cli_grade_writes_the_chosen_report(monkeypatch, capsys, tmp_path):
+    """`labkit grade --csv --html F` prints the CSV on stdout, writes the class report, warns on stderr; a
+    machine that cannot run labs is told so once, before anything runs."""
+    import labkit.doctor
+    import labkit.grade
+    from labkit.errors import PrivilegeError
+
+    scores = class_scores()
+    scores[0].error = "stopped at cell 9: the kernel died"
+    monkeypatch.setattr(labkit.doctor, "require_datapath", lambda: None)
+    monkeypatch.setattr(labkit.grade, "grade", lambda paths, **kw: scores)
+    assert cli.main(["grade", "x.ipynb", "--csv", "--html", str(tmp_path / "r.html"), "-q"]) == 0
+    out, err = capsys.readouterr()
+    assert out == format_csv(scores) and (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+    assert "labkit grade: alice/02.ipynb: stopped at cell 9: the kernel died" in err
+    assert cli.main(["grade", "x.ipynb", "--json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["learners"][0]["learner"] == "alice"
+
+    def no_root():
+        raise PrivilegeError("this machine cannot run the lab datapath yet: not root")
+
+    monkeypatch.setattr(labkit.doctor, "require_datapath", no_root)
+    assert cli.main(["grade", "x.ipynb"]) == 1
+    assert "labkit: error: this machine cannot run the lab datapath yet" in capsys.readouterr().err
