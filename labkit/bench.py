@@ -16,6 +16,7 @@ backend add/remove at 50k  <= 1 ms
 first packet, 50k vs 10    ratio <= 1.1
 GC, 1M entries, batch      <= 2 s
 GC batch / per-entry       <= 0.2 (5x faster)
+grade, 2 jobs / 1 job      <= 0.6 (6 copies of lab 02, 2 cores)
 =========================  ========
 
 Reported without a target: the request rate of the external client to a
@@ -40,12 +41,12 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main", "TARGETS", "compare_service_modes"]
+__all__ = ["main", "TARGETS", "compare_service_modes", "grade_side_by_side"]
 
 TARGETS = {"up_s": 5.0, "down_s": 1.0, "reset_s": 0.3, "ct_list_s": 0.2, "step_s": 0.15, "table_refresh_1000_s": 0.1,
            "backend_update_50k_s": 0.001, "first_packet_ratio_50k_vs_10": 1.1, "gc_batch_1m_s": 2.0,
            "gc_batch_over_per_entry": 0.2, "ebpf_first_packet_growth_100_to_10k": 1.1,
-           "no_bpf_over_bpf_throughput": round(1 / 0.85, 4)}
+           "no_bpf_over_bpf_throughput": round(1 / 0.85, 4), "grade_jobs2_over_jobs1": 0.6}
 #: Numbers of services of the kube-proxy comparison (each size: both modes, side by side).
 SCALE_SIZES = (100, 1000, 5000, 10000, 50000)
 THROUGHPUT_SECONDS = 3
@@ -59,6 +60,10 @@ LAB = "bench"
 #: The two labs of the dsr/snat comparison: native routing, so the only difference is the LB mode.
 LB_MODE_LABS = {"dsr": "bench-dsr", "snat": "bench-snat"}
 LB_REQUESTS = 300
+#: ``labkit grade`` side by side: this many copies of lab 02 (reference answers), --jobs GRADE_JOBS vs --jobs 1.
+GRADE_COPIES = 6
+GRADE_JOBS = 2
+GRADE_LAB = "02"
 _REQUESTS = r"""
 import socket, sys, time
 vip, n = sys.argv[1], int(sys.argv[2])
@@ -128,7 +133,10 @@ def measure(runs: int) -> dict:
     samples["gc_batch_1m_s"] = gc["batch_s"]
     medians["gc_batch_1m_s"] = round(statistics.median(gc["batch_s"]), 4)
     medians["gc_batch_over_per_entry"] = round(medians["gc_batch_1m_s"] / statistics.median(gc["per_entry_s"]), 4)
+    graded = grade_side_by_side(max(min(runs, 3), 1))
+    medians["grade_jobs2_over_jobs1"] = graded["ratio"]
     return {
+        "grade": graded,
         "first_packet_side_by_side": {"10_vs_50k": ratio_50k, "100_vs_10k": growth},
         "kube_proxy": kube_proxy,
         "throughput": throughput,
@@ -285,6 +293,55 @@ def _gc_scale(rounds: int) -> dict:
     return {"entries": GC_ENTRIES, "map_size": GC_MAP_SIZE, "rounds": rounds, "batch_s": times["batch"],
             "per_entry_s": times["per-entry"], "read_deleted": counts,
             "speedup": round(statistics.median(times["per-entry"]) / statistics.median(times["batch"]), 2)}
+
+
+def grade_side_by_side(rounds: int, copies: int | None = None) -> dict:
+    """Wall time of ``labkit grade`` on the same ``copies`` copies of lab 02 (reference answers, a learner
+    folder each) with ``--jobs GRADE_JOBS`` and with ``--jobs 1``, ``rounds`` runs of each, alternating;
+    medians and their ratio. Every notebook runs in a fresh lab, as an instructor's grading does."""
+    import tempfile
+
+    import nbformat
+
+    from .answers import load_key
+    from .grade import answer_cells, grade
+
+    copies = copies or GRADE_COPIES
+    labs = Path(__file__).resolve().parents[1] / "labs"
+    [source] = labs.glob(f"{GRADE_LAB}-*.ipynb")
+    nb = nbformat.read(source, as_version=4)
+    key = load_key(GRADE_LAB)
+    for ex, i in answer_cells(nb).items():
+        nb.cells[i].source = key[ex].answer
+    times: dict[int, list[float]] = {GRADE_JOBS: [], 1: []}
+    passed: dict[int, list[int]] = {GRADE_JOBS: [], 1: []}
+    with tempfile.TemporaryDirectory(prefix="labkit-bench-grade-") as tmp:
+        paths = []
+        for k in range(copies):
+            path = Path(tmp) / f"learner{k}" / source.name
+            path.parent.mkdir()
+            nbformat.write(nb, path)
+            paths.append(path)
+        for _ in range(rounds):
+            for jobs in times:
+                t = time.perf_counter()
+                scores = grade(paths, jobs=jobs, lab_tag="-bench")
+                times[jobs].append(time.perf_counter() - t)
+                passed[jobs].append(sum(s.score for s in scores))
+    med = {jobs: statistics.median(t) for jobs, t in times.items()}
+    return {"copies": copies, "lab": GRADE_LAB, "jobs": GRADE_JOBS, "rounds": rounds,
+            "median_s": {str(j): round(v, 2) for j, v in med.items()},
+            "samples_s": {str(j): [round(x, 2) for x in t] for j, t in times.items()},
+            "exercises_passed": {str(j): p for j, p in passed.items()},
+            "exercises": copies * len(key), "ratio": round(med[GRADE_JOBS] / med[1], 3)}
+
+
+def grade_line(g: dict, cpus: int) -> str:
+    """The report's line for :func:`grade_side_by_side`."""
+    return (f"labkit grade, the same {g['copies']} copies of lab {g['lab']} (reference answers, a fresh lab each): "
+            f"--jobs {g['jobs']} {g['median_s'][str(g['jobs'])]:.1f} s, --jobs 1 {g['median_s']['1']:.1f} s, ratio "
+            f"{g['ratio']} (medians of {g['rounds']} runs each, alternating, {cpus} CPUs; exercises passed per run: "
+            f"{', '.join(map(str, g['exercises_passed'][str(g['jobs'])]))} of {g['exercises']})")
 
 
 _CONNECT_PAIRS = r"""
@@ -558,6 +615,8 @@ def report(result: dict) -> str:
                  f"(connect, GET, answer, close) per round, median of {lb['rounds']} alternating rounds: "
                  f"dsr {lb['median_rps']['dsr']} req/s, snat {lb['median_rps']['snat']} req/s, "
                  f"ratio dsr/snat {lb['ratio_dsr_vs_snat']}")
+    if "grade" in result:
+        lines.append(grade_line(result["grade"], result["machine"]["cpus"]))
     return "\n".join(lines)
 
 

@@ -26,6 +26,8 @@ Examples::
     labkit clock advance 120                        # move the lab clock 2 minutes ahead
     labkit clock show --json
     labkit down                                     # remove everything the lab created
+    labkit grade handin/ --jobs 2 --csv             # re-run handed-in notebooks, one row per learner
+    labkit answers 02                               # lab 02's answer key (for instructors)
 
 Exit status: 0 on success, 1 when labkit reports an error (``labkit: error: …``
 on stderr), 2 for a usage error; ``exec`` passes the command's own status
@@ -347,16 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every fault labkit has, and what it breaks")
     p.set_defaults(func=cmd_fault_list)
 
-    p = add("grade", "run handed-in notebooks headless and print a score per notebook and exercise")
-    p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="notebooks (.ipynb) to grade")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="scores as JSON")
-    out.add_argument("--csv", action="store_true", help="one CSV row per notebook and exercise")
-    p.add_argument("--cell-timeout", type=int, default=120, metavar="SECONDS", help="time limit per cell (default 120)")
-    p.add_argument("--grade-lab", type=_lab_name, default="grade", metavar="NAME",
-                   help="the lab the notebooks run in (default 'grade'; never your own lab)")
-    p.add_argument("--keep-lab", action="store_true", help="leave the grading lab up afterwards")
-    p.set_defaults(func=cmd_grade)
+    from .gradecli import add_commands as add_grade_commands
+
+    add_grade_commands(add)  # grade, answers
 
     parser._labkit_exec = sub.choices["exec"]  # for the missing-command error
     return parser
@@ -876,27 +871,6 @@ def _fault_doc(fault) -> str:
         if line.strip().startswith(f"{fault.name} =") and "#:" in line:
             return line.split("#:", 1)[1].strip()
     return ""
-
-
-def cmd_grade(args) -> int:
-    from .grade import format_csv, format_table, grade_notebook
-    from .nb import VARIANTS
-
-    try:
-        scores = [grade_notebook(nb, cell_timeout=args.cell_timeout, lab_name=args.grade_lab) for nb in args.notebooks]
-    finally:
-        if not args.keep_lab:
-            from .lab import Lab
-
-            for name in (args.grade_lab, *(f"{args.grade_lab}-{v}" for v in VARIANTS)):  # the labs notebooks start
-                Lab.cleanup(name)
-    if args.json:
-        _print_json([s.to_json() for s in scores])
-    elif args.csv:
-        sys.stdout.write(format_csv(scores))
-    else:
-        print(format_table(scores))
-    return 0
 
 
 # -- entry point ---------------------------------------------------------------

@@ -15,6 +15,7 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "GC_MAP_SIZE", 65_536)
     monkeypatch.setattr(bench, "SCALE_SIZES", (100, 300))
     monkeypatch.setattr(bench, "THROUGHPUT_SECONDS", 1)
+    monkeypatch.setattr(bench, "GRADE_COPIES", 2)
     assert bench.main(["--runs", "1", "--out", str(tmp_path)]) in (0, 1)  # 1: a target missed on a busy machine
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(bench.TARGETS) <= set(result["median"])
@@ -25,6 +26,7 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     lb = result["lb_modes"]
     assert lb["median_rps"]["dsr"] > 0 and lb["median_rps"]["snat"] > 0 and lb["ratio_dsr_vs_snat"] > 0
     assert "ratio dsr/snat" in table and "GC of a CT map with 20,000 entries" in table
+    assert "labkit grade, the same 2 copies of lab 02" in table and result["grade"]["ratio"] > 0
     assert result["gc"]["read_deleted"] == {"batch": [20_000, 10_000], "per-entry": [20_000, 10_000]}
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in bench.LB_MODE_LABS.values())
     kp = result["kube_proxy"]

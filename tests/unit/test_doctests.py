@@ -21,6 +21,9 @@ MODULES = [
     "labkit.maps.lb",
     "labkit.services",
     "labkit.checks",
+    "labkit.answers",
+    "labkit.grade",
+    "labkit._jobs",
 ]
 
 
