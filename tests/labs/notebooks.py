@@ -1,9 +1,8 @@
-"""Helpers for the notebook tests: find the learner notebooks and their reference
-answers, put answers into answer cells, run a notebook headless with nbclient,
-and read what its checks logged.
+"""Helpers for the notebook tests: find the learner notebooks and their answer cells,
+run a notebook headless with nbclient, and read what its checks logged (the answer
+key and the mutants built from it are tests/labs/mutate.py's).
 
-    nb = with_answers(load("02"), "answer")            # reference answers in every answer cell
-    ran, seconds = execute(nb, lab=tagged("nbtest"), grade_log=tmp / "log.jsonl")
+    ran, seconds = execute(load("02"), lab=tagged("nbtest"), grade_log=tmp / "log.jsonl")
     assert cell_errors(ran) == []
     last = last_checks(tmp / "log.jsonl")              # {"02.1": {"passed": True, ...}, ...}
 
@@ -24,8 +23,8 @@ import nbformat
 from labtag import tagged
 
 __all__ = [
-    "REPO", "LABS_DIR", "NOTEBOOKS", "CELL_TIMEOUT", "load", "load_answers", "answer_cells", "with_answers",
-    "execute", "cell_errors", "cell_seconds", "read_log", "last_checks", "lab_netns",
+    "REPO", "LABS_DIR", "NOTEBOOKS", "CELL_TIMEOUT", "load", "answer_cells", "execute", "cell_errors",
+    "cell_seconds", "read_log", "last_checks", "lab_netns",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,11 +41,6 @@ def load(lab: str) -> nbformat.NotebookNode:
     return nbformat.read(LABS_DIR / NOTEBOOKS[lab], as_version=4)
 
 
-def load_answers(lab: str) -> dict[str, dict]:
-    """``labs/answers/<lab>.json``: exercise id → {answer, wrong, wrong_message}."""
-    return json.loads((LABS_DIR / "answers" / f"{lab}.json").read_text())
-
-
 def answer_cells(nb) -> dict[str, nbformat.NotebookNode]:
     """Exercise id → its answer cell (``metadata.labkit.answer``)."""
     out = {}
@@ -56,18 +50,6 @@ def answer_cells(nb) -> dict[str, nbformat.NotebookNode]:
             if ex in out:
                 raise AssertionError(f"two answer cells for exercise {ex}")
             out[ex] = cell
-    return out
-
-
-def with_answers(nb, which: str = "answer", override: dict[str, str] | None = None, lab: str | None = None):
-    """A copy of ``nb`` whose answer cells hold the reference ``answer`` (or ``wrong``) sources;
-    ``override`` maps some exercise ids to the other kind (``{"02.4": "wrong"}``)."""
-    lab = lab or nb.metadata["labkit"]["lab"]
-    answers = load_answers(lab)
-    out = copy.deepcopy(nb)
-    for ex, cell in answer_cells(out).items():
-        kind = (override or {}).get(ex, which)
-        cell.source = answers[ex][kind]
     return out
 
 
