@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .errors import ConfigError
+from labkit.errors import ConfigError
 
 __all__ = ["LabClock", "mono_seconds"]
 

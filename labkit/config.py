@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from .errors import ConfigError
-from .release import DEFAULT_RELEASE, Profile, profile
+from labkit.errors import ConfigError
+from labkit.release import DEFAULT_RELEASE, Profile, profile
 
 __all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LB_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
            "VXLAN_PORT"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import warnings
 
-from .checks import check
-from .errors import LabStateError
+from labkit.grading.checks import check
+from labkit.errors import LabStateError
 
 __all__ = ["start", "check", "current_lab", "lab_name", "show", "VARIANTS"]
 
@@ -46,8 +46,8 @@ def start(routing: str | None = None, socket_lb: str | None = None, variant: str
     """
     options.setdefault("gc_timer", False)
     global _CURRENT
-    from .config import DatapathConfig
-    from .lab import Lab
+    from labkit.config import DatapathConfig
+    from labkit.lab import Lab
 
     _inline_figures()
     config = DatapathConfig()
@@ -72,8 +72,8 @@ def start(routing: str | None = None, socket_lb: str | None = None, variant: str
 
 def _down_variants(name: str) -> None:
     """Take down the second labs of ``name`` (``<name>-<variant>``) that are still up."""
-    from .lab import Lab
-    from .ledger import Ledger
+    from labkit.lab import Lab
+    from labkit.net.ledger import Ledger
 
     for v in VARIANTS:
         if Ledger(f"{name}-{v}").exists():
@@ -84,7 +84,7 @@ def current_lab():
     """The lab :func:`start` returned, or the running lab of this name."""
     if _CURRENT is not None:
         return _CURRENT
-    from .lab import Lab
+    from labkit.lab import Lab
 
     try:
         return Lab.attach(lab_name())

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from labkit.errors import ConfigError
 
 __all__ = ["RELEASES", "DEFAULT_RELEASE", "Behaviour", "BEHAVIOURS", "Profile", "profile"]
 

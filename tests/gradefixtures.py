@@ -9,8 +9,8 @@ import json
 
 import nbformat
 
-from labkit.checks import CHECK_MIME, exercises_for
-from labkit.grade import ExerciseScore, NotebookScore
+from labkit.grading.checks import CHECK_MIME, exercises_for
+from labkit.grading.grade import ExerciseScore, NotebookScore
 
 __all__ = ["handed_in", "check_output", "notebook_score", "class_scores"]
 

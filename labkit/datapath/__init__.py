@@ -6,6 +6,6 @@
   a child process, one per node, so nodes build in parallel);
 - :mod:`labkit.datapath.tc` holds the tc verbs both sides use.
 """
-from .source import BPF_DIR, NodeBuild, PROGRAMS, node_build
+from labkit.datapath.source import BPF_DIR, NodeBuild, PROGRAMS, node_build
 
 __all__ = ["BPF_DIR", "NodeBuild", "PROGRAMS", "node_build"]

@@ -27,11 +27,12 @@ def _say(**msg) -> None:
 
 
 def run(spec: dict) -> None:
-    from .. import _bpf, _netns
-    from ..config import DatapathConfig
-    from ..topology import Topology
-    from . import tc
-    from .source import MAP_NAMES, node_build
+    from labkit.datapath import bpf as _bpf
+    from labkit.net import netns as _netns
+    from labkit.config import DatapathConfig
+    from labkit.net.topology import Topology
+    from labkit.datapath import tc
+    from labkit.datapath.source import MAP_NAMES, node_build
 
     topo = Topology.from_dict(spec["topology"])
     config = DatapathConfig.from_dict(spec["config"])
@@ -90,7 +91,7 @@ def _attach_cgroup(bpf, prog, spec: dict, node: str) -> None:
     """Load a socket program, pin it (so teardown can detach it), attach it to the spec's cgroups."""
     from bcc import BPF
 
-    from .. import _bpf
+    from labkit.datapath import bpf as _bpf
 
     attach_type = CGROUP_ATTACH[prog.direction]
     fn = bpf.load_func(prog.function, BPF.CGROUP_SOCK_ADDR, attach_type=attach_type)

@@ -5,7 +5,7 @@ Cilium compiles every node's datapath on that node, with the node's options
 written into ``node_config.h``; labkit does the same with ``-D`` macros, once
 per node, so a node's programs and maps come from one compilation:
 
-    >>> from labkit.topology import Topology
+    >>> from labkit.net.topology import Topology
     >>> from labkit.config import DatapathConfig
     >>> topo = Topology.default("demo")
     >>> b = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=7)
@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import VXLAN_PORT, DatapathConfig
-from ..errors import ConfigError
-from ..topology import LOOPBACK_SNAT_ADDR, Topology
+from labkit.config import VXLAN_PORT, DatapathConfig
+from labkit.errors import ConfigError
+from labkit.net.topology import LOOPBACK_SNAT_ADDR, Topology
 
 __all__ = ["BPF_DIR", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES"]
 
@@ -139,7 +139,7 @@ def _be32(ip: str) -> int:
 def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex: int = 0,
                netdev_ifindex: int = 0) -> NodeBuild:
     """The build of ``node``: which files, which programs, which macros."""
-    from ..maglev import FLOW_HASH_SEED
+    from labkit.agent.maglev import FLOW_HASH_SEED
 
     n = topo.node(node)
     tunnel = config.routing == "tunnel"

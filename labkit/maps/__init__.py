@@ -6,7 +6,7 @@
 - :mod:`labkit.maps.config` — ``labkit_config`` (lab clock, faults, trace mode)
 - :mod:`labkit.maps.base` — :class:`PinnedMap`, the mapping they all share
 """
-from .base import PinnedMap
-from .ct import CtEntry, CtFlags, CtKey4, CtRow, TupleFlags, diff_rows
+from labkit.maps.base import PinnedMap
+from labkit.maps.ct import CtEntry, CtFlags, CtKey4, CtRow, TupleFlags, diff_rows
 
 __all__ = ["PinnedMap", "CtKey4", "CtEntry", "CtFlags", "CtRow", "TupleFlags", "diff_rows"]

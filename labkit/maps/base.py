@@ -15,8 +15,8 @@ import errno
 import os
 from typing import Generic, Iterator, TypeVar
 
-from .. import _bpf
-from ..errors import DatapathError, NotFoundError
+from labkit.datapath import bpf as _bpf
+from labkit.errors import DatapathError, NotFoundError
 
 __all__ = ["PinnedMap", "batch_chunk", "open_pinned"]
 

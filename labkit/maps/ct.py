@@ -27,7 +27,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from ..release import DEFAULT_RELEASE, profile
+from labkit.release import DEFAULT_RELEASE, profile
 
 __all__ = [
     "CtKey4",

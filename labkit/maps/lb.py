@@ -34,10 +34,10 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable
 
-from .._tabwriter import CILIUM as _CILIUM_TABWRITER
-from .._tabwriter import tabwrite
-from ..errors import ConfigError
-from ..release import DEFAULT_RELEASE, profile
+from labkit._tabwriter import CILIUM as _CILIUM_TABWRITER
+from labkit._tabwriter import tabwrite
+from labkit.errors import ConfigError
+from labkit.release import DEFAULT_RELEASE, profile
 
 __all__ = [
     "Lb4Key",
@@ -577,14 +577,14 @@ class PinnedMaglev:
     """
 
     def __init__(self, path: str, table_size: int):
-        from .base import open_pinned
+        from labkit.maps.base import open_pinned
 
         self.path = path
         self.table_size = table_size
         self.fd = open_pinned(path)
 
     def get(self, key: Lb4RevNatKey) -> MaglevLut | None:
-        from .. import _bpf
+        from labkit.datapath import bpf as _bpf
 
         inner_id = ctypes.c_uint32()
         if not _bpf.lookup(self.fd, key, inner_id):
@@ -599,7 +599,7 @@ class PinnedMaglev:
             os.close(fd)
 
     def __setitem__(self, key: Lb4RevNatKey, lut: MaglevLut) -> None:
-        from .. import _bpf
+        from labkit.datapath import bpf as _bpf
 
         if len(lut) != self.table_size:
             raise ConfigError(f"{self.path}: a Maglev table of {len(lut)} slots, expected {self.table_size} "
@@ -613,12 +613,12 @@ class PinnedMaglev:
             os.close(fd)
 
     def delete(self, key: Lb4RevNatKey) -> bool:
-        from .. import _bpf
+        from labkit.datapath import bpf as _bpf
 
         return _bpf.delete(self.fd, key)
 
     def items(self) -> list[tuple[Lb4RevNatKey, MaglevLut]]:
-        from .. import _bpf
+        from labkit.datapath import bpf as _bpf
 
         keys = [Lb4RevNatKey.from_buffer_copy(k) for k in _bpf.all_keys(self.fd, ctypes.sizeof(Lb4RevNatKey))]
         return [(k, v) for k in keys if (v := self.get(k)) is not None]

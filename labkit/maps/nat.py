@@ -34,7 +34,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from .ct import CtDiff, CtKey4, TupleFlags, diff_rows, proto_name
+from labkit.maps.ct import CtDiff, CtKey4, TupleFlags, diff_rows, proto_name
 
 __all__ = [
     "NatKey4",

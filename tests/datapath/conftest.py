@@ -23,7 +23,7 @@ def _datapath_problem() -> str | None:
     if os.geteuid() != 0:
         return "datapath tests need root"
     try:
-        from labkit.doctor import require_datapath
+        from labkit.datapath.doctor import require_datapath
 
         require_datapath()
     except LabkitError as exc:

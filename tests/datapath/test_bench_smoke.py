@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from labkit import bench
-from labkit import _netns
+from labkit.tools import bench
+from labkit.net import netns as _netns
 
 
 def test_bench_measures_every_target(tmp_path, monkeypatch):

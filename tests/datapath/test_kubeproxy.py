@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from labkit.config import DatapathConfig
-from labkit.kubeproxy import diff_tables, ext_chain, parse_tables, sep_chain, svc_chain, svl_chain
+from labkit.agent.kubeproxy import diff_tables, ext_chain, parse_tables, sep_chain, svc_chain, svl_chain
 
 from labtag import tagged
 

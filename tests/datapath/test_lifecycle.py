@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from labkit import Lab, Topology
-from labkit import _netns
+from labkit.net import netns as _netns
 from labkit.errors import (
     DatapathError,
     LabBusyError,
@@ -23,7 +23,7 @@ from labkit.errors import (
     TopologyError,
 )
 from labkit.lab import BPFFS_ROOT
-from labkit.ledger import RUN_DIR, LabLock, Ledger, lab_dir, process_start_time
+from labkit.net.ledger import RUN_DIR, LabLock, Ledger, lab_dir, process_start_time
 
 from labtag import tagged
 
@@ -41,7 +41,7 @@ def assert_nothing_left(name: str, topo: Topology | None = None) -> None:
     assert not (BPFFS_ROOT / name).exists(), "pins left"
     assert not lab_dir(name).exists(), "state left"
     assert not (RUN_DIR / f"{name}.lock").exists(), "lock left"
-    from labkit._build import cgroup_root
+    from labkit.net.build import cgroup_root
 
     root = cgroup_root()
     assert root is None or not (root / "labkit" / name).exists(), "cgroup left"
@@ -154,7 +154,7 @@ def test_lab_held_by_another_process():
     name = tagged("dpbusy")
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys,time;from labkit.ledger import LabLock;LabLock(sys.argv[1],'test holder').acquire();"
+         "import sys,time;from labkit.net.ledger import LabLock;LabLock(sys.argv[1],'test holder').acquire();"
          "print('held',flush=True);time.sleep(60)", name],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from labkit.config import DatapathConfig
-from labkit.ledger import Ledger
+from labkit.net.ledger import Ledger
 from labkit.maps.base import PinnedMap
 from labkit.maps.lb import (
     AFFINITY_MAP,
@@ -103,7 +103,7 @@ for line in sys.stdin:
 def socklb(_require_datapath):
     """A lab with socket LB for node processes and pods (full), reset for each test."""
     from labkit import Lab
-    from labkit._build import cgroup_root
+    from labkit.net.build import cgroup_root
 
     lab = Lab.up(tagged("dpsocklb"), config=DatapathConfig(socket_lb="full", gc_timer=False))
     yield lab

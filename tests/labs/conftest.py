@@ -16,7 +16,7 @@ def _datapath_problem() -> str | None:
     if os.geteuid() != 0:
         return "lab notebooks need root"
     try:
-        from labkit.doctor import require_datapath
+        from labkit.datapath.doctor import require_datapath
         from labkit.errors import LabkitError
     except ImportError as exc:
         return f"labkit cannot be imported: {exc}"

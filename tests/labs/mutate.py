@@ -93,7 +93,7 @@ def paced(lab: str, nb, key: dict) -> Mutant:
     for ex, entry in key.items():
         var = f"answer_{ex.replace('.', '_')}"
         tries = [w["answer"] for w in entry["wrong"]] + [entry["answer"]]
-        source = ["from labkit.checks import check, reset_attempts"]
+        source = ["from labkit.grading.checks import check, reset_attempts"]
         for src in tries:
             source += [f"reset_attempts({ex!r})", src, f"display(check({ex!r}, {var}))"]
         cells.append(_code("\n".join(source)))
@@ -114,7 +114,7 @@ def no_evidence(lab: str, nb, key: dict) -> Mutant:
 # Lab.reset re-applies the mutation's faults, and the labs already up get them at once.
 _FAULT_ON = """# mutation: {ex}'s fault, in every lab of this notebook
 from labkit.lab import Lab as _Lab
-from labkit.ledger import Ledger as _Ledger
+from labkit.net.ledger import Ledger as _Ledger
 from labkit.nb import VARIANTS as _VARIANTS
 _MUTATION_FAULTS = globals().get("_MUTATION_FAULTS", set()) | {{{fault!r}}}
 if not getattr(_Lab, "_mutation_reset", None):

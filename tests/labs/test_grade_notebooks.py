@@ -27,9 +27,9 @@ import nbformat
 import pytest
 
 from gradefixtures import check_output
-from labkit.answers import canonical, load_key, rhs
-from labkit.checks import exercises_for
-from labkit.grade import answer_cells, check_cells, grade
+from labkit.grading.answers import canonical, load_key, rhs
+from labkit.grading.checks import exercises_for
+from labkit.grading.grade import answer_cells, check_cells, grade
 from labkit.nb import VARIANTS
 from labtag import TAG
 

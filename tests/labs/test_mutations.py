@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.checks import exercises_for
+from labkit.grading.checks import exercises_for
 from labkit.nb import VARIANTS
 
 from labtag import tagged

@@ -9,7 +9,7 @@ import re
 import nbformat
 import pytest
 
-from labkit.checks import exercises_for
+from labkit.grading.checks import exercises_for
 
 try:
     from .mutate import load_key

@@ -5,9 +5,9 @@ import socket
 
 import pytest
 
-from labkit.agent import ipcache_entries
+from labkit.agent.endpoints import ipcache_entries
 from labkit.maps.eps import IPCACHE_F_HAS_TUNNEL_EP, IPCACHE_F_SKIP_TUNNEL
-from labkit.topology import Topology
+from labkit.net.topology import Topology
 
 # Cilium's reserved identities.
 HOST, WORLD, REMOTE_NODE = 1, 2, 6

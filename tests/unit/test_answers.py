@@ -1,4 +1,4 @@
-"""Unit tests of labkit.answers: the answer key in both formats, `labkit answers`, and reading an answer's value."""
+"""Unit tests of labkit.grading.answers: the answer key in both formats, `labkit answers`, and reading an answer's value."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 
 from labkit import cli
-from labkit.answers import canonical, format_key, key_json, lab_id, load_key, rhs
-from labkit.checks import exercises_for
+from labkit.grading.answers import canonical, format_key, key_json, lab_id, load_key, rhs
+from labkit.grading.checks import exercises_for
 from labkit.errors import ConfigError, NotFoundError
 
 IDS = [e.id for e in exercises_for("02")]

@@ -1,4 +1,4 @@
-"""Unit tests for labkit.checks: registration, grading from recorded evidence, the hint ladder, missing evidence
+"""Unit tests for labkit.grading.checks: registration, grading from recorded evidence, the hint ladder, missing evidence
 that costs no try, what a saved notebook keeps, never a traceback."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from labkit import checks
-from labkit.checks import CHECK_MIME, Outcome, check, compare_rows, exercise
-from labkit.evidence import JOURNAL
+from labkit.grading import checks
+from labkit.grading.checks import CHECK_MIME, Outcome, check, compare_rows, exercise
+from labkit.observe.evidence import JOURNAL
 
 
 class FakeLab:
@@ -40,7 +40,7 @@ def lab(monkeypatch):
 
 
 def _measure(value):
-    from labkit.evidence import Snapshot
+    from labkit.observe.evidence import Snapshot
 
     JOURNAL.record(FakeLab.name, "snapshot", "measure", Snapshot("measure", 0, {}, {}, extra=value))
 

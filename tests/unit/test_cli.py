@@ -15,8 +15,8 @@ from labkit.constants import Hook, Verdict
 from labkit.errors import CleanupError, NotFoundError
 from labkit.lab import Lab
 from labkit.maps.ct import CtEntry, CtFlags, CtKey4, CtResult, CtRow, TupleFlags
-from labkit.topology import Topology
-from labkit.trace import EventLog, TraceEvent, TraceTuple
+from labkit.net.topology import Topology
+from labkit.observe.trace import EventLog, TraceEvent, TraceTuple
 
 
 @pytest.fixture(autouse=True)
@@ -357,7 +357,7 @@ def test_ct_list_json(fake, capsys):
 
 def test_doctor_exit_status(monkeypatch, capsys):
     """doctor exits 0 when every check passes and 1 otherwise; --json lists the checks."""
-    from labkit import doctor
+    from labkit.datapath import doctor
 
     checks = [doctor.Check("kernel", True, "6.1"), doctor.Check("bpffs", False, "missing", "mount it")]
     monkeypatch.setattr(doctor, "run_checks", lambda full=True: checks)
@@ -372,7 +372,7 @@ def test_doctor_exit_status(monkeypatch, capsys):
 def test_exec_enters_namespace_and_execs(fake, monkeypatch):
     """exec enters the pod's netns and cgroup (nodes: no cgroup), then execvp's the command."""
     calls = []
-    monkeypatch.setattr("labkit._netns.enter_process", lambda netns, cgroup=None: calls.append((netns, cgroup)))
+    monkeypatch.setattr("labkit.net.netns.enter_process", lambda netns, cgroup=None: calls.append((netns, cgroup)))
 
     def execvp(file, argv):
         calls.append((file, argv))
@@ -391,7 +391,7 @@ def test_exec_enters_namespace_and_execs(fake, monkeypatch):
 
 def test_exec_missing_command_is_127(fake, monkeypatch, capsys):
     """exec of a command that does not exist prints an error and returns 127."""
-    monkeypatch.setattr("labkit._netns.enter_process", lambda netns, cgroup=None: None)
+    monkeypatch.setattr("labkit.net.netns.enter_process", lambda netns, cgroup=None: None)
     monkeypatch.setattr(cli.signal, "signal", lambda *a: None)
 
     def execvp(file, argv):

@@ -7,7 +7,7 @@ import importlib
 import pytest
 
 MODULES = [
-    "labkit.topology",
+    "labkit.net.topology",
     "labkit.config",
     "labkit.maps.ct",
     "labkit.maps.eps",
@@ -16,14 +16,14 @@ MODULES = [
     "labkit.clock",
     "labkit.constants",
     "labkit.datapath.source",
-    "labkit.agent",
-    "labkit.podserver",
+    "labkit.agent.endpoints",
+    "labkit.net.podserver",
     "labkit.maps.lb",
-    "labkit.services",
-    "labkit.checks",
-    "labkit.answers",
-    "labkit.grade",
-    "labkit._jobs",
+    "labkit.agent.services",
+    "labkit.grading.checks",
+    "labkit.grading.answers",
+    "labkit.grading.grade",
+    "labkit.grading.jobs",
 ]
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from labkit import doctor
-from labkit.doctor import Check, format_checks
+from labkit.datapath import doctor
+from labkit.datapath.doctor import Check, format_checks
 
 
 def test_format_checks_layout():

@@ -1,9 +1,9 @@
-"""Unit tests for labkit.evidence: the journal of what a notebook's cells recorded, and the view graders read."""
+"""Unit tests for labkit.observe.evidence: the journal of what a notebook's cells recorded, and the view graders read."""
 from __future__ import annotations
 
 import pytest
 
-from labkit.evidence import Evidence, Journal, Snapshot
+from labkit.observe.evidence import Evidence, Journal, Snapshot
 
 
 def test_latest_matches_kind_and_attributes():

@@ -5,8 +5,8 @@ import doctest
 
 import pytest
 
-from labkit import gc
-from labkit.gc import MAX_INTERVAL, MIN_INTERVAL, START_INTERVAL, GcRun, MapScan, next_interval
+from labkit.agent import gc
+from labkit.agent.gc import MAX_INTERVAL, MIN_INTERVAL, START_INTERVAL, GcRun, MapScan, next_interval
 from labkit.maps.ct import CtKey4
 
 
@@ -50,7 +50,7 @@ def test_run_ratio_is_the_largest_over_the_maps():
 
 
 def test_doctests():
-    """The examples in labkit.gc run and give what they show."""
+    """The examples in labkit.agent.gc run and give what they show."""
     result = doctest.testmod(gc)
     assert result.attempted > 0 and result.failed == 0
 
@@ -58,7 +58,7 @@ def test_doctests():
 def test_dsr_nat_key_swaps_only_the_ports():
     """A DSRInternal entry {daddr=C, saddr=B, dport=bp, sport=cp} owns the NAT entry {saddr=B, daddr=C,
     sport=bp, dport=cp, OUT}: Cilium's DeleteSwappedMapping4 swaps the ports and keeps the addresses."""
-    from labkit.gc import _dsr_nat_key
+    from labkit.agent.gc import _dsr_nat_key
     from labkit.maps.ct import TupleFlags
     from labkit.maps.nat import NatKey4
 
@@ -69,7 +69,7 @@ def test_dsr_nat_key_swaps_only_the_ports():
 def test_snat_out_key_swaps_the_addresses():
     """An OUT entry of a SNATed flow {daddr=C, saddr=B, dport=bp, sport=cp} finds its NAT OUT entry keyed by
     the request {saddr=C, daddr=B, sport=cp, dport=bp}: Cilium's DeleteMapping4 swaps the addresses."""
-    from labkit.gc import _snat_out_key
+    from labkit.agent.gc import _snat_out_key
     from labkit.maps.ct import TupleFlags
     from labkit.maps.nat import NatKey4
 
@@ -79,6 +79,6 @@ def test_snat_out_key_swaps_the_addresses():
 
 def test_default_scan_follows_the_release():
     """v1.16 scans per entry (DumpReliablyWithCallback); batch came with 1.18 (cilium/cilium#36288)."""
-    from labkit.gc import default_mode
+    from labkit.agent.gc import default_mode
 
     assert (default_mode("1.16"), default_mode("1.20")) == ("per-entry", "batch")

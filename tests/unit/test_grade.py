@@ -16,12 +16,12 @@ import pytest
 
 from gradefixtures import check_output, class_scores, handed_in
 from labkit import cli
-from labkit._jobs import run_jobs
-from labkit.checks import exercises_for
+from labkit.grading.jobs import run_jobs
+from labkit.grading.checks import exercises_for
 from labkit.errors import ConfigError
-from labkit.grade import (HandedIn, answer_cells, check_cells, grade, grade_lab_name, lab_of, learner_names,
+from labkit.grading.grade import (HandedIn, answer_cells, check_cells, grade, grade_lab_name, lab_of, learner_names,
                           read_handed_in, read_record, saved_checks, score)
-from labkit.gradereport import format_csv, format_html, format_json, format_table, summarize, warnings
+from labkit.grading.report import format_csv, format_html, format_json, format_table, summarize, warnings
 
 IDS = [e.id for e in exercises_for("02")]
 
@@ -324,14 +324,14 @@ def test_cli_grade_and_answers_options():
 def test_cli_grade_writes_the_chosen_report(monkeypatch, capsys, tmp_path):
     """`labkit grade --csv --html F` prints the CSV on stdout, writes the class report, warns on stderr; a
     machine that cannot run labs is told so once, before anything runs."""
-    import labkit.doctor
-    import labkit.grade
+    import labkit.datapath.doctor
+    import labkit.grading.grade
     from labkit.errors import PrivilegeError
 
     scores = class_scores()
     scores[0].error = "stopped at cell 9: the kernel died"
-    monkeypatch.setattr(labkit.doctor, "require_datapath", lambda: None)
-    monkeypatch.setattr(labkit.grade, "grade", lambda paths, **kw: scores)
+    monkeypatch.setattr(labkit.datapath.doctor, "require_datapath", lambda: None)
+    monkeypatch.setattr(labkit.grading.grade, "grade", lambda paths, **kw: scores)
     assert cli.main(["grade", "x.ipynb", "--csv", "--html", str(tmp_path / "r.html"), "-q"]) == 0
     out, err = capsys.readouterr()
     assert out == format_csv(scores) and (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
@@ -342,6 +342,6 @@ def test_cli_grade_writes_the_chosen_report(monkeypatch, capsys, tmp_path):
     def no_root():
         raise PrivilegeError("this machine cannot run the lab datapath yet: not root")
 
-    monkeypatch.setattr(labkit.doctor, "require_datapath", no_root)
+    monkeypatch.setattr(labkit.datapath.doctor, "require_datapath", no_root)
     assert cli.main(["grade", "x.ipynb"]) == 1
     assert "labkit: error: this machine cannot run the lab datapath yet" in capsys.readouterr().err

@@ -22,14 +22,14 @@ import textwrap
 
 import pytest
 
-from labkit import kubeproxy
+from labkit.agent import kubeproxy
 from labkit.errors import ConfigError, DatapathError
-from labkit.kubeproxy import (CANARY, MemoryIptables, NodeOptions, changed_services, diff_tables, ext_chain,
+from labkit.agent.kubeproxy import (CANARY, MemoryIptables, NodeOptions, changed_services, diff_tables, ext_chain,
                               nat_table, parse_conntrack, parse_tables, probability, render, sep_chain, svc_chain,
                               svl_chain, sync)
-from labkit.kubeproxy.names import _hash
-from labkit.services import Backend, Service, Services
-from labkit.topology import Topology
+from labkit.agent.kubeproxy.names import _hash
+from labkit.agent.services import Backend, Service, Services
+from labkit.net.topology import Topology
 
 TOPO = Topology.default("demo")
 #: NewFakeProxier's configuration, in labkit's addresses: iptablestest.NewFake() has no --random-fully, and
@@ -624,7 +624,7 @@ def test_parse_conntrack_udp_and_flags():
 
 @pytest.mark.parametrize("module", ["", ".names", ".endpoints", ".rules", ".sync", ".conntrack", "._nfacct", ".text"])
 def test_doctests(module):
-    """The examples in labkit.kubeproxy and its modules run and give what they show."""
-    mod = importlib.import_module("labkit.kubeproxy" + module)
+    """The examples in labkit.agent.kubeproxy and its modules run and give what they show."""
+    mod = importlib.import_module("labkit.agent.kubeproxy" + module)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

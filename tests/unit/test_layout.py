@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import trace
+from labkit.observe import trace
 from labkit.maps import config as mconfig
 from labkit.maps import ct, eps, lb, nat
 

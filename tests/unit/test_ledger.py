@@ -10,14 +10,14 @@ import time
 
 import pytest
 
-from labkit import ledger as ledger_mod
+from labkit.net import ledger as ledger_mod
 from labkit.errors import LabBusyError, LabkitError, LabStateError
-from labkit.ledger import LabLock, Ledger, lab_dir, list_labs, process_start_time
+from labkit.net.ledger import LabLock, Ledger, lab_dir, list_labs, process_start_time
 
 
 @pytest.fixture(autouse=True)
 def run_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr("labkit.ledger.RUN_DIR", tmp_path)
+    monkeypatch.setattr("labkit.net.ledger.RUN_DIR", tmp_path)
     return tmp_path
 
 

@@ -18,7 +18,7 @@ from labkit.lab import Lab
 from labkit.maps import nat
 from labkit.maps.ct import CtDiff, CtKey4, TupleFlags
 from labkit.maps.nat import NAT_MAP, NatEntry, NatKey4, NatRow, diff_nat_rows
-from labkit.topology import Topology
+from labkit.net.topology import Topology
 
 BPF = Path(__file__).resolve().parents[2] / "bpf"
 POD, PP = "198.18.1.11", 40000  # a pod and its port

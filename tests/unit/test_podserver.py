@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.podserver import http_answer
+from labkit.net.podserver import http_answer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def server(tmp_path):
     log = tmp_path / "x.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from labkit.podserver import main; main(sys.argv[1:])",
+        [sys.executable, "-c", "import sys; from labkit.net.podserver import main; main(sys.argv[1:])",
          "--pod", "x", "--port", str(port), "--log", str(log)],
         env=env,
         stdout=subprocess.DEVNULL,

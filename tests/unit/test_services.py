@@ -1,6 +1,6 @@
-"""The Service agent (labkit.services) without a kernel: checks before any write,
+"""The Service agent (labkit.agent.services) without a kernel: checks before any write,
 the order in which maps are written, ids, rollback, the shared service list,
-and the `service`/`lb` commands. Maps are labkit.services.MemoryMaps, which
+and the `service`/`lb` commands. Maps are labkit.agent.services.MemoryMaps, which
 records every update and delete in order."""
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import json
 
 import pytest
 
-from labkit import cli, ledger
-from labkit import services as services_mod
+from labkit import cli
+
+from labkit.net import ledger
+from labkit.agent import services as services_mod
 from labkit.config import DatapathConfig
 from labkit.errors import ConfigError, DatapathError, NotFoundError
 from labkit.maps.lb import (
@@ -31,9 +33,9 @@ from labkit.maps.lb import (
     MAGLEV_MAP,
     ServiceFlags2,
 )
-from labkit.maglev import cilium_seed, lookup_table
-from labkit.services import Backend, JsonStore, MemoryMaps, MemoryStore, Service, Services
-from labkit.topology import Topology
+from labkit.agent.maglev import cilium_seed, lookup_table
+from labkit.agent.services import Backend, JsonStore, MemoryMaps, MemoryStore, Service, Services
+from labkit.net.topology import Topology
 
 NODES = ("node-a", "node-b")
 VIP = "198.19.0.10"
@@ -497,7 +499,7 @@ def test_lab_services_property(run_dir):
 
 
 def test_doctests():
-    """The examples in labkit.services run and give what they show."""
+    """The examples in labkit.agent.services run and give what they show."""
     result = doctest.testmod(services_mod, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 
@@ -804,7 +806,7 @@ def test_etp_and_algorithm_refusals(svcs):
 
 
 def test_maglev_tables_written_per_frontend(svcs):
-    """--algorithm maglev: every frontend id gets a table (labkit.maglev.lookup_table of the active backends),
+    """--algorithm maglev: every frontend id gets a table (labkit.agent.maglev.lookup_table of the active backends),
     written after the backends and before the head, and it follows a backend's removal."""
     svc = svcs.add("dns", 53, ["a1:8080", "b1:8080"], protocol="UDP", type="LoadBalancer", algorithm="maglev")
     ops = [op for op in svcs.maps.ops if op.startswith("update node-a")]
@@ -853,6 +855,6 @@ def test_cli_etp_algorithm_and_lb_maglev(fake_lab, capsys):
     fake_lab.pin_dir = lambda node: f"/sys/fs/bpf/labkit/demo/{node}"
     assert cli.main(["lb", "maglev", "dns", "--node", "node-b"]) == 0
     out = capsys.readouterr().out
-    assert out.count("equals labkit.maglev.lookup_table") == 4 and "M=16381" in out
+    assert out.count("equals labkit.agent.maglev.lookup_table") == 4 and "M=16381" in out
     assert cli.main(["service", "add", "np", "--port", "81", "--type", "NodePort", "--etp", "Local"]) == 0
     assert fake_lab.services.get("np").etp == "Local"

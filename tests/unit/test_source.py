@@ -8,8 +8,8 @@ import pytest
 
 from labkit.config import CtTimeouts, DatapathConfig
 from labkit.datapath.source import MAP_NAMES, PROGRAMS, node_build
-from labkit.maglev import FLOW_HASH_SEED
-from labkit.topology import Topology
+from labkit.agent.maglev import FLOW_HASH_SEED
+from labkit.net.topology import Topology
 
 BPF = Path(__file__).resolve().parents[2] / "bpf"
 TUNNEL_FUNCS = {"cil_from_container", "cil_to_container", "cil_from_netdev", "cil_to_netdev", "cil_from_overlay", "cil_to_overlay"}

@@ -6,7 +6,7 @@ import ipaddress
 import pytest
 
 from labkit.errors import LabkitError, NotFoundError, TopologyError
-from labkit.topology import External, Node, Pod, Topology
+from labkit.net.topology import External, Node, Pod, Topology
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from labkit.constants import DropReason
-from labkit.trace import EVENT_SIZE, EventLog, Flow, TraceEvent, TraceTuple
+from labkit.observe.trace import EVENT_SIZE, EventLog, Flow, TraceEvent, TraceTuple
 
 NODES = {1: "node-a", 2: "node-b"}
 DEVICES = {"node-a": {5: "lxc-a1", 2: "eth0"}, "node-b": {2: "eth0"}}
@@ -244,7 +244,7 @@ def test_trace_flags_print_in_the_line():
 def test_journey_ends_at_a_node_or_outside_the_cluster():
     """A packet's journey ends at from-netdev when it is delivered to that node's own address, and at
     to-netdev only when it leaves for an address that is neither a pod nor a node."""
-    from labkit.steps import Journey
+    from labkit.notebook.steps import Journey
 
     nodes = {1: be32("198.51.100.11"), 2: be32("198.51.100.12")}
     pods = {be32("198.18.2.11")}

@@ -8,10 +8,10 @@ import socket
 
 import pytest
 
-from labkit import viz
+from labkit.notebook import viz
 from labkit.errors import LabkitError
-from labkit.topology import Topology
-from labkit.trace import Flow, TraceEvent, TraceTuple
+from labkit.net.topology import Topology
+from labkit.observe.trace import Flow, TraceEvent, TraceTuple
 
 CT_NONE = 0xFF
 POD_NAMES = ("a1", "a2", "b1", "b2")
@@ -269,7 +269,7 @@ def test_path_explorer_without_flows(topo):
 
 
 def test_doctests():
-    """Every docstring example of labkit.viz passes."""
+    """Every docstring example of labkit.notebook.viz passes."""
     pytest.importorskip("matplotlib")
     pytest.importorskip("ipywidgets")
     result = doctest.testmod(viz, optionflags=doctest.ELLIPSIS, verbose=False, report=True)

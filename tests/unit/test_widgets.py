@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-import labkit.widgets as widgets  # noqa: E402
+import labkit.notebook.widgets as widgets  # noqa: E402
 from labkit.errors import LabStateError, NotFoundError  # noqa: E402
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow, TupleFlags  # noqa: E402
-from labkit.widgets import CtTable, Filters, render_table, time_render, watch  # noqa: E402
+from labkit.notebook.widgets import CtTable, Filters, render_table, time_render, watch  # noqa: E402
 
 C, S = "198.18.1.11", "198.18.2.11"
 NOW = 1000
@@ -250,7 +250,7 @@ def test_time_render_measures():
 
 
 def test_module_doctests():
-    """The examples in labkit.widgets' docstrings pass."""
+    """The examples in labkit.notebook.widgets' docstrings pass."""
     result = doctest.testmod(widgets, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 

@@ -1,0 +1,479 @@
+"""Conntrack garbage collection: what the cilium-agent does to the CT maps, on
+the lab clock.
+
+CT entries never delete themselves: the datapath only writes a lifetime
+(``expires=`` in ``labkit ct list``). The agent scans both CT maps of a node
+and deletes every entry whose lifetime is below *now*, together with the NAT
+twin of a ``DSRInternal`` entry. It runs again after an interval it adapts to
+how much it deleted, as a fraction of the map's size (the largest over the
+maps) — Cilium's ``calculateInterval``:
+
+=====================  =============================================
+delete ratio           next interval
+=====================  =============================================
+0, or 0.05 to 0.25     unchanged
+above 0.25             interval × (1 − min(ratio, 0.9)), at least 10 s
+below 0.05 (not 0)     interval × 1.5, at most 12 h
+=====================  =============================================
+
+    >>> [next_interval(300, r) for r in (0.0, 0.01, 0.1, 0.5, 0.95)]
+    [300, 450, 300, 150, 30]
+    >>> next_interval(12, 0.99), next_interval(40000, 0.01)
+    (10, 43200)
+
+Two ways to scan, to compare (``labkit gc run --mode``): **per-entry**, as
+v1.16 does it (``DumpReliablyWithCallback``): ``BPF_MAP_GET_NEXT_KEY`` and one
+lookup per entry, one delete per expired entry; and **batch**, Cilium 1.18's
+``BPF_MAP_LOOKUP_BATCH`` in chunks of 2^ceil(log2(sqrt(2·max))) (1024 for the
+default maps), growing on ENOSPC, and one ``BPF_MAP_DELETE_BATCH``. A lab's
+GC uses its release's way (:func:`default_mode`) unless told otherwise.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import struct
+import time
+from dataclasses import asdict, dataclass
+
+from labkit.datapath import bpf as _bpf
+from labkit.maps.base import batch_chunk, open_pinned
+from labkit.maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4, TupleFlags
+from labkit.maps.nat import NAT_MAP, NatEntry, NatKey4
+
+__all__ = ["START_INTERVAL", "MIN_INTERVAL", "MAX_INTERVAL", "SCAN_MODES", "default_mode", "next_interval",
+           "MapScan", "GcRun", "collect_node", "flush_address", "fill_synthetic", "LabGc"]
+
+START_INTERVAL = 300  #: Cilium's ConntrackGCStartingInterval: 5 minutes
+MIN_INTERVAL = 10  #: ConntrackGCMinInterval
+MAX_INTERVAL = 12 * 3600  #: ConntrackGCMaxLRUInterval
+SCAN_MODES = ("batch", "per-entry")
+
+_KEY = ctypes.sizeof(CtKey4)  # 14 bytes, packed
+_VALUE = ctypes.sizeof(CtEntry)  # 56 bytes
+_LIFETIME = struct.Struct("<32xIH18x")  # lifetime and flags of a ct_entry
+_NO_BATCH = (errno.EINVAL, 524)
+_NOT_OUT = TupleFlags.IN | TupleFlags.RELATED | TupleFlags.SERVICE  # key flags of entries that own no NAT entry
+
+
+def default_mode(release: str) -> str:
+    """The scan a release's agent does: per-entry up to 1.17, batch from 1.18 (behaviour ``gc_batch``).
+
+    >>> default_mode("1.16"), default_mode("1.20")
+    ('per-entry', 'batch')
+    """
+    from labkit.release import profile
+
+    return "batch" if profile(release).has("gc_batch") else "per-entry"
+
+
+def next_interval(interval: float, ratio: float) -> int:
+    """The interval after a run that deleted ``ratio`` of the map's size (Cilium's rule, table above)."""
+    if ratio > 0.25:
+        return max(MIN_INTERVAL, round(interval * (1.0 - min(ratio, 0.9))))
+    if 0 < ratio < 0.05:
+        return min(MAX_INTERVAL, round(interval * 1.5))
+    return round(interval)
+
+
+@dataclass(frozen=True)
+class MapScan:
+    """One map of one node in one run: how many entries were read and deleted, and how long it took."""
+
+    node: str
+    map: str
+    max_entries: int
+    scanned: int
+    deleted: int
+    seconds: float
+    nat_deleted: int = 0  #: NAT entries deleted with their OUT entries (SNAT pairs, DSR twins)
+
+    @property
+    def ratio(self) -> float:
+        """Deleted entries as a fraction of the map's size: what the interval rule reads."""
+        return self.deleted / self.max_entries if self.max_entries else 0.0
+
+
+@dataclass(frozen=True)
+class GcRun:
+    """One GC run over every node: per-map results, the interval before and after."""
+
+    now: int  #: lab clock second the run compared lifetimes with
+    mode: str
+    maps: tuple[MapScan, ...]
+    seconds: float
+    interval: int  #: the interval this run was scheduled with
+    next_interval: int
+
+    @property
+    def deleted(self) -> int:
+        return sum(m.deleted for m in self.maps)
+
+    @property
+    def scanned(self) -> int:
+        return sum(m.scanned for m in self.maps)
+
+    @property
+    def ratio(self) -> float:
+        """The largest delete ratio over the maps (the one the interval rule uses)."""
+        return max((m.ratio for m in self.maps), default=0.0)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["ratio"] = self.ratio
+        data["deleted"], data["scanned"] = self.deleted, self.scanned
+        return data
+
+    def lines(self) -> list[str]:
+        """A table of the run, then the interval decision."""
+        out = [f"GC at lab clock {self.now} ({self.mode} scan): {self.scanned} entries read, {self.deleted} deleted "
+               f"in {self.seconds * 1000:.1f} ms"]
+        for m in self.maps:
+            nat = f", {m.nat_deleted} NAT entries" if m.nat_deleted else ""
+            out.append(f"  {m.node:8} {m.map:24} read {m.scanned:>8}  deleted {m.deleted:>8}{nat}  "
+                       f"ratio {m.ratio:.4f} of {m.max_entries}  {m.seconds * 1000:8.1f} ms")
+        out.append(f"largest ratio {self.ratio:.4f}: interval {self.interval} s -> {self.next_interval} s")
+        return out
+
+
+def _dsr_nat_key(key: bytes) -> NatKey4:
+    """The NAT entry a DSRInternal OUT entry made on the backend's node: the CT key with only its ports
+    swapped (Cilium's ``DeleteSwappedMapping4``). CT {daddr=C, saddr=B, dport=bp, sport=cp} →
+    NAT {saddr=B, daddr=C, sport=bp, dport=cp, OUT}, the key of the reply it rewrites."""
+    ct = CtKey4.from_buffer_copy(key)
+    nat = NatKey4()
+    nat.saddr, nat.daddr, nat.sport, nat.dport = ct.saddr, ct.daddr, ct.dport, ct.sport
+    nat.nexthdr, nat.flags = ct.nexthdr, TupleFlags.OUT
+    return nat
+
+
+def _snat_out_key(key: bytes) -> NatKey4:
+    """The SNAT entry of the flow an OUT entry tracks: the CT key with its addresses swapped (Cilium's
+    ``DeleteMapping4``). CT {daddr=C, saddr=B, dport=bp, sport=cp} → NAT {saddr=C, daddr=B, sport=cp,
+    dport=bp, OUT}: the request as it left, before its source was rewritten."""
+    ct = CtKey4.from_buffer_copy(key)
+    nat = NatKey4()
+    nat.saddr, nat.daddr, nat.sport, nat.dport = ct.daddr, ct.saddr, ct.sport, ct.dport
+    nat.nexthdr, nat.flags = ct.nexthdr, TupleFlags.OUT
+    return nat
+
+
+def _delete_nat_of(nat_fd: int, key: bytes, dsr: bool) -> int:
+    """Delete what an expired OUT entry stood for in the NAT map; how many NAT entries went."""
+    if dsr:
+        return int(_bpf.delete(nat_fd, _dsr_nat_key(key)))
+    out = _snat_out_key(key)
+    value = NatEntry()
+    if not _bpf.lookup(nat_fd, out, value):
+        return 0
+    # The reverse entry, keyed by the reply: {saddr=backend, sport=its port, daddr=to_addr, dport=to_port, IN}.
+    back = NatKey4(daddr=value.to_addr, saddr=out.daddr, dport=value.to_port, sport=out.dport,
+                   nexthdr=out.nexthdr, flags=TupleFlags.IN)
+    return int(_bpf.delete(nat_fd, out)) + int(_bpf.delete(nat_fd, back))
+
+
+def _scan_batch(fd: int, max_entries: int, now: int) -> tuple[int, list[bytes], list[bytes]]:
+    """(entries read, keys to delete, (key, is DSRInternal) of the deleted OUT entries), one syscall per chunk."""
+    chunk = batch_chunk(max_entries)
+    token_size = 8
+    in_batch, out_batch = None, ctypes.create_string_buffer(token_size)
+    scanned, expired, outs = 0, [], []
+    while True:
+        keys = ctypes.create_string_buffer(_KEY * chunk)
+        values = ctypes.create_string_buffer(_VALUE * chunk)
+        try:
+            n, done = _bpf.lookup_batch(fd, keys, values, chunk, in_batch, out_batch)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:  # a bucket holds more than a chunk: Cilium doubles it
+                chunk *= 2
+                continue
+            raise
+        raw_keys, raw_values = keys.raw, values.raw
+        for i, (lifetime, flags) in enumerate(_LIFETIME.iter_unpack(raw_values[: n * _VALUE])):
+            if lifetime < now:
+                key = raw_keys[i * _KEY:(i + 1) * _KEY]
+                expired.append(key)
+                if key[13] & _NOT_OUT == 0:  # an OUT entry: not IN, RELATED or SVC
+                    outs.append((key, bool(flags & CtFlags.DSR_INTERNAL)))
+        scanned += n
+        if done:
+            return scanned, expired, outs
+        in_batch = ctypes.create_string_buffer(out_batch.raw, token_size)
+
+
+def _delete_batch(fd: int, keys: list[bytes]) -> int:
+    if not keys:
+        return 0
+    buf = ctypes.create_string_buffer(b"".join(keys), _KEY * len(keys))
+    try:
+        return _bpf.delete_batch(fd, buf, len(keys))
+    except OSError as exc:
+        if exc.errno not in _NO_BATCH:
+            raise
+    return sum(_bpf.delete(fd, ctypes.create_string_buffer(k, _KEY)) for k in keys)
+
+
+def _scan_per_entry(fd: int, now: int) -> tuple[int, list[bytes], list[bytes]]:
+    """The same, one BPF_MAP_GET_NEXT_KEY and one lookup per entry."""
+    scanned, expired, outs = 0, [], []
+    prev, cur, value = None, ctypes.create_string_buffer(_KEY), ctypes.create_string_buffer(_VALUE)
+    while _bpf.next_key(fd, prev, cur):
+        if _bpf.lookup(fd, cur, value):
+            scanned += 1
+            lifetime, flags = _LIFETIME.unpack(value.raw)
+            if lifetime < now:
+                key = cur.raw
+                expired.append(key)
+                if key[13] & _NOT_OUT == 0:
+                    outs.append((key, bool(flags & CtFlags.DSR_INTERNAL)))
+        prev, cur = cur, ctypes.create_string_buffer(_KEY)
+    return scanned, expired, outs
+
+
+def _delete_per_entry(fd: int, keys: list[bytes]) -> int:
+    return sum(_bpf.delete(fd, ctypes.create_string_buffer(k, _KEY)) for k in keys)
+
+
+def collect_node(node: str, pin_dir: str, now: int, mode: str = "per-entry",
+                 map_names: tuple[str, ...] = CT_MAPS, delete: bool = True) -> list[MapScan]:
+    """Scan ``node``'s CT maps (pinned under ``pin_dir``), delete what expired before ``now`` and the NAT
+    entries of deleted OUT entries. One :class:`MapScan` per map. ``delete=False`` (the agent fault
+    ``gc-noop``) scans and deletes nothing."""
+    if mode not in SCAN_MODES:
+        raise ValueError(f"GC scan mode {mode!r}: expected one of {', '.join(SCAN_MODES)}")
+    out = []
+    nat_fd = None
+    try:
+        for map_name in map_names:
+            fd = open_pinned(f"{pin_dir}/{map_name}")
+            try:
+                max_entries = _bpf.map_info(fd).max_entries
+                t0 = time.perf_counter()
+                if mode == "batch":
+                    scanned, expired, outs = _scan_batch(fd, max_entries, now)
+                else:
+                    scanned, expired, outs = _scan_per_entry(fd, now)
+                if not delete:
+                    expired, outs = [], []
+                deleted = _delete_batch(fd, expired) if mode == "batch" else _delete_per_entry(fd, expired)
+                nat_deleted = 0
+                if outs:
+                    if nat_fd is None:
+                        nat_fd = open_pinned(f"{pin_dir}/{NAT_MAP}")
+                    nat_deleted = sum(_delete_nat_of(nat_fd, k, dsr) for k, dsr in outs)
+                out.append(MapScan(node, map_name, max_entries, scanned, deleted,
+                                   round(time.perf_counter() - t0, 6), nat_deleted))
+            finally:
+                os.close(fd)
+    finally:
+        if nat_fd is not None:
+            os.close(nat_fd)
+    return out
+
+
+def flush_address(pin_dir: str, ip: str) -> tuple[int, int]:
+    """Delete every CT entry with ``ip`` as either address, and every NAT entry with it as an address or
+    translation, from the maps pinned under ``pin_dir``: Cilium's GC of a removed endpoint.
+    Returns (CT entries, NAT entries) deleted."""
+    import socket
+
+    raw = socket.inet_aton(ip)
+    ct_deleted = nat_deleted = 0
+    for map_name in CT_MAPS:
+        fd = open_pinned(f"{pin_dir}/{map_name}")
+        try:
+            doomed = [k for k in _bpf.all_keys(fd, _KEY) if raw in (k[0:4], k[4:8])]
+            ct_deleted += _delete_batch(fd, doomed)
+        finally:
+            os.close(fd)
+    fd = open_pinned(f"{pin_dir}/{NAT_MAP}")
+    try:
+        value = ctypes.create_string_buffer(40)
+        doomed = []
+        for k in _bpf.all_keys(fd, _KEY):
+            if raw in (k[0:4], k[4:8]) or (_bpf.lookup(fd, ctypes.create_string_buffer(k, _KEY), value)
+                                           and value.raw[32:36] == raw):
+                doomed.append(k)
+        nat_deleted = _delete_per_entry(fd, doomed)
+    finally:
+        os.close(fd)
+    return ct_deleted, nat_deleted
+
+
+def fill_synthetic(pin_dir: str, n: int, now: int) -> None:
+    """Write ``n`` made-up TCP entries into the TCP CT map pinned under ``pin_dir``, every other one already
+    expired at ``now`` (lifetime now − 1, the others now + 1000), one BPF_MAP_UPDATE_BATCH per 65,536:
+    a known mix to time the two scan modes on. Addresses 198.18.x.11 → 198.18.2.11:80, no real flow."""
+    key = struct.Struct("<IIHHBB")  # daddr, saddr, dport, sport, nexthdr, flags
+    value = struct.Struct("<QQQQIHHHBBIII")  # ct_entry: counters, lifetime, flags, ... src_sec_id
+    fd = open_pinned(f"{pin_dir}/{CT_MAPS[0]}")
+    try:
+        for base in range(0, n, 65536):
+            count = min(65536, n - base)
+            keys = b"".join(key.pack(0x0B0112C6 + ((i >> 16) << 16), 0x0B0212C6, i & 0xFFFF, 0x5000, 6, 0)
+                            for i in range(base, base + count))
+            values = b"".join(value.pack(0, 0, 1, 60, now - 1 if i % 2 else now + 1000, 0, 0, 0, 2, 0, 256, 0, 0)
+                              for i in range(base, base + count))
+            _bpf.update_batch(fd, ctypes.create_string_buffer(keys, len(keys)),
+                              ctypes.create_string_buffer(values, len(values)), count)
+    finally:
+        os.close(fd)
+
+
+# -- one lab's GC: on demand, and on a timer driven by the lab clock ---------------------------
+class LabGc:
+    """The garbage collector of a running lab (``lab.gc``).
+
+    :meth:`run` collects now; the lab's GC process (started by ``labkit up`` unless
+    the lab was built with ``gc_timer=False``) calls it whenever the *lab clock* has
+    passed the last run by the current interval, so ``labkit clock advance 301``
+    makes the next run happen within a second. State and the history of runs live in
+    ``/run/labkit/<lab>/gc.json``.
+
+        >>> run = lab.gc.run()            # doctest: +SKIP
+        >>> print("\\n".join(run.lines()))  # doctest: +SKIP
+    """
+
+    HISTORY = 200  #: runs kept in gc.json
+
+    def __init__(self, lab):
+        self.lab = lab
+
+    @property
+    def path(self):
+        from labkit.net.ledger import lab_dir
+
+        return lab_dir(self.lab.name) / "gc.json"
+
+    def state(self) -> dict:
+        """``{"interval", "last_run", "timer", "runs": [...]}``; a lab that never collected starts at 5 min."""
+        import json
+
+        try:
+            data = json.loads(self.path.read_text())
+        except (FileNotFoundError, ValueError):
+            data = {}
+        data.setdefault("interval", START_INTERVAL)
+        data.setdefault("last_run", None)
+        data.setdefault("timer", bool(getattr(self.lab.config, "gc_timer", True)))
+        data.setdefault("runs", [])
+        return data
+
+    def _save(self, data: dict) -> None:
+        import json
+
+        from labkit.net.ledger import Ledger
+
+        if not self.path.exists():
+            recorded = {e.get("path") for e in Ledger(self.lab.name).entries("file")}
+            for p in (self.path, self.path.with_suffix(".tmp")):
+                if str(p) not in recorded:
+                    Ledger(self.lab.name).record("file", path=str(p))
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path)
+
+    def _locked(self):
+        import contextlib
+        import fcntl
+
+        from labkit.net.ledger import lab_dir
+
+        @contextlib.contextmanager
+        def lock():
+            fd = os.open(lab_dir(self.lab.name), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+        return lock()
+
+    def due(self) -> bool:
+        """True when the timer is on and the lab clock has reached the last run plus the interval."""
+        st = self.state()
+        if not st["timer"]:
+            return False
+        last = st["last_run"] if st["last_run"] is not None else st.get("started")
+        if last is None:  # the first look: the interval counts from now
+            with self._locked():
+                st = self.state()
+                st["started"] = last = self.lab.clock.now()
+                self._save(st)
+        return self.lab.clock.now() >= last + st["interval"]
+
+    def run(self, mode: str | None = None) -> GcRun:
+        """Collect every node now: delete what expired before the lab clock's now, then adapt the interval.
+        ``mode``: 'per-entry' or 'batch'; by default the lab's release's (:func:`default_mode`)."""
+        mode = mode or default_mode(self.lab.config.cilium)
+        with self._locked():
+            st = self.state()
+            now = self.lab.clock.now()
+            t0 = time.perf_counter()
+            maps: list[MapScan] = []
+            faults = self.lab.agent_faults()
+            for node in self.lab.topology.nodes:
+                maps += collect_node(node.name, self.lab.pin_dir(node.name), now, mode, delete="gc-noop" not in faults)
+            interval = int(st["interval"])
+            ratio = max((m.ratio for m in maps), default=0.0)
+            nxt = interval if "gc-fixed-interval" in faults else next_interval(interval, ratio)
+            run = GcRun(now, mode, tuple(maps), round(time.perf_counter() - t0, 6), interval, nxt)
+            st["interval"], st["last_run"] = run.next_interval, now
+            st["runs"] = (st["runs"] + [run.to_json()])[-self.HISTORY:]
+            self._save(st)
+        from labkit.observe.evidence import JOURNAL
+
+        JOURNAL.record(self.lab.name, "gc", f"GC run at lab clock {now}", run, mode=mode, now=now)
+        self.lab._after_step()
+        return run
+
+    def restart(self) -> None:
+        """Forget past runs and start again at 5 minutes, counted from now (``lab.reset()`` calls this);
+        the timer stays as it is."""
+        with self._locked():
+            st = self.state()
+            timer = st["timer"]
+            self._save({"interval": START_INTERVAL, "last_run": None, "timer": timer, "runs": [],
+                        "started": self.lab.clock.now()})
+
+    def set_timer(self, on: bool) -> None:
+        """Switch the timer on or off (the lab's GC process keeps running and checks every second)."""
+        with self._locked():
+            st = self.state()
+            st["timer"] = bool(on)
+            if on and st["last_run"] is None:
+                st["started"] = self.lab.clock.now()
+            self._save(st)
+
+    def history(self) -> list[dict]:
+        """Past runs, oldest first (each as :meth:`GcRun.to_json`)."""
+        return list(self.state()["runs"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The lab's GC process: every second, run the GC if the lab clock says it is due."""
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(prog="labkit.agent.gc", description="a lab's CT garbage collector")
+    ap.add_argument("--lab", required=True)
+    ap.add_argument("--poll", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    from labkit.lab import Lab
+
+    lab = Lab.attach(args.lab)
+    print(f"labkit gc: lab {lab.name}, interval on the lab clock, checked every {args.poll} s", flush=True)
+    while True:
+        try:
+            if lab.gc.due():
+                lab.gc.run()
+        except Exception as exc:  # a lab being torn down: the ledger kills this process next
+            print(f"labkit gc: {type(exc).__name__}: {exc}", flush=True)
+        time.sleep(args.poll)
+
+
+if __name__ == "__main__":
+    main()

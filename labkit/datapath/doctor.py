@@ -1,0 +1,187 @@
+"""Can this machine run a lab? Each check says what it found and, when it
+fails, the command that fixes it.
+
+    $ labkit doctor
+    ok    kernel        6.1.0-18-amd64 (>= 5.10)
+    ok    btf           /sys/kernel/btf/vmlinux
+    FAIL  bpffs         /sys/fs/bpf is not a bpf mount
+          fix: mount -t bpf bpf /sys/fs/bpf
+    ...
+
+:func:`require_datapath` runs the quick checks before ``Lab.up`` and raises
+:class:`~labkit.errors.PrivilegeError` with the same message.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit.errors import PrivilegeError
+
+__all__ = ["Check", "run_checks", "require_datapath", "format_checks"]
+
+_CAP_SYS_ADMIN, _CAP_NET_ADMIN, _CAP_BPF = 21, 12, 39
+_PROVISION = "sudo bash vagrant/provision.sh"
+
+
+@dataclass
+class Check:
+    """One finding: name, whether it passed, what was seen, and the fix."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    data: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail, "fix": self.fix or None}
+
+
+def _caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def _mounts() -> list[tuple[str, str]]:
+    return [(p[1], p[2]) for p in (line.split() for line in Path("/proc/mounts").read_text().splitlines()) if len(p) > 2]
+
+
+def check_root() -> Check:
+    caps = _caps()
+    has_bpf = bool(caps & (1 << _CAP_BPF)) or bool(caps & (1 << _CAP_SYS_ADMIN))
+    has_net = bool(caps & (1 << _CAP_NET_ADMIN))
+    ok = has_bpf and has_net
+    return Check(
+        "privileges",
+        ok,
+        f"euid {os.geteuid()}, CAP_BPF/CAP_SYS_ADMIN {'yes' if has_bpf else 'no'}, CAP_NET_ADMIN {'yes' if has_net else 'no'}",
+        "" if ok else "run as root: sudo labkit …  (or sudo make lab)",
+    )
+
+
+def check_kernel() -> Check:
+    release = platform.release()
+    try:
+        major, minor = (int(x) for x in release.split(".")[:2])
+    except ValueError:
+        major, minor = 0, 0
+    ok = (major, minor) >= (5, 10)
+    return Check("kernel", ok, f"{release} (need >= 5.10 for ring buffers and batch map ops)",
+                 "" if ok else "boot a kernel >= 5.10 (Debian 12 and Ubuntu 22.04 ship one)")
+
+
+def check_btf() -> Check:
+    ok = Path("/sys/kernel/btf/vmlinux").exists()
+    return Check("btf", ok, "/sys/kernel/btf/vmlinux" + ("" if ok else " missing"),
+                 "" if ok else "use a kernel built with CONFIG_DEBUG_INFO_BTF=y")
+
+
+def check_bpffs() -> Check:
+    ok = ("/sys/fs/bpf", "bpf") in _mounts()
+    return Check("bpffs", ok, "/sys/fs/bpf is " + ("a bpf mount" if ok else "not a bpf mount"),
+                 "" if ok else "mount -t bpf bpf /sys/fs/bpf")
+
+
+def check_cgroup2() -> Check:
+    roots = [m for m, t in _mounts() if t == "cgroup2"]
+    ok = bool(roots)
+    return Check("cgroup2", ok, f"cgroup v2 at {roots[0]}" if ok else "no cgroup2 mount",
+                 "" if ok else "mount -t cgroup2 none /sys/fs/cgroup/unified", {"root": roots[0] if roots else None})
+
+
+def check_bcc() -> Check:
+    spec = importlib.util.find_spec("bcc")
+    if spec is None or spec.origin is None:
+        return Check("bcc", False, f"python {sys.executable} cannot import bcc",
+                     "apt-get install python3-bpfcc, and use a venv made with --system-site-packages "
+                     f"from /usr/bin/python3 ({_PROVISION} does both); PyPI's 'bcc' is another package")
+    origin = spec.origin
+    distro = "/dist-packages/" in origin or origin.startswith("/usr/lib/python3/")
+    return Check("bcc", True, f"{origin} ({'distribution package python3-bpfcc' if distro else 'not from the distribution'})")
+
+
+def check_headers() -> Check:
+    build = Path(f"/lib/modules/{platform.release()}/build")
+    if not (build / "include").exists():
+        return Check("headers", False, f"{build} missing: BCC cannot compile",
+                     f"{_PROVISION}  (installs headers, or wires the distribution's generic ones)")
+    target = os.path.realpath(build)
+    generic = platform.release() not in target
+    note = f" → {target}" + (" (generic headers for another version: fine, tc programs use UAPI only)" if generic else "")
+    return Check("headers", True, f"{build}{note}")
+
+
+def check_tools() -> Check:
+    missing = [t for t in ("bpftool", "tc", "ip", "ping") if shutil.which(t) is None]
+    return Check("tools", not missing, "bpftool, tc, ip, ping found" if not missing else f"missing: {', '.join(missing)}",
+                 "" if not missing else _PROVISION)
+
+
+def check_compile_and_attach() -> Check:
+    """Compile a tiny tc program with BCC and attach it on clsact in a scratch namespace."""
+    probe = f"lk-doctor-{os.getpid()}"
+    code = f"""
+import sys
+from bcc import BPF
+from pyroute2 import IPRoute, netns
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from labkit.net import netns as _netns
+b = BPF(text="int cls(struct __sk_buff *skb) {{ return 0; }}")
+fn = b.load_func("cls", BPF.SCHED_CLS)
+netns.create({probe!r})
+try:
+    with _netns.entered({probe!r}):
+        ipr = IPRoute()
+    ipr.link("add", ifname="probe0", kind="veth", peer={{"ifname": "probe1"}})
+    idx = ipr.link_lookup(ifname="probe0")[0]
+    ipr.tc("add", "clsact", idx)
+    ipr.tc("add-filter", "bpf", idx, ":1", fd=fn.fd, name="probe", parent="ffff:fff2", classid=1, direct_action=True)
+    ipr.close()
+finally:
+    netns.remove({probe!r})
+"""
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    secs = time.monotonic() - t
+    if proc.returncode == 0:
+        return Check("compile+attach", True, f"BCC compiled a tc program and attached it on clsact ({secs:.2f} s)")
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return Check("compile+attach", False, f"probe failed: {last}", _PROVISION)
+
+
+def run_checks(full: bool = True) -> list[Check]:
+    """Every check; ``full`` adds the compile-and-attach probe (needs the others)."""
+    checks = [check_root(), check_kernel(), check_btf(), check_bpffs(), check_cgroup2(), check_bcc(),
+              check_headers(), check_tools()]
+    if full and all(c.ok for c in checks if c.name in ("privileges", "bpffs", "bcc", "headers")):
+        checks.append(check_compile_and_attach())
+    return checks
+
+
+def format_checks(checks: list[Check]) -> str:
+    """The human-readable report."""
+    lines = []
+    for c in checks:
+        lines.append(f"{'ok' if c.ok else 'FAIL':5} {c.name:15} {c.detail}")
+        if c.fix:
+            lines.append(f"{'':5} {'':15} fix: {c.fix}")
+    return "\n".join(lines)
+
+
+def require_datapath() -> None:
+    """The quick checks ``Lab.up`` needs; PrivilegeError with doctor's message otherwise."""
+    failed = [c for c in (check_root(), check_bpffs(), check_bcc(), check_headers()) if not c.ok]
+    if failed:
+        raise PrivilegeError(
+            "this machine cannot run the lab datapath yet:\n" + format_checks(failed) + "\n(run `labkit doctor` for all checks)"
+        )

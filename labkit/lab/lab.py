@@ -1,0 +1,946 @@
+"""A running lab: bring the topology up, attach to it, reset it, take it down.
+
+    >>> from labkit import Lab
+    >>> lab = Lab.up("demo")                    # doctest: +SKIP
+    >>> lab.pod("a1").exec("ping", "-c1", lab.pod("b1").ip).returncode   # doctest: +SKIP
+    0
+    >>> for row in lab.ct("node-a"): print(row)  # doctest: +SKIP
+    >>> lab.down()                              # doctest: +SKIP
+
+``Lab.up`` is idempotent: a healthy lab of that name with the same topology
+and options is attached to; a broken or differently configured one is torn
+down (by its ledger) and rebuilt. Every object created goes into the ledger
+(:mod:`labkit.net.ledger`) first, so an error at any step leaves nothing behind.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from labkit.net import netns as _netns
+from labkit.clock import LabClock, mono_seconds
+from labkit.config import LAB_DIFFERENCES, DatapathConfig
+from labkit.release import BEHAVIOURS
+from labkit.errors import ConfigError, DatapathError, LabStateError, LabTimeoutError, NotFoundError
+from labkit.net.ledger import RUN_DIR, LabLock, Ledger, lab_dir
+from labkit.maps.base import PinnedMap
+from labkit.maps.config import AGENT_FAULTS, IMPLEMENTED_FAULTS, Fault, LabConfig, TraceMode
+from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
+from labkit.maps.nat import NAT_MAP, NatEntry, NatKey4, NatRow
+from labkit.net.topology import Topology
+from labkit.observe.evidence import JOURNAL, Snapshot
+from labkit.observe.trace import EVENT_SIZE, EventLog
+
+__all__ = ["Lab", "PodHandle", "NodeHandle", "BPFFS_ROOT"]
+
+BPFFS_ROOT = Path(os.environ.get("LABKIT_BPFFS_ROOT", "/sys/fs/bpf/labkit"))
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class _Member:
+    lab: "Lab"
+    name: str
+
+    @property
+    def netns(self) -> str:
+        """Its network namespace (``ip netns exec <netns> …``)."""
+        return self.lab.topology.netns(self.name)
+
+    def exec(self, *argv: str, timeout: float = 30, check: bool = False, **kw) -> subprocess.CompletedProcess:
+        """Run a command inside it; output captured as text."""
+        return self.lab.exec(self.name, list(argv), timeout=timeout, check=check, **kw)
+
+
+@dataclass(frozen=True)
+class PodHandle(_Member):
+    """A pod of a running lab."""
+
+    @property
+    def ip(self) -> str:
+        return self.lab.topology.pod(self.name).ip
+
+    @property
+    def node(self) -> str:
+        return self.lab.topology.pod(self.name).node
+
+    def tcp(self, target: str, port: int = 8080, sport: int | None = None):
+        """A TCP connection to ``target`` (pod, node, external name or address), not yet open."""
+        from labkit.notebook.steps import TcpConn
+
+        return TcpConn(self.lab, self.name, target, port, sport)
+
+    def ping(self, target: str, count: int = 1):
+        """Ping ``target``: a Step."""
+        from labkit.notebook.steps import ping_step
+
+        return ping_step(self.lab, self.name, target, count)
+
+    def udp(self, target: str, port: int = 8080, data: bytes = b"hello", sport: int | None = None):
+        """One UDP datagram to ``target`` (from port ``sport``, default any) and its answer: a Step."""
+        from labkit.notebook.steps import udp_step
+
+        return udp_step(self.lab, self.name, target, port, data, sport)
+
+    def send(self, packet, title: str | None = None):
+        """Send one crafted IPv4 packet (scapy or bytes) from this pod: a Step."""
+        from labkit.notebook.steps import raw_step
+
+        return raw_step(self.lab, self.name, packet, title)
+
+    def server_log(self) -> list[str]:
+        """Lines the pod's server logged (what it saw of its clients)."""
+        path = lab_dir(self.lab.name) / "pods" / f"{self.name}.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+@dataclass(frozen=True)
+class ExternalHandle(_Member):
+    """The client outside the cluster (``ext``): an address on the underlay, no datapath.
+
+    It reaches Services the way the world does: a LoadBalancer VIP (routed to the
+    first node) or a NodePort on any node's address::
+
+        lab.external("ext").tcp("web", 80).open()         # the LoadBalancer VIP of 'web'
+        lab.external("ext").tcp("node-b", 30080).open()   # NodePort on node-b
+    """
+
+    @property
+    def ip(self) -> str:
+        return self.lab.topology.external(self.name).ip
+
+    def tcp(self, target: str, port: int = 80, sport: int | None = None):
+        """A TCP connection to ``target`` (a LoadBalancer service by name, a node, an address), not yet open."""
+        from labkit.notebook.steps import TcpConn
+
+        return TcpConn(self.lab, self.name, target, port, sport)
+
+    def udp(self, target: str, port: int = 80, data: bytes = b"hello", sport: int | None = None):
+        """One UDP datagram to ``target`` (from port ``sport``, default any) and its answer: a Step."""
+        from labkit.notebook.steps import udp_step
+
+        return udp_step(self.lab, self.name, target, port, data, sport)
+
+    def send(self, packet, title: str | None = None):
+        """Send one crafted IPv4 packet (scapy or bytes) onto the underlay: a Step."""
+        from labkit.notebook.steps import raw_step
+
+        return raw_step(self.lab, self.name, packet, title)
+
+
+@dataclass(frozen=True)
+class NodeHandle(_Member):
+    """A node of a running lab."""
+
+    @property
+    def ip(self) -> str:
+        return self.lab.topology.node(self.name).ip
+
+    def ct(self) -> list[CtRow]:
+        """Rows of both CT maps of this node."""
+        return self.lab.ct(self.name)
+
+    def nat(self) -> list[NatRow]:
+        """Rows of this node's NAT map."""
+        return self.lab.nat(self.name)
+
+    def pin(self, map_name: str) -> str:
+        """Path of one of its pinned maps."""
+        return f"{self.lab.pin_dir(self.name)}/{map_name}"
+
+
+class Lab:
+    """A lab that is up. Build with :meth:`up`, find with :meth:`attach`."""
+
+    def __init__(self, name: str, topology: Topology, config: DatapathConfig, state: dict):
+        self.name = name
+        self.topology = topology
+        self.config = config
+        self._state = state
+        self.clock = LabClock(self._read_clock_offset, self._write_clock_offset, self._clock_moved)
+        self._clients: dict = {}
+        self._watchers: list = []
+        self._log: EventLog | None = None
+        self._services = None
+
+    def __repr__(self) -> str:
+        return f"Lab({self.name!r}, routing={self.config.routing}, nodes={[n.name for n in self.topology.nodes]})"
+
+    # -- life cycle -------------------------------------------------------------
+    @classmethod
+    def up(
+        cls,
+        name: str = "demo",
+        *,
+        routing: str | None = None,
+        config: DatapathConfig | None = None,
+        topology: Topology | None = None,
+    ) -> "Lab":
+        """Bring up lab ``name`` (the default lab unless ``topology`` is given).
+
+        Options: ``routing`` ('tunnel' or 'native'), or a whole :class:`DatapathConfig`.
+        """
+        from labkit.datapath.doctor import require_datapath
+
+        config = config or DatapathConfig()
+        if routing is not None:
+            config = config.with_options(routing=routing)
+        topology = topology or Topology.default(name)
+        topology.validate()
+        if topology.lab != name:
+            raise LabStateError(f"lab '{name}': topology describes lab '{topology.lab}'; expected the same name")
+        require_datapath()
+        lock = LabLock(name, "labkit up").acquire()
+        try:
+            ledger = Ledger(name)
+            if ledger.exists():
+                existing = cls._existing(name, ledger, topology, config)
+                if existing is not None:
+                    return existing
+                from labkit.lab.teardown import teardown
+
+                teardown(ledger)
+            lab = cls._build(name, topology, config, ledger)
+        finally:
+            lock.release(remove=not Ledger(name).exists())
+        return lab
+
+    @classmethod
+    def _existing(cls, name: str, ledger: Ledger, topology: Topology, config: DatapathConfig) -> "Lab | None":
+        try:
+            state = ledger.read_state()
+        except (LabStateError, ValueError):
+            return None
+        if state.get("version") != STATE_VERSION or state.get("status") != "up":
+            return None
+        if state["topology"] != topology.to_dict() or state["config"] != config.to_dict():
+            return None
+        lab = cls(name, topology, config, state)
+        return lab if not lab.health() else None
+
+    @classmethod
+    def _build(cls, name: str, topology: Topology, config: DatapathConfig, ledger: Ledger) -> "Lab":
+        from labkit.lab.teardown import teardown
+
+        t0 = time.monotonic()
+        ledger.start()
+        state = {
+            "version": STATE_VERSION,
+            "lab": name,
+            "status": "building",
+            "owner_pid": os.getpid(),
+            "created": time.time(),
+            "topology": topology.to_dict(),
+            "config": config.to_dict(),
+            "pin_dirs": {n.name: str(BPFFS_ROOT / name / n.name) for n in topology.nodes},
+            "devices": {},
+            "cgroups": {},
+            "faults": 0,
+            "timings": {},
+        }
+        ledger.write_state(state)
+        try:
+            cls._realise(name, topology, config, ledger, state)
+        except BaseException as exc:
+            try:
+                teardown(ledger)  # nothing half-built stays behind
+            except Exception as cleanup:  # report both: what failed, and what could not be undone
+                raise cleanup from exc
+            raise
+        state["status"] = "up"
+        state["timings"]["up_seconds"] = round(time.monotonic() - t0, 3)
+        ledger.write_state(state)
+        cls._start_gc(name, ledger)  # its timer starts on or off as config.gc_timer says
+        return cls(name, topology, config, state)
+
+    @staticmethod
+    def _start_gc(name: str, ledger: Ledger) -> None:
+        """The lab's CT garbage collector process (``python -m labkit.agent.gc``), once the lab is up."""
+        err = lab_dir(name) / "gc.err"
+        ledger.record("file", path=str(err))
+        proc = subprocess.Popen([sys.executable, "-m", "labkit.agent.gc", "--lab", name], stdin=subprocess.DEVNULL,
+                                stdout=open(err, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        ledger.record_process("gc", proc.pid)
+
+    @classmethod
+    def _realise(cls, name, topology, config, ledger, state) -> None:
+        from labkit.net import build as _build
+        from labkit.agent import endpoints as agent
+
+        timings = state["timings"]
+        t = time.monotonic()
+        cgroups = cls._make_cgroups(name, topology, ledger)
+        state["cgroups"] = cgroups
+        net = _build.build_network(topology, config, ledger)
+        state["devices"] = {node: {str(k): v for k, v in devs.items()} for node, devs in net["devices"].items()}
+        timings["network_seconds"] = round(time.monotonic() - t, 3)
+        ledger.write_state(state)
+
+        servers = _build.start_pod_servers(topology, ledger, cgroups)
+        t = time.monotonic()
+        loaders = cls._start_loaders(name, topology, config, ledger, state)
+        try:
+            for node, proc in loaders.items():
+                cls._loader_until(proc, ledger, node, "pinned")
+            for node, proc in loaders.items():
+                pin_dir = state["pin_dirs"][node]
+                agent.program_node(topology, node, config.routing, pin_dir, net["endpoints"][node])
+                with PinnedMap(f"{pin_dir}/labkit_config", _U32, LabConfig) as m:
+                    m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+                proc.stdin.write("attach\n")
+                proc.stdin.flush()
+            for node, proc in loaders.items():
+                done = cls._loader_until(proc, ledger, node, "done")
+                timings[f"datapath_{node}_seconds"] = done.get("seconds")
+        finally:
+            for proc in loaders.values():
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        timings["datapath_seconds"] = round(time.monotonic() - t, 3)
+        ledger.write_state(state)
+        cls._start_monitor(name, ledger)
+        cls._wait_servers(name, topology, servers)
+
+    @staticmethod
+    def _make_cgroups(name: str, topology: Topology, ledger: Ledger) -> dict[str, str]:
+        from labkit.net.build import cgroup_root
+
+        root = cgroup_root()
+        if root is None:
+            return {}
+        base = root / "labkit"
+        base.mkdir(exist_ok=True)
+        lab_cg = base / name
+        ledger.record("cgroup", path=str(lab_cg))
+        lab_cg.mkdir()
+        out = {}
+        for member in list(topology.nodes) + list(topology.pods):
+            cg = lab_cg / member.name
+            ledger.record("cgroup", path=str(cg))
+            cg.mkdir()
+            out[member.name] = str(cg)
+        return out
+
+    @staticmethod
+    def _start_loaders(name, topology, config, ledger, state) -> dict[str, subprocess.Popen]:
+        root = BPFFS_ROOT
+        if not root.exists():
+            root.mkdir(parents=True)
+        lab_pins = root / name
+        ledger.record("pindir", path=str(lab_pins))
+        lab_pins.mkdir()
+        procs = {}
+        for n in topology.nodes:
+            pin_dir = Path(state["pin_dirs"][n.name])
+            ledger.record("pindir", path=str(pin_dir))
+            pin_dir.mkdir()
+            # stderr to a file, not a pipe: a verifier log can be far larger than a pipe holds,
+            # and a loader blocked writing it would never report its error.
+            errfile = tempfile.TemporaryFile("w+")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "labkit.datapath.loader"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errfile,
+                text=True,
+            )
+            proc.errfile = errfile
+            cgroups = state["cgroups"]
+            sock_cgroups = []  # where socket LB applies: the node's own processes, and with "full" its pods
+            if config.socket_lb != "off" and n.name in cgroups:
+                sock_cgroups.append(cgroups[n.name])
+                if config.socket_lb == "full":
+                    sock_cgroups += [cgroups[p.name] for p in topology.pods_on(n.name)]
+            spec = {"topology": topology.to_dict(), "config": config.to_dict(), "node": n.name, "pin_dir": str(pin_dir),
+                    "cgroups": sock_cgroups}
+            proc.stdin.write(json.dumps(spec) + "\n")
+            proc.stdin.flush()
+            procs[n.name] = proc
+        return procs
+
+    @staticmethod
+    def _loader_until(proc: subprocess.Popen, ledger: Ledger, node: str, until: str) -> dict:
+        while True:
+            line = proc.stdout.readline()
+            if not line:
+                proc.wait()
+                raise DatapathError(f"node '{node}': datapath loader exited before '{until}'\n{_stderr_tail(proc)}")
+            msg = json.loads(line)
+            if "created" in msg:
+                ledger.record(**msg["created"])
+            elif "error" in msg:
+                proc.kill()
+                proc.wait()
+                raise DatapathError(f"{msg['error']}\n{_stderr_tail(proc)}")
+            elif until in msg:
+                return msg[until] if isinstance(msg[until], dict) else msg
+
+    @staticmethod
+    def _start_monitor(name: str, ledger: Ledger) -> None:
+        events = lab_dir(name) / "events.bin"
+        ledger.record("file", path=str(events))
+        ledger.record("file", path=str(lab_dir(name) / "monitor.err"))
+        ledger.record("file", path=str(lab_dir(name) / "monitor.pos"))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "labkit.observe.monitor", "--lab", name],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=open(lab_dir(name) / "monitor.err", "ab"),
+            start_new_session=True,
+            text=True,
+        )
+        ledger.record_process("monitor", proc.pid)
+        if proc.stdout.readline().strip() != "monitor ready":
+            raise DatapathError(f"lab '{name}': the trace monitor did not start (see {lab_dir(name)}/monitor.err)")
+        proc.stdout.close()
+
+    @staticmethod
+    def _wait_servers(name: str, topology: Topology, servers: dict[str, subprocess.Popen], timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        for pod in topology.pods:
+            log = lab_dir(name) / "pods" / f"{pod.name}.log"
+            while "listening" not in log.read_text():
+                if servers[pod.name].poll() is not None:
+                    err = (lab_dir(name) / "pods" / f"{pod.name}.err").read_text()
+                    raise LabStateError(f"pod '{pod.name}': server exited ({servers[pod.name].returncode}): {err[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise LabTimeoutError(f"pod '{pod.name}': server not listening after {timeout} s")
+                time.sleep(0.01)
+
+    @classmethod
+    def attach(cls, name: str = "demo") -> "Lab":
+        """The running lab ``name``; LabStateError if it is not up."""
+        ledger = Ledger(name)
+        if not ledger.exists():
+            raise NotFoundError(f"lab '{name}' is not up (no ledger in {lab_dir(name)}); start it with `labkit --lab {name} up`")
+        state = ledger.read_state()
+        if state.get("status") != "up":
+            raise LabStateError(
+                f"lab '{name}' is {state.get('status')!r}, expected 'up'; `labkit --lab {name} up` rebuilds it"
+            )
+        return cls(name, Topology.from_dict(state["topology"]), DatapathConfig.from_dict(state["config"]), state)
+
+    def down(self) -> None:
+        """Remove everything the ledger recorded, then check nothing of the lab is left."""
+        self._close_clients()
+        for table in self._watchers:
+            table.stop()
+        type(self).cleanup(self.name)
+
+    # -- steps ----------------------------------------------------------------
+    def address_of(self, target: str, outside: bool = False) -> str:
+        """The address of a pod, node, external client or Service by name; an address passes through.
+
+        A Service is its ClusterIP, or with ``outside`` (the client is the external one) its
+        LoadBalancer VIP: a ClusterIP is not reachable from outside the cluster."""
+        import ipaddress
+
+        try:
+            return str(ipaddress.IPv4Address(target))
+        except ValueError:
+            pass
+        if target not in self.topology.names():
+            for svc in self.services.list():
+                if svc.name == target and not outside:
+                    return svc.vip
+                if svc.name == target:
+                    if svc.lb_vip:
+                        return svc.lb_vip
+                    raise ConfigError(f"service '{target}' is a {svc.type} service: from outside it has no "
+                                      f"LoadBalancer VIP; expected a node name with its node port {svc.node_port}"
+                                      if svc.node_port else
+                                      f"service '{target}' is a ClusterIP service, not reachable from outside; "
+                                      f"expected a NodePort or LoadBalancer service")
+        kind = self.topology.kind_of(target)
+        if kind == "pod":
+            return self.topology.pod(target).ip
+        if kind == "node":
+            return self.topology.node(target).ip
+        return self.topology.external(target).ip
+
+    def is_direct(self, address: str, port: int, protocol: str = "TCP") -> bool:
+        """True if a connection to address:port reaches that address itself: it belongs to a pod,
+        node or external client and is not a Service frontend (a NodePort on a node address is one)."""
+        if self.topology.owner_of(address) is None:
+            return False
+        for svc in self.services.list():
+            for fe in getattr(svc, "frontends", ()):
+                if (fe.address, fe.port) == (address, port) and svc.protocol == protocol:
+                    return False
+        return True
+
+    def _podclient(self, pod: str):
+        from labkit.notebook.steps import PodClient
+
+        client = self._clients.get(pod)
+        if client is None or client.proc.poll() is not None:
+            proc = self.popen(pod, [sys.executable, "-m", "labkit.net.podclient"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+            Ledger(self.name).record_process(f"podclient-{pod}", proc.pid, netns=self.topology.netns(pod))
+            client = self._clients[pod] = PodClient(proc)
+        return client
+
+    def _close_clients(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def _step_log(self) -> EventLog:
+        if self._log is None:
+            self._log = self.events()
+        return self._log
+
+    def _after_step(self, step=None) -> None:
+        self._watchers = [t for t in self._watchers if not getattr(t, "closed", False)]
+        for table in list(self._watchers):
+            try:
+                table.refresh()
+            except Exception:  # a table that cannot refresh must not break the step
+                pass
+
+    def watch(self, node: str, interval: float | None = None):
+        """A live table of ``node``'s CT rows, refreshed after every step (and every ``interval`` s)."""
+        from labkit.notebook.widgets import watch
+
+        self.topology.node(node)
+        table = watch(self, node, interval)
+        self._watchers.append(table)
+        return table
+
+    def fault(self, name: str, on: bool = True) -> list[str]:
+        """Switch a break-it fault on or off (on every node's datapath, or in the agent); returns the faults
+        now on. ``labkit fault list`` names them all; ``labkit status`` always lists those on.
+
+            >>> lab.fault("wrong-lifetime")   # doctest: +SKIP
+            ['wrong-lifetime']
+        """
+        if name in AGENT_FAULTS:
+            path = lab_dir(self.name) / "faults.json"
+            agent = set(self.agent_faults())
+            agent = agent | {name} if on else agent - {name}
+            if not path.exists():
+                Ledger(self.name).record("file", path=str(path))
+            path.write_text(json.dumps(sorted(agent)))
+            now_on = self.faults()
+            JOURNAL.record(self.name, "fault", f"fault {name} {'on' if on else 'off'}", tuple(now_on), fault=name,
+                           on=on)
+            return now_on
+        try:
+            bit = Fault.parse(name)
+        except ValueError:
+            known = ", ".join(Fault.names(sum(Fault)) + sorted(AGENT_FAULTS))
+            raise ConfigError(f"fault '{name}': expected one of {known}") from None
+        if not bit & IMPLEMENTED_FAULTS:
+            raise ConfigError(f"fault '{name}': not acted on by this datapath yet; expected one of "
+                              f"{', '.join(Fault.names(IMPLEMENTED_FAULTS))}")
+        for node in self.topology.nodes:
+            with self._config_map(node.name) as m:
+                cfg = m[_U32(0)]
+                cfg.faults = (cfg.faults | bit) if on else (cfg.faults & ~bit)
+                m[_U32(0)] = cfg
+        now_on = self.faults()
+        JOURNAL.record(self.name, "fault", f"fault {name} {'on' if on else 'off'}", tuple(now_on), fault=name, on=on)
+        return now_on
+
+    @classmethod
+    def cleanup(cls, name: str) -> list[str]:
+        """Tear down lab ``name`` from its ledger (also when the process that built it died).
+
+        Returns what was removed, by kind; CleanupError if anything remains.
+        """
+        from labkit.lab.teardown import leftovers, teardown
+
+        lock = LabLock(name, "labkit down").acquire()
+        removed = []
+        try:
+            ledger = Ledger(name)
+            entries = ledger.entries()
+            try:
+                topo = Topology.from_dict(ledger.read_state()["topology"])
+                expected = topo.all_netns()
+            except (LabStateError, ValueError, KeyError):
+                expected = []
+            if entries:
+                teardown(ledger)
+                removed = [e["kind"] for e in entries]
+            left = leftovers([], expected)
+            if left:
+                from labkit.errors import CleanupError
+
+                hint = "; remove by hand with `ip netns del <name>` after checking nothing else uses it"
+                raise CleanupError(f"lab '{name}': still present after teardown (not in its ledger): {'; '.join(left)}{hint}")
+            _remove_shared_parents()
+        finally:
+            lock.release(remove=True)
+        try:
+            if RUN_DIR.exists() and not any(RUN_DIR.iterdir()):
+                RUN_DIR.rmdir()
+        except OSError:
+            pass
+        return removed
+
+    def delete_pod(self, name: str) -> dict:
+        """Delete pod ``name`` as Kubernetes and Cilium would: its Service endpoints go, the agent removes its
+        endpoint and ipcache entries, every CT and NAT entry naming its address is deleted on every node
+        (Cilium's GC of a removed endpoint), and its server, namespace, veth and cgroup are removed.
+        Returns what went. ``labkit up`` (or ``start()`` in a notebook) brings the default lab back whole.
+
+            >>> lab.delete_pod("b2")    # doctest: +SKIP
+            {'pod': 'b2', 'ip': '198.18.2.12', 'backends': ['web/b2:8080'], 'ct': {'node-a': 3, 'node-b': 6}, ...}
+        """
+        from dataclasses import replace as _replace
+
+        from labkit.lab.teardown import remove_part
+        from labkit.agent.gc import flush_address
+        from labkit.maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
+
+        pod = self.topology.pod(name)
+        backends = []
+        for svc in self.services.list():
+            for b in svc.backends:
+                if b.pod == name:
+                    self.services.remove_backend(svc.name, b.ref)
+                    backends.append(f"{svc.name}/{b.ref}")
+        with PinnedMap(f"{self.pin_dir(pod.node)}/cilium_lxc", EndpointKey, EndpointInfo) as lxc:
+            lxc.delete(EndpointKey.for_ip(pod.ip))
+        for node in self.topology.nodes:
+            with PinnedMap(f"{self.pin_dir(node.name)}/cilium_ipcache", IpcacheKey, RemoteEndpointInfo) as ipc:
+                ipc.delete(IpcacheKey.for_ip(pod.ip))
+        client = self._clients.pop(name, None)
+        if client is not None:
+            client.close()
+        netns, veth = self.topology.netns(name), self.topology.host_veth(name)
+        cgroup = self._state.get("cgroups", {}).get(name)
+        logs = {str(lab_dir(self.name) / "pods" / f"{name}.{ext}") for ext in ("log", "err")}
+
+        def of_pod(e: dict) -> bool:
+            return (e.get("netns") == netns and e["kind"] == "process") or e.get("name") == netns \
+                or (e["kind"] in ("tc-filter", "qdisc") and e.get("ifname") == veth) \
+                or (cgroup is not None and cgroup in (e.get("path"), e.get("cgroup"))) or e.get("path") in logs
+
+        removed = remove_part(Ledger(self.name), of_pod)
+        flushed = {"ct": {}, "nat": {}}
+        for node in self.topology.nodes:  # after the pod is gone: nothing can recreate its entries
+            ct, nat = flush_address(self.pin_dir(node.name), pod.ip)
+            flushed["ct"][node.name], flushed["nat"][node.name] = ct, nat
+        self.topology = _replace(self.topology, pods=tuple(p for p in self.topology.pods if p.name != name))
+        self._state["topology"] = self.topology.to_dict()
+        self._state.get("cgroups", {}).pop(name, None)
+        Ledger(self.name).write_state(self._state)
+        self._services = None  # the agent's next call sees the topology without the pod
+        self._after_step()
+        return {"pod": name, "ip": pod.ip, "backends": backends, **flushed, "removed": len(removed)}
+
+    def flush_ct(self, node: str | None = None) -> int:
+        """Empty the CT maps of ``node`` (default: every node), as if their entries had all been
+        collected; Services and NAT entries stay. Returns how many rows were deleted."""
+        deleted = self._clear_ct([node] if node is not None else [n.name for n in self.topology.nodes])
+        self._after_step()
+        return deleted
+
+    def _clear_ct(self, nodes) -> int:
+        deleted = 0
+        for name in nodes:
+            for map_name in CT_MAPS:
+                with PinnedMap(f"{self.pin_dir(name)}/{map_name}", CtKey4, CtEntry) as m:
+                    deleted += m.clear()
+        return deleted
+
+    def reset(self) -> None:
+        """Remove every Service, flush CT and NAT state, switch faults off, set the lab clock back and start the
+        GC's interval afresh; topology kept."""
+        self.services.flush()
+        self._clear_ct(n.name for n in self.topology.nodes)
+        for node in self.topology.nodes:
+            pin = self.pin_dir(node.name)
+            with PinnedMap(f"{pin}/{NAT_MAP}", NatKey4, NatEntry) as m:
+                m.clear()
+            with PinnedMap(f"{pin}/labkit_config", _U32, LabConfig) as m:
+                m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+        (lab_dir(self.name) / "faults.json").unlink(missing_ok=True)  # the agent's faults off too
+        self.gc.restart()  # on the clock as it is now set back
+        self._mark_trace_epoch()
+        JOURNAL.reset(self.name)  # nothing before a reset is evidence
+        self._after_step()  # live tables show the flush
+
+    def snapshot(self, title: str, lb: bool = False, extra=None) -> Snapshot:
+        """Every node's CT and NAT rows now (and with ``lb`` its Service maps), recorded as evidence under
+        ``title`` for the checks; ``extra`` is anything the cell wants kept with it.
+
+            >>> after = lab.snapshot("after the clock moved")   # doctest: +SKIP
+            >>> [r.line() for r in after.rows("node-a")]         # doctest: +SKIP
+        """
+        nodes = [n.name for n in self.topology.nodes]
+        snap = Snapshot(title, self.clock.now(), {n: self.ct(n) for n in nodes}, {n: self.nat(n) for n in nodes},
+                        {n: self.services.lb(n) for n in nodes} if lb else {}, extra)
+        JOURNAL.record(self.name, "snapshot", title, snap)
+        return snap
+
+    def _clock_moved(self, seconds: int, now: int) -> None:
+        JOURNAL.record(self.name, "clock", f"clock advanced {seconds} s", now, seconds=seconds, now=now)
+
+    def _mark_trace_epoch(self) -> None:
+        """Remember where the trace stands now: readers of the lab's trace start here (``events()``)."""
+        events = lab_dir(self.name) / "events.bin"
+        try:
+            size = events.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        path = lab_dir(self.name) / "trace.epoch"
+        if not path.exists():
+            Ledger(self.name).record("file", path=str(path))
+        path.write_text(json.dumps({"offset": size - size % EVENT_SIZE,
+                                    "inode": events.stat().st_ino if events.exists() else None}))
+
+    def health(self) -> list[str]:
+        """What is wrong with this lab (empty when healthy)."""
+        from labkit.lab.teardown import leftovers
+
+        from labkit.datapath.source import MAP_NAMES
+
+        problems = []
+        entries = Ledger(self.name).entries()
+        for node in self.topology.nodes:  # a lab built by an older labkit may lack a map this one needs
+            pin = self._state["pin_dirs"][node.name]
+            problems += [f"pinned map {pin}/{m} is missing" for m in MAP_NAMES if not os.path.exists(f"{pin}/{m}")]
+        for e in entries:
+            if e["kind"] == "netns" and not _netns.exists(e["name"]):
+                problems.append(f"network namespace {e['name']} is gone")
+            elif e["kind"] == "pin" and not os.path.exists(e["path"]):
+                problems.append(f"pinned map {e['path']} is gone")
+        # Pod clients belong to the notebook or script that started them and end with it.
+        lasting = [e for e in entries if e["kind"] == "process" and not e["name"].startswith("podclient-")]
+        alive = set(leftovers(lasting))
+        for e in lasting:
+            if f"process {e['name']} (pid {e['pid']})" not in alive:
+                problems.append(f"process {e['name']} (pid {e['pid']}) has exited")
+        return problems
+
+    # -- members ---------------------------------------------------------------
+    def pod(self, name: str) -> PodHandle:
+        """A pod by name (NotFoundError lists the pods)."""
+        self.topology.pod(name)
+        return PodHandle(self, name)
+
+    def external(self, name: str = "ext") -> ExternalHandle:
+        """The external client by name (NotFoundError lists them)."""
+        self.topology.external(name)
+        return ExternalHandle(self, name)
+
+    def node(self, name: str) -> NodeHandle:
+        """A node by name (NotFoundError lists the nodes)."""
+        self.topology.node(name)
+        return NodeHandle(self, name)
+
+    def exec(self, name: str, argv: Sequence[str], timeout: float = 30, check: bool = False, **kw):
+        """Run ``argv`` in the namespace (and for pods the cgroup) of ``name``."""
+        netns = self.topology.netns(name)
+        cgroup = self._state.get("cgroups", {}).get(name)
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(
+            list(argv), preexec_fn=_netns.preexec(netns, cgroup, new_session=False), timeout=timeout, check=check, **kw
+        )
+
+    def popen(self, name: str, argv: Sequence[str], **kw) -> subprocess.Popen:
+        """Start ``argv`` in ``name`` without waiting."""
+        netns = self.topology.netns(name)
+        cgroup = self._state.get("cgroups", {}).get(name)
+        return subprocess.Popen(list(argv), preexec_fn=_netns.preexec(netns, cgroup, new_session=False), **kw)
+
+    def cgroup(self, name: str) -> str | None:
+        """The cgroup v2 directory of a pod or node (their processes run in it)."""
+        if self.topology.kind_of(name) == "external":
+            return None
+        return self._state.get("cgroups", {}).get(name)
+
+    # -- maps -------------------------------------------------------------------
+    @property
+    def gc(self):
+        """The lab's CT garbage collector (:class:`labkit.agent.gc.LabGc`): ``run()``, ``state()``, ``history()``."""
+        from labkit.agent.gc import LabGc
+
+        return LabGc(self)
+
+    @property
+    def services(self):
+        """The lab's Services (:class:`labkit.agent.services.Services`): add, remove, list, ``lb(node)``.
+
+        The list is kept in ``/run/labkit/<lab>/services.json``, so every process
+        attached to the lab sees the same services.
+        """
+        if self._services is None:
+            from labkit.agent.services import Services
+
+            self._services = Services.for_lab(self)
+        return self._services
+
+    def pin_dir(self, node: str) -> str:
+        """``/sys/fs/bpf/labkit/<lab>/<node>``"""
+        self.topology.node(node)
+        return self._state["pin_dirs"][node]
+
+    def ct(self, node: str) -> list[CtRow]:
+        """Every row of ``node``'s two CT maps, TCP map first."""
+        pin = self.pin_dir(node)
+        rows = []
+        for map_name in CT_MAPS:
+            with PinnedMap(f"{pin}/{map_name}", CtKey4, CtEntry) as m:
+                rows += [CtRow.of(k, v, map_name, self.config.cilium) for k, v in m.items()]
+        return rows
+
+    def ct_command(self, node: str) -> list[str]:
+        """The real commands that show the same rows."""
+        return [f"bpftool map dump pinned {self.pin_dir(node)}/{m}" for m in CT_MAPS]
+
+    def nat(self, node: str) -> list[NatRow]:
+        """Every row of ``node``'s NAT map, ``cilium_snat_v4_external`` (empty until the datapath uses it)."""
+        now = self.clock.now()
+        with PinnedMap(f"{self.pin_dir(node)}/{NAT_MAP}", NatKey4, NatEntry) as m:
+            return [NatRow.of(k, v, now) for k, v in m.items()]
+
+    def conntrack(self, node: str) -> list:
+        """Linux conntrack rows of ``node``'s namespace (``conntrack -L`` there): what kube-proxy's iptables mode
+        relies on, beside the BPF CT rows of :meth:`ct`. (:class:`labkit.agent.kubeproxy.ConntrackRow`)"""
+        from labkit.agent.kubeproxy import parse_conntrack
+
+        self.topology.node(node)
+        return parse_conntrack(self.exec(node, ["conntrack", "-L"], check=True).stdout)
+
+    def conntrack_command(self, node: str) -> list[str]:
+        """The real commands behind :meth:`conntrack` and the nat table of iptables mode."""
+        ns = self.topology.netns(node)
+        return [f"ip netns exec {ns} conntrack -L", f"ip netns exec {ns} iptables-save -t nat"]
+
+    def nat_command(self, node: str) -> list[str]:
+        """The real command that shows the same rows."""
+        return [f"bpftool map dump pinned {self.pin_dir(node)}/{NAT_MAP}"]
+
+    def _config_map(self, node: str) -> PinnedMap:
+        return PinnedMap(f"{self.pin_dir(node)}/labkit_config", _U32, LabConfig)
+
+    def _read_clock_offset(self) -> int:
+        with self._config_map(self.topology.nodes[0].name) as m:
+            return m[_U32(0)].clock_offset
+
+    def _write_clock_offset(self, offset: int) -> None:
+        for node in self.topology.nodes:
+            with self._config_map(node.name) as m:
+                cfg = m[_U32(0)]
+                cfg.clock_offset = offset
+                m[_U32(0)] = cfg
+
+    def trace_mode(self, mode: str | None = None) -> str:
+        """Which packets the hooks report: ``'all'`` (the default), ``'drops'`` or ``'none'``
+        (measurements without the monitor's cost). Sets it on every node when given; returns it."""
+        if mode is not None:
+            try:
+                value = TraceMode[str(mode).upper()]
+            except KeyError:
+                raise ConfigError(f"trace mode {mode!r}: expected one of all, drops, none") from None
+            for node in self.topology.nodes:
+                with self._config_map(node.name) as m:
+                    cfg = m[_U32(0)]
+                    cfg.trace_mode = value
+                    m[_U32(0)] = cfg
+        with self._config_map(self.topology.nodes[0].name) as m:
+            return TraceMode(m[_U32(0)].trace_mode).name.lower()
+
+    def _gc_summary(self) -> str:
+        st = self.gc.state()
+        last = "never run" if st["last_run"] is None else f"last run at lab clock {st['last_run']}"
+        return f"timer {'on' if st['timer'] else 'off'}, interval {st['interval']} s, {last}"
+
+    def faults(self) -> list[str]:
+        """Names of the break-it faults switched on: the datapath's, then the agent's."""
+        with self._config_map(self.topology.nodes[0].name) as m:
+            return Fault.names(m[_U32(0)].faults) + self.agent_faults()
+
+    def agent_faults(self) -> list[str]:
+        """The agent's faults switched on (:data:`labkit.maps.config.AGENT_FAULTS`), read afresh each time: the
+        lab's other processes (its GC) switch with it."""
+        try:
+            return sorted(json.loads((lab_dir(self.name) / "faults.json").read_text()))
+        except (FileNotFoundError, ValueError):
+            return []
+
+    def events(self) -> EventLog:
+        """Reader of this lab's trace records, from the last reset on (its trace epoch): what came before
+        belongs to an earlier use of the lab."""
+        nodes = {n.node_id: n.name for n in self.topology.nodes}
+        devices = {node: {int(k): v for k, v in devs.items()} for node, devs in self._state["devices"].items()}
+        log = EventLog(lab_dir(self.name) / "events.bin", nodes, devices)
+        try:
+            epoch = json.loads((lab_dir(self.name) / "trace.epoch").read_text())
+        except (FileNotFoundError, ValueError):
+            return log
+        log.start_at(epoch["offset"], epoch.get("inode"))
+        return log
+
+    def status(self) -> dict:
+        """Nodes, pods and externals with addresses, datapath options, clock, faults."""
+        return {
+            "lab": self.name,
+            "status": self._state.get("status"),
+            "routing": self.config.routing,
+            "socket_lb": self.config.socket_lb,
+            "datapath": self.config.to_dict(),
+            "clock": {"now": self.clock.now(), "offset": self.clock.offset, "mono": mono_seconds()},
+            "faults": self.faults(),
+            "gc": self._gc_summary(),
+            "nodes": [
+                {"name": n.name, "ip": n.ip, "pod_cidr": n.pod_cidr, "router_ip": n.router_ip,
+                 "netns": self.topology.netns(n.name), "pins": self.pin_dir(n.name)}
+                for n in self.topology.nodes
+            ],
+            "pods": [
+                {"name": p.name, "node": p.node, "ip": p.ip, "identity": p.identity,
+                 "netns": self.topology.netns(p.name), "host_veth": self.topology.host_veth(p.name)}
+                for p in self.topology.pods
+            ],
+            "externals": [{"name": e.name, "ip": e.ip, "netns": self.topology.netns(e.name)}
+                          for e in self.topology.externals],
+            "cilium": {"release": self.config.cilium, "behaviours": [
+                {"name": b.name, "since": b.since, "change": b.change, "what": b.what,
+                 "on": b.in_release(self.config.cilium)} for b in BEHAVIOURS]},
+            "lab_differences": list(LAB_DIFFERENCES),
+            "health": self.health(),
+        }
+
+
+def _stderr_tail(proc: subprocess.Popen, size: int = 4000) -> str:
+    """The last ``size`` characters a loader wrote to its stderr file."""
+    errfile = getattr(proc, "errfile", None)
+    if errfile is None:
+        return ""
+    errfile.seek(0)
+    return errfile.read()[-size:]
+
+
+def _remove_shared_parents() -> None:
+    """Remove the parents all labs share (pins, cgroups) once no lab uses them."""
+    from labkit.net.build import cgroup_root
+
+    cg = cgroup_root()
+    for parent, in_use in (
+        (BPFFS_ROOT, lambda p: any(p.iterdir())),
+        (cg / "labkit" if cg else None, lambda p: any(c.is_dir() for c in p.iterdir())),
+    ):
+        try:
+            if parent is not None and parent.exists() and not in_use(parent):
+                parent.rmdir()
+        except OSError:
+            pass
+
+
+class _U32(ctypes.c_uint32):
+    """Key of one-entry arrays."""

@@ -1,0 +1,233 @@
+"""What a lab created, written down as it is created, and the lab's lock.
+
+Everything under ``/run/labkit/<lab>/``:
+
+==============  ==========================================================
+``ledger.jsonl``  one JSON line per created object (namespace, pin, process,
+                  cgroup, tc filter, file), appended before the next step
+``lab.json``      topology, datapath options, status (building / up)
+``events.bin``    trace records written by the lab's monitor
+``pods/``         pod server logs
+==============  ==========================================================
+
+``down`` and ``cleanup`` remove exactly what the ledger lists, newest first,
+then check that nothing is left. The lock (``/run/labkit/<lab>.lock``) is
+held while a process builds or tears the lab down; another process gets
+:class:`~labkit.errors.LabBusyError` naming the holder.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from labkit.errors import LabBusyError, LabStateError
+
+__all__ = ["RUN_DIR", "Ledger", "LabLock", "lab_dir", "process_start_time", "list_labs"]
+
+RUN_DIR = Path(os.environ.get("LABKIT_RUN_DIR", "/run/labkit"))
+
+
+def lab_dir(lab: str) -> Path:
+    """``/run/labkit/<lab>``."""
+    return RUN_DIR / lab
+
+
+def list_labs() -> list[str]:
+    """Names of labs with state on this machine."""
+    if not RUN_DIR.is_dir():
+        return []
+    return sorted(p.name for p in RUN_DIR.iterdir() if p.is_dir() and (p / "ledger.jsonl").exists())
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks (field 22 of /proc/pid/stat), None if gone.
+
+    Recorded with every process so cleanup never signals a recycled pid.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):  # exited, waiting to be reaped: as good as gone
+        _reap(pid)
+        return None
+    return int(fields[19])
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+@dataclass
+class Ledger:
+    """Append-only record of what lab ``lab`` created."""
+
+    lab: str
+
+    @property
+    def dir(self) -> Path:
+        return lab_dir(self.lab)
+
+    @property
+    def path(self) -> Path:
+        return self.dir / "ledger.jsonl"
+
+    def exists(self) -> bool:
+        """Whether this lab has a ledger at all."""
+        return self.path.exists()
+
+    def start(self) -> None:
+        """Create the lab directory and an empty ledger (the directory is its first entry)."""
+        created = not self.dir.exists()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path.touch()
+        if created:
+            self.record("dir", path=str(self.dir))
+        # The ledger file itself is removed last by teardown, not listed in itself.
+
+    def record(self, kind: str, **fields) -> dict:
+        """Append one created object; flushed to disk before returning."""
+        entry = {"kind": kind, **fields}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return entry
+
+    def record_process(self, name: str, pid: int, **fields) -> dict:
+        """Record a process with its start time."""
+        return self.record("process", name=name, pid=pid, start=process_start_time(pid), **fields)
+
+    def entries(self, kind: str | None = None) -> list[dict]:
+        """Recorded objects, oldest first (``kind`` filters)."""
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                if kind is None or entry["kind"] == kind:
+                    out.append(entry)
+        return out
+
+    def forget(self, predicate) -> None:
+        """Rewrite the ledger without the entries ``predicate`` accepts (after removing them)."""
+        keep = [e for e in self.entries() if not predicate(e)]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in keep))
+        os.replace(tmp, self.path)
+
+    # -- lab.json -----------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "lab.json"
+
+    def read_state(self) -> dict:
+        """lab.json, or LabStateError when the lab has none."""
+        try:
+            return json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            raise LabStateError(f"lab '{self.lab}' is not up (no {self.state_path})") from None
+        except ValueError as exc:
+            raise LabStateError(
+                f"lab '{self.lab}': state file {self.state_path} is unreadable ({exc}); "
+                f"`labkit --lab {self.lab} cleanup` removes what the lab created"
+            ) from None
+
+    def write_state(self, state: dict) -> None:
+        """Replace lab.json atomically (recorded in the ledger the first time)."""
+        first = not self.state_path.exists()
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+        os.replace(tmp, self.state_path)
+        if first:
+            self.record("file", path=str(self.state_path))
+
+
+class LabLock:
+    """An exclusive, non-blocking flock on ``/run/labkit/<lab>.lock``.
+
+    >>> import tempfile, os
+    >>> os.environ.setdefault("LABKIT_RUN_DIR", tempfile.mkdtemp())  # doctest: +SKIP
+    """
+
+    def __init__(self, lab: str, purpose: str):
+        self.lab = lab
+        self.purpose = purpose
+        self.path = RUN_DIR / f"{lab}.lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> "LabLock":
+        """Take the lock or raise LabBusyError naming the live holder."""
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = self._holder(fd)
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise LabBusyError(
+                        exc.errno,
+                        f"lab '{self.lab}' is held by another live process ({holder}); "
+                        f"expected no other labkit process working on it",
+                    ) from None
+                raise
+            # The file may have been unlinked by a releasing holder: lock the current one.
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"pid {os.getpid()} ({self.purpose})".encode())
+                self.fd = fd
+                return self
+            os.close(fd)
+        raise LabBusyError(errno.EAGAIN, f"lab '{self.lab}': could not take {self.path} (kept changing)")
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        try:
+            return os.pread(fd, 200, 0).decode(errors="replace") or "unknown process"
+        except OSError:
+            return "unknown process"
+
+    def release(self, remove: bool = False) -> None:
+        """Let go; ``remove`` also deletes the lock file (after down)."""
+        if self.fd is None:
+            return
+        if remove:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        os.close(self.fd)
+        self.fd = None
+
+    def __enter__(self) -> "LabLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def wait_gone(pid: int, start: int | None, timeout: float) -> bool:
+    """Poll until process ``pid`` (with that start time) has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process_start_time(pid) != start:
+            return True
+        time.sleep(0.005)
+    return False

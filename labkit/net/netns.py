@@ -1,0 +1,88 @@
+"""Entering network namespaces: for a thread (netlink sockets, sysctls) and
+for a child process (pod servers, ``labkit exec``).
+
+A netlink socket belongs to the namespace it was opened in, so
+``with entered("lk-demo-node-a"): ipr = IPRoute()`` gives a handle that keeps
+working in that namespace after the thread has left it.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+from typing import Callable, Iterator
+
+from labkit.errors import NetnsError
+
+__all__ = ["entered", "preexec", "exists", "NETNS_DIR", "sysctl", "enter_process"]
+
+NETNS_DIR = "/run/netns"
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int, what: str) -> None:
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise NetnsError(err, f"setns into {what}: {os.strerror(err)}")
+
+
+def exists(name: str) -> bool:
+    """Whether ``ip netns`` would list ``name``."""
+    return os.path.exists(os.path.join(NETNS_DIR, name))
+
+
+@contextlib.contextmanager
+def entered(name: str) -> Iterator[None]:
+    """Run the body with this thread inside namespace ``name``, then come back."""
+    path = os.path.join(NETNS_DIR, name)
+    try:
+        target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise NetnsError(errno.ENOENT, f"network namespace '{name}' does not exist ({path})") from None
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(target, name)
+        try:
+            yield
+        finally:
+            _setns(own, "the original namespace")
+    finally:
+        os.close(target)
+        os.close(own)
+
+
+def enter_process(name: str, cgroup: str | None = None) -> None:
+    """Move the calling (single-threaded) process into ``name`` and ``cgroup``."""
+    fd = os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY)
+    try:
+        _setns(fd, name)
+    finally:
+        os.close(fd)
+    if cgroup:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+
+def preexec(name: str, cgroup: str | None = None, new_session: bool = True) -> Callable[[], None]:
+    """A ``preexec_fn`` for :class:`subprocess.Popen` that starts the child in ``name``."""
+
+    def run() -> None:
+        if new_session:
+            os.setsid()
+        enter_process(name, cgroup)
+
+    return run
+
+
+def sysctl(name: str, values: dict[str, str | int]) -> None:
+    """Set sysctls (``net.ipv4.ip_forward`` style keys) inside namespace ``name``."""
+    with entered(name):
+        for key, value in values.items():
+            path = "/proc/sys/" + key.replace(".", "/")
+            try:
+                with open(path, "w") as f:
+                    f.write(str(value))
+            except OSError as exc:
+                raise NetnsError(exc.errno, f"sysctl {key}={value} in '{name}': {exc.strerror}") from None

@@ -1,0 +1,589 @@
+"""A live connection-tracking table for JupyterLab: what is in a node's CT maps,
+what appeared, what changed and what went away since the last look.
+
+Two layers:
+
+* :func:`render_table` is a pure function, CT rows in, one HTML ``<table>`` out.
+  ``previous`` (the rows of the last refresh) switches on highlighting, matched
+  by :attr:`CtRow.ident <labkit.maps.ct.CtRow.ident>`: new rows green
+  (``lk-added``), changed rows yellow (``lk-changed``) with the moved cells in
+  bold, rows gone since then once more, struck through (``lk-removed``).
+  Rows past their lifetime on the lab clock are grey (``lk-expired``).
+* :class:`CtTable` wraps it in core ipywidgets: a header with the node, the lab
+  clock and the real command that shows the same maps, filter controls, the
+  table (fixed height, it scrolls on its own and keeps its scroll position
+  across refreshes) and a status line. :func:`watch` builds one and refreshes it.
+
+In a notebook::
+
+    >>> table = lab.watch("node-a")             # doctest: +SKIP
+    >>> table                                   # doctest: +SKIP
+    >>> table.start(1.0)                        # doctest: +SKIP
+    >>> table.stop()                            # doctest: +SKIP
+
+Without a kernel, the table is plain HTML:
+
+    >>> from labkit.maps.ct import CtEntry, CtKey4, CtRow
+    >>> key = CtKey4.make("198.18.1.11", "198.18.2.11", 40000, 8080, 6, 0)
+    >>> old = CtRow.of(key, CtEntry(lifetime=1100, packets=1))
+    >>> new = CtRow.of(key, CtEntry(lifetime=1100, packets=2))
+    >>> html = render_table([new], previous=[old], now=1000)
+    >>> html.count("<tr"), html.count('<tr class="lk-changed"'), '>100 s</td>' in html
+    (2, 1, True)
+"""
+from __future__ import annotations
+
+import functools
+import html as _html
+import socket
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from labkit.maps.ct import CT_MAPS, CtFlags, CtRow, TcpFlags, diff_rows
+
+__all__ = ["Filters", "render_table", "CtTable", "watch", "time_render", "PROTO_CHOICES", "TABLE_HEIGHT"]
+
+#: Choices of the protocol filter: (label, value) pairs, value None for all.
+PROTO_CHOICES = (("All", None), ("TCP", "TCP"), ("UDP", "UDP"), ("ICMP", "ICMP"))
+#: Height of the scrolling table area of :class:`CtTable`.
+TABLE_HEIGHT = "320px"
+
+_COLUMNS = (
+    "proto", "dir", "src", "dst", "flags", "rx seen", "tx seen",
+    "packets", "bytes", "expires", "remaining", "rev nat", "backend",
+)
+# Which columns show a CtRow field (diff_rows' field names), for the changed-cell emphasis.
+_FIELD_COLUMNS = {
+    "flags": (4,),
+    "rx_flags_seen": (5,),
+    "tx_flags_seen": (6,),
+    "packets": (7,),
+    "bytes": (8,),
+    "lifetime": (9, 10),
+    "rev_nat": (11,),
+    "backend_id": (12,),
+}
+_NUMERIC = frozenset({7, 8, 9, 10, 11, 12})
+_DIR_ORDER = {"OUT": 0, "IN": 1, "SVC": 2}
+_MAP_ORDER = {name: i for i, name in enumerate(CT_MAPS)}
+
+# Scoped by the lk-ct class: the style lands in the page once the HTML is shown.
+_STYLE = """<style>
+.lk-ct{line-height:1.35;font-size:var(--jp-code-font-size,12px)}
+.lk-ct table{border-collapse:collapse;width:100%;font-family:var(--jp-code-font-family,monospace)}
+.lk-ct th,.lk-ct td{padding:1px 8px;text-align:left;white-space:nowrap;
+  border-bottom:1px solid var(--jp-border-color2,#e0e0e0)}
+.lk-ct th{position:sticky;top:0;z-index:1;background:var(--jp-layout-color2,#eee);font-weight:600}
+.lk-ct td.lk-num,.lk-ct th.lk-num{text-align:right}
+.lk-ct tr.lk-added td{background:rgba(46,160,67,.22)}
+.lk-ct tr.lk-changed td{background:rgba(212,167,44,.25)}
+.lk-ct tr.lk-changed td.lk-diff{font-weight:700;background:rgba(212,167,44,.5)}
+.lk-ct tr.lk-removed td{text-decoration:line-through;opacity:.6;background:rgba(248,81,73,.12)}
+.lk-ct tr.lk-expired td{color:var(--jp-ui-font-color3,#999)}
+.lk-ct .lk-rel{font-size:85%;color:var(--jp-ui-font-color2,#666)}
+.lk-ct .lk-empty{padding:6px 8px;color:var(--jp-ui-font-color2,#666);font-style:italic}
+</style>"""
+
+_HEAD = (
+    '<thead><tr>'
+    + "".join(f'<th class="lk-num">{c}</th>' if i in _NUMERIC else f"<th>{c}</th>" for i, c in enumerate(_COLUMNS))
+    + "</tr></thead>"
+)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which rows to show.
+
+    ``text``: case-insensitive substring of ``"src:sport dst:dport"`` or of the
+    row's ``ct list`` line (blank: any); ``proto``: None (all) or a protocol
+    name such as ``'TCP'``, ``'UDP'``, ``'ICMP'``; ``hide_related``: leave out
+    the RELATED twins (the ``related`` rows of ``cilium_ct_any4_global``).
+
+    >>> Filters(text=" 8080 ", proto="tcp")
+    Filters(text='8080', proto='TCP', hide_related=False)
+    """
+
+    text: str = ""
+    proto: str | None = None
+    hide_related: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", (self.text or "").strip())
+        proto = (self.proto or "").strip().upper()
+        object.__setattr__(self, "proto", None if proto in ("", "ALL") else proto)
+
+    @property
+    def active(self) -> bool:
+        """True when some row could be left out."""
+        return bool(self.text or self.proto or self.hide_related)
+
+    def match(self, row: CtRow) -> bool:
+        """Whether ``row`` passes.
+
+        >>> from labkit.maps.ct import CtEntry, CtKey4, CtRow
+        >>> row = CtRow.of(CtKey4.make("198.18.1.11", "198.18.2.11", 40000, 8080, 6, 0), CtEntry())
+        >>> Filters("2.11:8080").match(row), Filters(proto="UDP").match(row)
+        (True, False)
+        """
+        if self.proto is not None and row.proto_name.upper() != self.proto:
+            return False
+        if self.hide_related and row.related:
+            return False
+        if self.text:
+            needle = self.text.lower()
+            if needle in f"{row.src}:{row.sport} {row.dst}:{row.dport}".lower():
+                return True
+            return needle in row.line().lower()
+        return True
+
+
+@dataclass(frozen=True)
+class _Stats:
+    total: int = 0  #: rows in the dump
+    shown: int = 0  #: rows of the dump that pass the filters
+    added: int = 0
+    changed: int = 0
+    removed: int = 0  #: gone since the previous dump (shown struck through)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ct_flags_text(value: int) -> str:
+    return " ".join(CtFlags.names(value)) or "-"
+
+
+@functools.lru_cache(maxsize=1024)
+def _tcp_flags_text(value: int) -> str:
+    return TcpFlags.text(value)
+
+
+def _ip_order(ip: str) -> tuple:
+    try:
+        return (0, socket.inet_aton(ip))
+    except OSError:
+        return (1, ip)
+
+
+def _order(row: CtRow) -> tuple:
+    return (
+        _MAP_ORDER.get(row.map, len(_MAP_ORDER)), row.map,
+        _DIR_ORDER.get(row.dir, len(_DIR_ORDER)), row.dir,
+        _ip_order(row.src), row.sport, _ip_order(row.dst), row.dport,
+        row.related, row.proto, row.key,
+    )
+
+
+def _cells(row: CtRow, now: int | None) -> list[str]:
+    """Cell contents of one row, already escaped (the remaining cell carries its own markup)."""
+    esc = _html.escape
+    direction = esc(row.dir)
+    if row.related:
+        direction += ' <span class="lk-rel">related</span>'
+    if now is None:
+        remaining = ""
+    else:
+        left = row.lifetime - now
+        remaining = f"{left} s" if left >= 0 else "expired"
+    return [
+        esc(row.proto_name),
+        direction,
+        f"{esc(row.src)}:{row.sport}",
+        f"{esc(row.dst)}:{row.dport}",
+        esc(_ct_flags_text(row.flags)),
+        _tcp_flags_text(row.rx_flags_seen),
+        _tcp_flags_text(row.tx_flags_seen),
+        str(row.packets),
+        str(row.bytes),
+        str(row.lifetime),
+        remaining,
+        str(row.rev_nat),
+        str(row.backend_id),
+    ]
+
+
+def _was(old: CtRow, column: int, now: int | None) -> str:
+    """``was …`` tooltip of a changed cell."""
+    if column == 10:
+        return "" if now is None else f"was {old.lifetime - now} s"
+    return "was " + _cells(old, None)[column]
+
+
+def _render(
+    rows: Sequence[CtRow],
+    previous: Iterable[CtRow] | None,
+    now: int | None,
+    filters: Filters | None,
+) -> tuple[str, _Stats]:
+    filters = filters or Filters()
+    keep = filters.match if filters.active else None
+    added: set = set()
+    changed: dict = {}
+    removed: Sequence[CtRow] = ()
+    if previous is not None:
+        diff = diff_rows(previous, rows)
+        added = {r.ident for r in diff.added}
+        changed = {new.ident: (old, fields) for old, new, fields in diff.changed}
+        removed = diff.removed
+    shown = [r for r in rows if keep(r)] if keep else list(rows)
+    gone = [r for r in removed if keep(r)] if keep else list(removed)
+    items = [(r, False) for r in shown] + [(r, True) for r in gone]
+    items.sort(key=lambda item: _order(item[0]))
+
+    out = [_STYLE, '<div class="lk-ct"><table>', _HEAD, "<tbody>"]
+    n_added = n_changed = 0
+    for row, is_gone in items:
+        classes = []
+        diff_cols: dict[int, str] = {}
+        ident = row.ident
+        if is_gone:
+            classes.append("lk-removed")
+        elif ident in added:
+            classes.append("lk-added")
+            n_added += 1
+        elif ident in changed:
+            classes.append("lk-changed")
+            n_changed += 1
+            old, fields = changed[ident]
+            for f in fields:
+                for col in _FIELD_COLUMNS.get(f, ()):
+                    diff_cols[col] = _was(old, col, now)
+        expired = now is not None and row.lifetime < now
+        if expired:
+            classes.append("lk-expired")
+        out.append(f'<tr class="{" ".join(classes)}">' if classes else "<tr>")
+        for i, text in enumerate(_cells(row, now)):
+            cls = []
+            if i in _NUMERIC:
+                cls.append("lk-num")
+            if i in diff_cols:
+                cls.append("lk-diff")
+            title = diff_cols.get(i, "")
+            if i == 10 and expired:
+                title = f"expired {now - row.lifetime} s ago" + (f"; {title}" if title else "")
+            if i == 0 and is_gone:
+                title = "gone since the last refresh"
+            attrs = (f' class="{" ".join(cls)}"' if cls else "") + (f' title="{_html.escape(title)}"' if title else "")
+            out.append(f"<td{attrs}>{text}</td>")
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    if not items:
+        why = "no rows match the filters" if rows else "no CT entries"
+        out.append(f'<div class="lk-empty">{why}</div>')
+    out.append("</div>")
+    stats = _Stats(total=len(rows), shown=len(shown), added=n_added, changed=n_changed, removed=len(gone))
+    return "".join(out), stats
+
+
+def render_table(
+    rows: Iterable[CtRow],
+    previous: Iterable[CtRow] | None = None,
+    now: int | None = None,
+    filters: Filters | None = None,
+) -> str:
+    """HTML of a CT table: a scoped ``<style>``, then one ``<tr>`` per shown row below the header row.
+
+    Columns: proto, dir (with ``related`` for RELATED twins), src, dst, flags (names),
+    rx seen, tx seen (``SYN|ACK`` style), packets, bytes, expires (the lifetime on the
+    lab clock), remaining (``lifetime - now``; ``expired`` and the row grey once
+    negative; blank without ``now``), rev nat, backend. Rows sort by map (TCP map
+    first), dir (OUT, IN, SVC), src, sport, dst, dport.
+
+    ``previous``: the rows of the last refresh; with it, rows are marked ``lk-added``
+    (green), ``lk-changed`` (yellow, moved cells ``lk-diff`` with a ``was …``
+    tooltip) or, for rows no longer there, shown once more as ``lk-removed``
+    (struck through). Without it nothing is highlighted. ``filters`` apply to all
+    of these. Every text is HTML-escaped.
+
+    >>> from labkit.maps.ct import CtEntry, CtKey4, CtRow
+    >>> def row(sport, proto=6, lifetime=1100):
+    ...     key = CtKey4.make("198.18.1.11", "198.18.2.11", sport, 8080, proto, 0)
+    ...     return CtRow.of(key, CtEntry(lifetime=lifetime, tx_flags_seen=0x02))
+    >>> a, b, c = row(40000), row(40001), row(40002, lifetime=900)
+    >>> html = render_table([a, c], previous=[a, b], now=1000)
+    >>> html.count("<tr"), html.count('<tr class="lk-added'), html.count('<tr class="lk-removed')
+    (4, 1, 1)
+    >>> html.count(' lk-expired"'), html.count(">expired</td>")
+    (1, 1)
+    >>> render_table([a, c], filters=Filters(text=":40002")).count("<tr")
+    2
+    """
+    html, _ = _render(list(rows), previous, now, filters)
+    return html
+
+
+# -- the live widget --------------------------------------------------------------------
+
+_MONO = "font-family:var(--jp-code-font-family,monospace);font-size:var(--jp-code-font-size,12px)"
+
+
+class CtTable:
+    """A live CT table of one node, built from core ipywidgets.
+
+    ``refresh()`` reads ``lab.ct(node)`` and ``lab.clock.now()`` and only sets widget
+    values (safe from the timer thread; it never prints). It never raises either: a
+    failed read leaves the last table in place and puts the error in the status line
+    (and in :attr:`last_error`). Changing a filter re-renders the rows of the last
+    refresh without reading the maps. ``interval`` is the default period of
+    :meth:`start`; nothing runs until :meth:`start` (or :func:`watch`) is called.
+
+    >>> table = CtTable(lab, "node-a")          # doctest: +SKIP
+    >>> table.refresh()                         # doctest: +SKIP
+    True
+    >>> table                                   # doctest: +SKIP
+    """
+
+    def __init__(self, lab: Any, node: str, interval: float | None = None):
+        import ipywidgets as w
+
+        self.lab = lab
+        self.node = node
+        self.interval = interval
+        topo_node = lab.topology.node(node)  # NotFoundError (listing the nodes) for a wrong name
+        self._node_ip = getattr(topo_node, "ip", None)
+        self._commands = list(lab.ct_command(node))
+        self._lock = threading.RLock()
+        self._rows: list[CtRow] | None = None
+        self._previous: list[CtRow] | None = None
+        self._now: int | None = None
+        self._refreshed_at: float | None = None
+        self._stats = _Stats()
+        self._thread: threading.Thread | None = None
+        self._stop_event: threading.Event | None = None
+        self._running_interval: float | None = None
+        self._closed = False
+        #: The exception of the last failed refresh (None after a good one).
+        self.last_error: BaseException | None = None
+        self._error_at: float | None = None
+        #: How many refreshes read the maps successfully.
+        self.refresh_count = 0
+
+        self.header = w.HTML(layout=w.Layout(width="100%"))
+        self.text = w.Text(
+            placeholder="address or port", description="filter", continuous_update=True,
+            layout=w.Layout(width="260px"),
+        )
+        self.proto = w.Dropdown(options=list(PROTO_CHOICES), value=None, description="proto",
+                                layout=w.Layout(width="160px"))
+        self.hide_related = w.Checkbox(value=False, description="hide RELATED twins", indent=False,
+                                       layout=w.Layout(width="auto"))
+        # The fixed height and overflow live on the widget's own element, which survives value
+        # updates, so the browser keeps the scroll position while the rows are replaced.
+        self.table = w.HTML(layout=w.Layout(height=TABLE_HEIGHT, overflow="auto", width="100%",
+                                            border="1px solid var(--jp-border-color2, #ddd)"))
+        self.status = w.HTML(layout=w.Layout(width="100%"))
+        self.controls = w.HBox([self.text, self.proto, self.hide_related])
+        self._box = w.VBox([self.header, self.controls, self.table, self.status])
+        for control in (self.text, self.proto, self.hide_related):
+            control.observe(self._on_filter, names="value")
+        self._update_header()
+        self.table.value = _STYLE + '<div class="lk-ct"><div class="lk-empty">not read yet: call refresh()</div></div>'
+        self._update_status()
+
+    # -- reading ------------------------------------------------------------------------
+    @property
+    def widget(self):
+        """The ipywidgets VBox (header, filters, table, status)."""
+        return self._box
+
+    @property
+    def filters(self) -> Filters:
+        """The filters as the controls set them."""
+        return Filters(self.text.value, self.proto.value, bool(self.hide_related.value))
+
+    @property
+    def rows(self) -> list[CtRow]:
+        """The rows of the last good refresh (all of them, unfiltered)."""
+        return list(self._rows or [])
+
+    @property
+    def running(self) -> bool:
+        """True while the timer thread refreshes."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self._box._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        n = "-" if self._rows is None else len(self._rows)
+        return f"CtTable(node={self.node!r}, rows={n}, running={self.running})"
+
+    # -- refreshing ---------------------------------------------------------------------
+    def refresh(self) -> bool:
+        """Read the node's CT maps and the lab clock, re-render; False (error in the status line) on failure."""
+        with self._lock:
+            if self._closed:
+                return False
+            try:
+                rows = list(self.lab.ct(self.node))
+                now = self.lab.clock.now()
+                self._previous = self._rows
+                self._rows, self._now, self._refreshed_at = rows, now, time.time()
+                self.last_error = None
+                self.refresh_count += 1
+                self._render()
+                self._update_header()
+            except Exception as exc:  # noqa: BLE001 -- shown to the student instead of raised
+                self.last_error, self._error_at = exc, time.time()
+            self._update_status()
+            return self.last_error is None
+
+    def _on_filter(self, change=None) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._rows is not None:
+                self._render()
+            self._update_status()
+
+    def _render(self) -> None:
+        html, self._stats = _render(self._rows or [], self._previous, self._now, self.filters)
+        self.table.value = html
+
+    def _update_header(self) -> None:
+        esc = _html.escape
+        ip = f" ({esc(self._node_ip)})" if self._node_ip else ""
+        now = "not read yet" if self._now is None else f"now = {self._now} s"
+        cmds = "\n".join(esc(c) for c in self._commands)
+        self.header.value = (
+            f'<div style="line-height:1.4"><b>CT table of {esc(self.node)}</b>{ip} · lab clock {now}</div>'
+            f'<pre style="{_MONO};line-height:1.3;margin:2px 0;white-space:pre-wrap">{cmds}</pre>'
+        )
+
+    def _update_status(self) -> None:
+        s = self._stats
+        parts = []
+        if self._rows is None:
+            parts.append("no rows read yet")
+        else:
+            parts.append(f"{s.shown} of {s.total} rows shown")
+            if self._previous is not None:
+                parts.append(f"+{s.added} added, ~{s.changed} changed, -{s.removed} removed since the refresh before")
+            stamp = time.strftime("%H:%M:%S", time.localtime(self._refreshed_at))
+            parts.append(f"refreshed {stamp} (lab clock {self._now} s)")
+        if self._running_interval is not None and self.running:
+            parts.append(f"auto-refresh every {self._running_interval:g} s")
+        text = _html.escape(" · ".join(parts))
+        if self.last_error is not None:
+            err = f"{type(self.last_error).__name__}: {self.last_error}"
+            stamp = time.strftime("%H:%M:%S", time.localtime(self._error_at))
+            text += (
+                f'<br><span class="lk-error" style="color:var(--jp-error-color1,#d32f2f)">'
+                f"refresh failed at {stamp}: {_html.escape(err)}</span>"
+            )
+        self.status.value = f'<div style="{_MONO};line-height:1.4">{text}</div>'
+
+    # -- the timer ----------------------------------------------------------------------
+    def start(self, interval: float | None = None) -> "CtTable":
+        """Refresh every ``interval`` seconds (default: the constructor's, else 1.0) on a daemon thread."""
+        interval = interval if interval is not None else (self.interval if self.interval is not None else 1.0)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+            raise ValueError(f"CtTable.start: expected an interval in seconds > 0, got {interval!r}")
+        if self._closed:
+            raise RuntimeError(f"CtTable of {self.node}: closed; make a new one with watch()")
+        self.stop()
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._run, args=(stop, float(interval)), name=f"labkit-ct-{self.node}", daemon=True
+        )
+        with self._lock:
+            self._stop_event, self._thread, self._running_interval = stop, thread, float(interval)
+        thread.start()
+        with self._lock:
+            self._update_status()
+        return self
+
+    def _run(self, stop: threading.Event, interval: float) -> None:
+        while not stop.wait(interval):
+            self.refresh()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the timer and wait (up to ``timeout`` s) for its thread to end; no-op when not running."""
+        with self._lock:
+            stop, thread = self._stop_event, self._thread
+            self._stop_event = self._thread = self._running_interval = None
+        if stop is None:
+            return
+        stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        with self._lock:
+            if not self._closed:
+                self._update_status()
+
+    def close(self) -> None:
+        """Stop the timer and close the widgets; the table cannot be used afterwards."""
+        self.stop()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for control in (self.text, self.proto, self.hide_related):
+                control.unobserve(self._on_filter, names="value")
+            for wid in (self.header, self.text, self.proto, self.hide_related, self.table, self.status,
+                        self.controls, self._box):
+                wid.close()
+
+
+def watch(lab: Any, node: str, interval: float | None = None) -> CtTable:
+    """A :class:`CtTable` of ``node``, refreshed once; with ``interval`` its timer is started too.
+
+    >>> table = watch(lab, "node-a", interval=1.0)   # doctest: +SKIP
+    """
+    table = CtTable(lab, node, interval=interval)
+    table.refresh()
+    if interval is not None:
+        table.start(interval)
+    return table
+
+
+# -- speed ----------------------------------------------------------------------------------
+
+def _fabricate(n: int, lifetime: int = 1100, packets: int = 1) -> list[CtRow]:
+    """``n`` rows of both maps: TCP OUT/IN pairs, UDP and ICMP flows, some RELATED twins."""
+    from labkit.maps.ct import CtEntry, CtKey4, TupleFlags
+
+    rows = []
+    for i in range(n):
+        kind = i % 4
+        proto = (6, 6, 17, 1)[kind]
+        flags = TupleFlags.IN if kind == 1 else TupleFlags.OUT
+        if kind == 2 and i % 8 == 2:
+            flags |= TupleFlags.RELATED
+        src = f"198.18.{1 + i % 2}.{10 + i % 200}"
+        key = CtKey4.make(src, "198.18.3.11", 30000 + i, 8080 if proto != 1 else 0, proto, flags)
+        entry = CtEntry(lifetime=lifetime + i % 300 - 150, flags=0x10 if proto == 6 else 0, packets=packets + i,
+                        bytes=(packets + i) * 66, tx_flags_seen=0x1A if proto == 6 else 0,
+                        rx_flags_seen=0x12 if proto == 6 else 0, rev_nat_index=socket.htons(i % 5))
+        rows.append(CtRow.of(key, entry))
+    return rows
+
+
+def time_render(n: int = 1000, runs: int = 7) -> float:
+    """Median seconds :func:`render_table` takes for ``n`` fabricated rows against a previous
+    dump (a tenth of them changed, a few added and removed), over ``runs`` runs. For ``make bench``.
+
+    >>> time_render(20, runs=1) < 1
+    True
+    """
+    previous = _fabricate(n + n // 50)[n // 100:]  # some rows only before, some only now
+    rows = [r if i % 10 else _fabricate_changed(r) for i, r in enumerate(_fabricate(n))]
+    samples = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        render_table(rows, previous=previous, now=1000)
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+def _fabricate_changed(row: CtRow) -> CtRow:
+    from dataclasses import replace
+
+    return replace(row, packets=row.packets + 1, bytes=row.bytes + 66, lifetime=row.lifetime + 60)

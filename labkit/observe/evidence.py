@@ -1,0 +1,190 @@
+"""Evidence: what a notebook's traffic cells showed, kept so that a check grades what the learner saw.
+
+A check must not read the live lab: by the time a learner answers, later cells (or a pause long enough
+for the GC) have moved it on. Instead every step records itself here when it ends — its packets' trace
+records, the CT rows before and after, what the client got — and so do the other cells a question can
+be about: a clock advance, a GC run, a fault switched on or off, a reset, and any ``lab.snapshot(...)``.
+A grader asks the journal for the newest record that matches its question; if there is none, the check
+says which cell to run instead of failing the answer.
+
+The journal lives in the process that ran the cells (the notebook's kernel), holds the last
+:data:`KEEP` records, and forgets a lab's records when that lab is reset: nothing before a reset is
+evidence. Records copy what they show, so a record does not change when the lab does.
+
+    >>> j = Journal()
+    >>> rec = j.record("demo", "snapshot", "after the flood", data={"n": 3})
+    >>> j.latest("demo", "snapshot", title="after the flood").data
+    {'n': 3}
+    >>> j.reset("demo"); j.latest("demo", "snapshot") is None
+    True
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+__all__ = ["Record", "Journal", "JOURNAL", "KINDS", "KEEP", "Evidence", "Snapshot"]
+
+#: What can be recorded: a traffic step, the lab clock moved, a GC run, a fault toggled, a snapshot of the
+#: maps, a Service change.
+KINDS = ("step", "clock", "gc", "fault", "snapshot", "service")
+#: Records kept per process (the oldest go first).
+KEEP = 5000
+
+_seq = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One piece of evidence."""
+
+    seq: int  #: order of recording in this process
+    lab: str  #: the lab it was recorded in
+    kind: str  #: one of KINDS
+    title: str  #: the step's title, the snapshot's name, ...
+    data: Any = None  #: the Step, GcRun, rows ... (kind-specific)
+    attrs: dict = field(default_factory=dict)  #: what graders match on (kind, actor, target, port, fault, ...)
+    time: float = field(default_factory=time.time)
+
+    def matches(self, **attrs) -> bool:
+        """True when every given attribute has the given value (a callable value is a predicate)."""
+        for key, want in attrs.items():
+            have = self.attrs.get(key, getattr(self, key, None))
+            if callable(want) and not isinstance(want, type):
+                if not want(have):
+                    return False
+            elif have != want:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A lab's rows at one moment (``lab.snapshot(title)``): every node's CT and NAT rows, optionally its
+    Service maps, the lab clock, and what the cell adds (``extra``)."""
+
+    title: str
+    now: int
+    ct: dict  #: node -> [CtRow]
+    nat: dict  #: node -> [NatRow]
+    lb: dict = field(default_factory=dict)  #: node -> LbSnapshot (when asked for)
+    extra: Any = None
+
+    def rows(self, node: str) -> list:
+        """The CT rows of ``node``."""
+        return self.ct.get(node, [])
+
+
+class Journal:
+    """The records of one process, oldest first."""
+
+    def __init__(self, keep: int = KEEP):
+        self.keep = keep
+        self._records: list[Record] = []
+
+    def record(self, lab: str, kind: str, title: str, data: Any = None, **attrs) -> Record:
+        """Append a record and return it."""
+        if kind not in KINDS:
+            raise ValueError(f"evidence kind {kind!r}: expected one of {', '.join(KINDS)}")
+        rec = Record(next(_seq), lab, kind, title, data, dict(attrs))
+        self._records.append(rec)
+        if len(self._records) > self.keep:
+            del self._records[: len(self._records) - self.keep]
+        return rec
+
+    def reset(self, lab: str) -> None:
+        """Forget everything recorded in ``lab`` (``lab.reset()`` calls this): nothing before it is evidence."""
+        self._records = [r for r in self._records if r.lab != lab]
+
+    def find(self, lab: str | None = None, kind: str | None = None, **attrs) -> list[Record]:
+        """Matching records, oldest first."""
+        return [r for r in self._records if (lab is None or r.lab == lab) and (kind is None or r.kind == kind)
+                and r.matches(**attrs)]
+
+    def latest(self, lab: str | None = None, kind: str | None = None, **attrs) -> Record | None:
+        """The newest matching record, or None."""
+        found = self.find(lab, kind, **attrs)
+        return found[-1] if found else None
+
+    def after(self, rec: Record, lab: str | None = None, kind: str | None = None, **attrs) -> list[Record]:
+        """Matching records made after ``rec``."""
+        return [r for r in self.find(lab, kind, **attrs) if r.seq > rec.seq]
+
+    def clear(self) -> None:
+        self._records.clear()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self):
+        return iter(list(self._records))
+
+
+#: This process's journal (a notebook kernel's).
+JOURNAL = Journal()
+
+
+class Evidence:
+    """What a grader may read: the journal's records of one lab (and its variant labs), and the lab's
+    fixed facts (topology, options) as they were when recorded. Never the live maps.
+
+    ``lab`` is the notebook's main lab name; ``variant("snat")`` reads the records of ``<lab>-snat``.
+    """
+
+    def __init__(self, lab_name: str, journal: Journal = JOURNAL, facts=None):
+        self.lab_name = lab_name
+        self.journal = journal
+        self._facts = facts  #: the Lab object, for topology and config only (static facts)
+
+    # -- the records ----------------------------------------------------------------------
+    def steps(self, **attrs) -> list:
+        """Steps recorded in this lab matching ``attrs`` (``op="tcp-close"``, ``actor="a1"``, ...), oldest
+        first, as :class:`labkit.notebook.steps.Step` objects."""
+        return [r.data for r in self.journal.find(self.lab_name, "step", **attrs)]
+
+    def step(self, **attrs):
+        """The newest matching step, or None."""
+        found = self.steps(**attrs)
+        return found[-1] if found else None
+
+    def latest(self, kind: str, **attrs) -> Record | None:
+        """The newest matching record of ``kind`` in this lab."""
+        return self.journal.latest(self.lab_name, kind, **attrs)
+
+    def records(self, kind: str | None = None, **attrs) -> list[Record]:
+        return self.journal.find(self.lab_name, kind, **attrs)
+
+    def after(self, rec: Record, kind: str | None = None, **attrs) -> list[Record]:
+        return self.journal.after(rec, self.lab_name, kind, **attrs)
+
+    def snapshot(self, title: str | None = None):
+        """The newest :class:`Snapshot` (with that title), or None."""
+        rec = self.latest("snapshot", **({"title": title} if title else {}))
+        return rec.data if rec else None
+
+    def variant(self, name: str) -> "Evidence":
+        """The evidence of the notebook's second lab ``<lab>-<name>``."""
+        return Evidence(f"{self.lab_name}-{name}", self.journal, None)
+
+    # -- fixed facts --------------------------------------------------------------------
+    @property
+    def lab(self):
+        """The lab object, for its topology and options (``ev.lab.config.timeouts``); graders must not read
+        its maps, trace or clock (that is what the records are for)."""
+        return self._facts
+
+    @property
+    def config(self):
+        return self._facts.config if self._facts is not None else None
+
+    @property
+    def topology(self):
+        return self._facts.topology if self._facts is not None else None
+
+
+def pick(records: Iterable, key: Callable | None = None):
+    """The last of ``records`` (optionally the last for which ``key`` is true), or None."""
+    items = [r for r in records if key is None or key(r)]
+    return items[-1] if items else None

@@ -1,0 +1,640 @@
+"""``make bench``: the speed targets, measured here and printed side by side.
+
+    python -m labkit.tools.bench [--runs 5] [--out bench-report]
+
+Each figure is the median of several runs in one process on this machine;
+the report (markdown and JSON) lands in ``bench-report/``. Targets:
+
+=========================  ========
+bring-up (datapath built)  <= 5 s
+down                       <= 1 s
+reset                      <= 0.3 s
+one ``labkit ct list``     <= 0.2 s
+one notebook step          <= 0.15 s
+live table, 1,000 rows     <= 0.1 s
+backend add/remove at 50k  <= 1 ms
+first packet, 50k vs 10    ratio <= 1.1
+GC, 1M entries, batch      <= 2 s
+GC batch / per-entry       <= 0.2 (5x faster)
+grade, 2 jobs / 1 job      <= 0.6 (6 copies of lab 02, 2 cores)
+=========================  ========
+
+Reported without a target: the request rate of the external client to a
+LoadBalancer VIP in dsr and in snat mode, two labs side by side, rounds
+alternating, and their ratio.
+
+kube-proxy's iptables mode against eBPF, at 100 / 1,000 / 5,000 / 10,000 /
+50,000 services (``SCALE_SIZES``): first-packet latency (median connect() to
+the last-added service; target: eBPF grows <= 10% from 100 to 10,000) and the
+cost of adding one endpoint (iptables-restore of the whole table vs one agent
+call); and iperf3 throughput pod to pod, same node and across nodes, with the
+datapath attached vs the same lab with its tc programs removed (target >= 85%).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main", "TARGETS", "compare_service_modes", "grade_side_by_side"]
+
+TARGETS = {"up_s": 5.0, "down_s": 1.0, "reset_s": 0.3, "ct_list_s": 0.2, "step_s": 0.15, "table_refresh_1000_s": 0.1,
+           "backend_update_50k_s": 0.001, "first_packet_ratio_50k_vs_10": 1.1, "gc_batch_1m_s": 2.0,
+           "gc_batch_over_per_entry": 0.2, "ebpf_first_packet_growth_100_to_10k": 1.1,
+           "no_bpf_over_bpf_throughput": round(1 / 0.85, 4), "grade_jobs2_over_jobs1": 0.6}
+#: Numbers of services of the kube-proxy comparison (each size: both modes, side by side).
+SCALE_SIZES = (100, 1000, 5000, 10000, 50000)
+THROUGHPUT_SECONDS = 3
+#: CT entries the GC measurement fills in (half of them expired), and the map size that holds them.
+GC_ENTRIES = 1_000_000
+GC_MAP_SIZE = 2 ** 21
+SERVICES_AT_SCALE = 50_000
+#: 50,000 services need 100,000 slots: more than Cilium's default --bpf-lb-map-max (65536), as on a real node.
+BENCH_CONFIG = {"lb_map_size": 131072, "gc_timer": False}
+LAB = "bench"
+#: The two labs of the dsr/snat comparison: native routing, so the only difference is the LB mode.
+LB_MODE_LABS = {"dsr": "bench-dsr", "snat": "bench-snat"}
+LB_REQUESTS = 300
+#: ``labkit grade`` side by side: this many copies of lab 02 (reference answers), --jobs GRADE_JOBS vs --jobs 1.
+GRADE_COPIES = 6
+GRADE_JOBS = 2
+GRADE_LAB = "02"
+_REQUESTS = r"""
+import socket, sys, time
+vip, n = sys.argv[1], int(sys.argv[2])
+t = time.perf_counter()
+for _ in range(n):
+    s = socket.create_connection((vip, 80), timeout=5)
+    s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    while s.recv(4096):
+        pass
+    s.close()
+print(time.perf_counter() - t)
+"""
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def measure(runs: int) -> dict:
+    """Bring-up, down, reset and ct-list timings (seconds, medians) with their samples."""
+    from labkit.lab import Lab
+
+    Lab.cleanup(LAB)
+    ups, downs = [], []
+    for _ in range(runs):
+        ups.append(_timed(lambda: Lab.up(LAB)))
+        downs.append(_timed(lambda: Lab.cleanup(LAB)))
+    from labkit.config import DatapathConfig
+
+    lab = Lab.up(LAB, config=DatapathConfig(**BENCH_CONFIG))
+    try:
+        # Some state to list and flush: 20 pings and 20 short TCP connections.
+        for _ in range(20):
+            lab.pod("a1").exec("ping", "-c", "1", "-W", "1", lab.pod("b1").ip)
+        code = (
+            "import socket\nfor i in range(20):\n s=socket.create_connection(('%s',8080));"
+            "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n');s.recv(200);s.close()" % lab.pod("b2").ip
+        )
+        lab.pod("a2").exec(sys.executable, "-c", code)
+        rows = len(lab.ct("node-a"))
+        cmd = [sys.executable, "-m", "labkit.cli", "--lab", LAB, "ct", "list", "node-a"]
+        ct_list = [_timed(lambda: subprocess.run(cmd, check=True, capture_output=True)) for _ in range(10)]
+        resets = []
+        for _ in range(10):
+            lab.pod("a1").exec("ping", "-c", "1", "-W", "1", lab.pod("b1").ip)
+            resets.append(_timed(lab.reset))
+        steps = _step_times(lab)
+        refreshes = _refresh_times(lab)
+        scale = _service_scale(lab)
+    finally:
+        Lab.cleanup(LAB)
+    samples = {"up_s": ups, "down_s": downs, "reset_s": resets, "ct_list_s": ct_list, "step_s": steps,
+               "table_refresh_1000_s": refreshes, "backend_update_50k_s": scale["backend_update_s"]}
+    medians = {k: round(statistics.median(v), 6) for k, v in samples.items()}
+    ratio_50k = _first_packet_side_by_side(10, SERVICES_AT_SCALE + 10, rounds=max(runs, 3))
+    medians["first_packet_ratio_50k_vs_10"] = ratio_50k["ratio"]
+    lb_modes = _lb_mode_rates(max(runs, 1))
+    kube_proxy = compare_service_modes(SCALE_SIZES)
+    growth = _first_packet_side_by_side(100, 10_000, rounds=max(runs, 3))
+    medians["ebpf_first_packet_growth_100_to_10k"] = growth["ratio"]
+    throughput = _throughput(THROUGHPUT_SECONDS, rounds=max(min(runs, 5), 1))
+    medians["no_bpf_over_bpf_throughput"] = round(
+        max(1 / throughput[p]["share"] for p in ("same_node", "across_nodes")), 4)
+    gc = _gc_scale(max(min(runs, 3), 1))
+    samples["gc_batch_1m_s"] = gc["batch_s"]
+    medians["gc_batch_1m_s"] = round(statistics.median(gc["batch_s"]), 4)
+    medians["gc_batch_over_per_entry"] = round(medians["gc_batch_1m_s"] / statistics.median(gc["per_entry_s"]), 4)
+    graded = grade_side_by_side(max(min(runs, 3), 1))
+    medians["grade_jobs2_over_jobs1"] = graded["ratio"]
+    return {
+        "grade": graded,
+        "first_packet_side_by_side": {"10_vs_50k": ratio_50k, "100_vs_10k": growth},
+        "kube_proxy": kube_proxy,
+        "throughput": throughput,
+        "gc": gc,
+        "lb_modes": lb_modes,
+        "services": {k: v for k, v in scale.items() if k != "backend_update_s"},
+        "machine": {"kernel": platform.release(), "python": platform.python_version(), "cpus": _cpus()},
+        "ct_rows_listed": rows,
+        "median": medians,
+        "samples": {k: [round(x, 4) for x in v] for k, v in samples.items()},
+        "targets": TARGETS,
+    }
+
+
+def _step_times(lab) -> list[float]:
+    """Wall time of TCP open/send/close steps: act, collect flows, read maps, diff (wire time is µs here)."""
+    out = []
+    for _ in range(10):
+        lab.reset()
+        conn = lab.pod("a1").tcp("b1")
+        for action in (conn.open, lambda: conn.send(b"bench"), conn.close):
+            out.append(_timed(action))
+    return out
+
+
+def _refresh_times(lab) -> list[float]:
+    """A live table's refresh (read the kernel map, diff, render) with 1,000 rows in node-a's CT map."""
+    from labkit.maps.base import PinnedMap
+    from labkit.maps.ct import CtEntry, CtKey4
+    from labkit.notebook.widgets import CtTable
+
+    lab.reset()
+    with PinnedMap(f"{lab.pin_dir('node-a')}/cilium_ct_any4_global", CtKey4, CtEntry) as m:
+        for i in range(1000):
+            key = CtKey4.make("198.18.1.11", "198.18.2.11", 10000 + i, 8080, 17, 0)
+            m[key] = CtEntry(lifetime=lab.clock.now() + 60, packets=1, bytes=100)
+    table = CtTable(lab, "node-a")
+    out = [_timed(table.refresh) for _ in range(10)]
+    table.close()
+    lab.reset()
+    return out
+
+
+_CONNECT_TIMES = r"""
+import socket, statistics, sys, time
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+times = []
+for _ in range(n):
+    s = socket.socket()
+    t = time.perf_counter()
+    s.connect((host, port))
+    times.append(time.perf_counter() - t)
+    s.close()
+print(statistics.median(times))
+"""
+
+
+def _first_packet(lab, vip: str, n: int = 300) -> float:
+    """Median connect() time (SYN out, SYN-ACK back) from a1 to vip:80, in seconds."""
+    r = lab.pod("a1").exec(sys.executable, "-c", _CONNECT_TIMES, vip, "80", str(n), timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"connect timing failed: {r.stderr[-500:]}")
+    return float(r.stdout.strip())
+
+
+def _bulk_services(lab, count: int, write: bool) -> float:
+    """Write (or delete) ``count`` one-backend services straight into every node's maps; returns seconds."""
+    import ipaddress
+
+    from labkit.maps.base import PinnedMap
+    from labkit.maps.lb import Lb4Backend, Lb4BackendKey, Lb4Key, Lb4RevNatKey, Lb4ReverseNat, Lb4Service
+
+    base = int(ipaddress.IPv4Address("198.19.1.1"))
+    backend_id = 65000
+    proto = "TCP" if lab.config.profile.has("lb_proto_keys") else 0  # v1.16's agent writes protocol 0
+    t = time.perf_counter()
+    for node in lab.topology.nodes:
+        pin = lab.pin_dir(node.name)
+        with PinnedMap(f"{pin}/cilium_lb4_services_v2", Lb4Key, Lb4Service) as svcs, \
+                PinnedMap(f"{pin}/cilium_lb4_reverse_nat", Lb4RevNatKey, Lb4ReverseNat) as revnat, \
+                PinnedMap(f"{pin}/cilium_lb4_backends_v3", Lb4BackendKey, Lb4Backend) as backends:
+            if write:
+                backends[Lb4BackendKey(backend_id)] = Lb4Backend.make(lab.pod("b1").ip, 8080, proto)
+            for i in range(count):
+                vip, sid = str(ipaddress.IPv4Address(base + i)), 1000 + i
+                if write:
+                    svcs[Lb4Key.make(vip, 80, proto, slot=1)] = Lb4Service.slot(backend_id, sid)
+                    revnat[Lb4RevNatKey.make(sid)] = Lb4ReverseNat.make(vip, 80)
+                    svcs[Lb4Key.make(vip, 80, proto)] = Lb4Service.head(1, sid)
+                else:
+                    svcs.delete(Lb4Key.make(vip, 80, proto))
+                    svcs.delete(Lb4Key.make(vip, 80, proto, slot=1))
+                    revnat.delete(Lb4RevNatKey.make(sid))
+            if not write:
+                backends.delete(Lb4BackendKey(backend_id))
+    return time.perf_counter() - t
+
+
+def _lb_mode_rates(rounds: int) -> dict:
+    """Requests per second from ext to a LoadBalancer VIP (backend b1 on node-b: the remote case) in a dsr
+    lab and a snat lab, both up at once, rounds alternating; tracing off so only the datapath is measured."""
+    from labkit.config import DatapathConfig
+    from labkit.lab import Lab
+
+    labs = {}
+    try:
+        for mode, name in LB_MODE_LABS.items():
+            Lab.cleanup(name)
+            labs[mode] = Lab.up(name, config=DatapathConfig(routing="native", lb_mode=mode))
+            labs[mode].services.add("web", 80, ["b1:8080"], type="LoadBalancer")
+            labs[mode].trace_mode("none")
+        vips = {mode: lab.services.get("web").lb_vip for mode, lab in labs.items()}
+        rates: dict[str, list[float]] = {mode: [] for mode in labs}
+        for _ in range(rounds):
+            for mode, lab in labs.items():
+                out = lab.exec("ext", [sys.executable, "-c", _REQUESTS, vips[mode], str(LB_REQUESTS)],
+                               check=True, timeout=120).stdout
+                rates[mode].append(LB_REQUESTS / float(out.strip()))
+    finally:
+        for name in LB_MODE_LABS.values():
+            Lab.cleanup(name)
+    medians = {mode: round(statistics.median(r), 1) for mode, r in rates.items()}
+    return {"requests_per_round": LB_REQUESTS, "rounds": rounds, "median_rps": medians,
+            "samples_rps": {m: [round(x, 1) for x in r] for m, r in rates.items()},
+            "ratio_dsr_vs_snat": round(medians["dsr"] / medians["snat"], 3)}
+
+
+def _gc_scale(rounds: int) -> dict:
+    """GC of a CT map holding GC_ENTRIES entries, half expired: batch and per-entry scans of the same
+    fill, alternating, ``rounds`` each."""
+    from labkit.config import DatapathConfig
+    from labkit.agent.gc import collect_node, fill_synthetic
+    from labkit.lab import Lab
+    from labkit.maps.ct import CT_MAPS
+
+    name = "bench-gc"
+    Lab.cleanup(name)
+    lab = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, ct_tcp_size=GC_MAP_SIZE))
+    times: dict[str, list[float]] = {"batch": [], "per-entry": []}
+    counts = {}
+    try:
+        pin = lab.pin_dir("node-a")
+        for _ in range(rounds):
+            for mode in times:
+                lab.flush_ct("node-a")
+                now = lab.clock.now()
+                fill_synthetic(pin, GC_ENTRIES, now)
+                t = time.perf_counter()
+                (scan,) = collect_node("node-a", pin, now, mode, map_names=(CT_MAPS[0],))
+                times[mode].append(time.perf_counter() - t)
+                counts[mode] = (scan.scanned, scan.deleted)
+    finally:
+        Lab.cleanup(name)
+    return {"entries": GC_ENTRIES, "map_size": GC_MAP_SIZE, "rounds": rounds, "batch_s": times["batch"],
+            "per_entry_s": times["per-entry"], "read_deleted": counts,
+            "speedup": round(statistics.median(times["per-entry"]) / statistics.median(times["batch"]), 2)}
+
+
+def grade_side_by_side(rounds: int, copies: int | None = None) -> dict:
+    """Wall time of ``labkit grade`` on the same ``copies`` copies of lab 02 (reference answers, a learner
+    folder each) with ``--jobs GRADE_JOBS`` and with ``--jobs 1``, ``rounds`` runs of each, alternating;
+    medians and their ratio. Every notebook runs in a fresh lab, as an instructor's grading does."""
+    import tempfile
+
+    import nbformat
+
+    from labkit.grading.answers import load_key
+    from labkit.grading.grade import answer_cells, grade
+
+    copies = copies or GRADE_COPIES
+    labs = Path(__file__).resolve().parents[1] / "labs"
+    [source] = labs.glob(f"{GRADE_LAB}-*.ipynb")
+    nb = nbformat.read(source, as_version=4)
+    key = load_key(GRADE_LAB)
+    for ex, i in answer_cells(nb).items():
+        nb.cells[i].source = key[ex].answer
+    times: dict[int, list[float]] = {GRADE_JOBS: [], 1: []}
+    passed: dict[int, list[int]] = {GRADE_JOBS: [], 1: []}
+    with tempfile.TemporaryDirectory(prefix="labkit-bench-grade-") as tmp:
+        paths = []
+        for k in range(copies):
+            path = Path(tmp) / f"learner{k}" / source.name
+            path.parent.mkdir()
+            nbformat.write(nb, path)
+            paths.append(path)
+        for _ in range(rounds):
+            for jobs in times:
+                t = time.perf_counter()
+                scores = grade(paths, jobs=jobs, lab_tag="-bench")
+                times[jobs].append(time.perf_counter() - t)
+                passed[jobs].append(sum(s.score for s in scores))
+    med = {jobs: statistics.median(t) for jobs, t in times.items()}
+    return {"copies": copies, "lab": GRADE_LAB, "jobs": GRADE_JOBS, "rounds": rounds,
+            "median_s": {str(j): round(v, 2) for j, v in med.items()},
+            "samples_s": {str(j): [round(x, 2) for x in t] for j, t in times.items()},
+            "exercises_passed": {str(j): p for j, p in passed.items()},
+            "exercises": copies * len(key), "ratio": round(med[GRADE_JOBS] / med[1], 3)}
+
+
+def grade_line(g: dict, cpus: int) -> str:
+    """The report's line for :func:`grade_side_by_side`."""
+    return (f"labkit grade, the same {g['copies']} copies of lab {g['lab']} (reference answers, a fresh lab each): "
+            f"--jobs {g['jobs']} {g['median_s'][str(g['jobs'])]:.1f} s, --jobs 1 {g['median_s']['1']:.1f} s, ratio "
+            f"{g['ratio']} (medians of {g['rounds']} runs each, alternating, {cpus} CPUs; exercises passed per run: "
+            f"{', '.join(map(str, g['exercises_passed'][str(g['jobs'])]))} of {g['exercises']})")
+
+
+_CONNECT_PAIRS = r"""
+import ctypes, os, socket, statistics, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+netns = [os.open(f"/run/netns/{name}", os.O_RDONLY) for name in (sys.argv[1], sys.argv[3])]
+targets, n = [(sys.argv[2], 80), (sys.argv[4], 80)], int(sys.argv[5])
+times = [[], []]
+for i in range(n):
+    for k in ((0, 1) if i % 2 == 0 else (1, 0)):
+        if libc.setns(netns[k], CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns")
+        s = socket.socket()  # a socket belongs to the namespace it was made in
+        t = time.perf_counter()
+        s.connect(targets[k])
+        times[k].append(time.perf_counter() - t)
+        s.close()
+print(statistics.median(times[0]), statistics.median(times[1]))
+"""
+
+
+def _paired_first_packet(lab_a, lab_b, vip: str, pairs: int) -> tuple[float, float]:
+    """Median connect() time from a1 of ``lab_a`` and of ``lab_b`` to ``vip``:80, one client taking turns."""
+    argv = [sys.executable, "-c", _CONNECT_PAIRS, lab_a.topology.netns("a1"), vip, lab_b.topology.netns("a1"), vip,
+            str(pairs)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def _first_packet_side_by_side(small: int, big: int, rounds: int) -> dict:
+    """First-packet time to the last-added service with ``small`` and with ``big`` services loaded: two eBPF
+    labs up at once, and one client process that takes turns between a1 of one and a1 of the other, connect()
+    by connect(), so both see the same CPU and scheduling; ``rounds`` runs of 400 pairs, medians."""
+    from labkit.config import DatapathConfig
+    from labkit.lab import Lab
+
+    names = {small: "bench-fp-small", big: "bench-fp-big"}
+    labs, vips, times = {}, {}, {small: [], big: []}
+    try:
+        for n, name in names.items():
+            Lab.cleanup(name)
+            labs[n] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, lb_map_size=131072))
+            labs[n].trace_mode("none")
+            _bulk_services(labs[n], n, write=True)
+            vips[n] = _synthetic_services(n)[-1].vip
+        argv = [sys.executable, "-c", _CONNECT_PAIRS, labs[small].topology.netns("a1"), vips[small],
+                labs[big].topology.netns("a1"), vips[big], "400"]
+        for _ in range(rounds):
+            out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300).stdout.split()
+            times[small].append(float(out[0]))
+            times[big].append(float(out[1]))
+    finally:
+        for name in names.values():
+            Lab.cleanup(name)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    return {"small": small, "big": big, "rounds": rounds, "median_s": {str(n): round(v, 7) for n, v in med.items()},
+            "samples_s": {str(n): [round(x, 7) for x in t] for n, t in times.items()},
+            "ratio": round(med[big] / med[small], 3)}
+
+
+def _synthetic_services(n: int) -> list:
+    """``n`` one-endpoint ClusterIP services (b1:8080) on VIPs from 198.19.1.1, as Service objects."""
+    import ipaddress
+
+    from labkit.agent.services import Backend, Service
+
+    base = int(ipaddress.IPv4Address("198.19.1.1"))
+    return [Service(f"s{i}", str(ipaddress.IPv4Address(base + i)), 80, "TCP", (Backend("b1", 8080),), id=i + 1)
+            for i in range(n)]
+
+
+def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "bench") -> dict:
+    """At each size, side by side: an iptables-mode lab with that many services in node-a's nat table and an
+    eBPF lab with as many in its maps. First packet: median connect() from a1 to the last-added service, one
+    client taking turns between the two labs (300 pairs).
+    Adding one endpoint: iptables-restore of the whole table with one more endpoint, vs one agent call.
+    ``progress(done, total, text)`` is called after each step (lab 09 draws a progress bar with it).
+    The two labs are ``<prefix>-bipt`` and ``<prefix>-bebpf`` (a notebook passes its own lab's name, so that two
+    notebooks measuring at once never share a lab), taken down at the end."""
+    total, done = 2 + len(sizes), 0
+
+    def tick(text: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, text)
+
+    from dataclasses import replace as _replace
+
+    from labkit.config import DatapathConfig
+    from labkit.agent.kubeproxy import nat_table, restore
+    from labkit.lab import Lab
+    from labkit.agent.services import Backend
+
+    names = {"iptables": f"{prefix}-bipt", "ebpf": f"{prefix}-bebpf"}
+    out = {"sizes": list(sizes), "iptables": {}, "ebpf": {}}
+    labs = {}
+    try:
+        for mode, name in names.items():
+            Lab.cleanup(name)
+            labs[mode] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, service_mode=mode,
+                                                            lb_map_size=131072))
+            tick(f"{mode} lab up")
+        ebpf = labs["ebpf"]
+        ebpf.services.add("probe", 80, ["b2:8080"], vip="198.19.0.9")
+        for n in sizes:
+            svcs = _synthetic_services(n)
+            text = nat_table(svcs, labs["iptables"].topology)
+            t = time.perf_counter()
+            restore(labs["iptables"].topology.netns("node-a"), text)
+            restore_s = time.perf_counter() - t
+            _bulk_services(ebpf, n, write=True)
+            first_ipt, first_ebpf = _paired_first_packet(labs["iptables"], labs["ebpf"], svcs[-1].vip, 300)
+            grown = svcs[:-1] + [_replace(svcs[-1], backends=svcs[-1].backends + (Backend("b2", 8080),))]
+            text2 = nat_table(grown, labs["iptables"].topology)
+            t = time.perf_counter()
+            restore(labs["iptables"].topology.netns("node-a"), text2)
+            endpoint_ipt = time.perf_counter() - t
+            t = time.perf_counter()
+            ebpf.services.add_backend("probe", "b1:8080")
+            endpoint_ebpf = time.perf_counter() - t
+            ebpf.services.remove_backend("probe", "b1:8080")
+            _bulk_services(ebpf, n, write=False)
+            out["iptables"][n] = {"first_packet_s": round(first_ipt, 7), "add_endpoint_s": round(endpoint_ipt, 5),
+                                  "restore_s": round(restore_s, 4), "rules": text.count("\n-A ")}
+            out["ebpf"][n] = {"first_packet_s": round(first_ebpf, 7), "add_endpoint_s": round(endpoint_ebpf, 6)}
+            tick(f"{n:,} services measured")
+    finally:
+        for name in names.values():
+            Lab.cleanup(name)
+    small, big = min(sizes), max((s for s in sizes if s <= 10000), default=max(sizes))
+    out["ebpf_growth"] = round(out["ebpf"][big]["first_packet_s"] / out["ebpf"][small]["first_packet_s"], 3)
+    out["iptables_growth"] = round(out["iptables"][big]["first_packet_s"] / out["iptables"][small]["first_packet_s"], 3)
+    out["growth_sizes"] = [small, big]
+    return out
+
+
+_IPERF_JSON_KEY = ("end", "sum_received", "bits_per_second")
+
+
+def _iperf(lab, client: str, server: str, seconds: int) -> float:
+    """Bits per second from ``client`` to ``server`` (iperf3, one stream)."""
+    import json
+    import subprocess
+
+    srv = lab.popen(server, ["iperf3", "-s", "-1", "-p", "5201"], stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        r = lab.exec(client, ["iperf3", "-c", lab.pod(server).ip, "-p", "5201", "-t", str(seconds), "-O", "1", "-J"],
+                     timeout=seconds + 30)
+        data = json.loads(r.stdout)
+        for k in _IPERF_JSON_KEY:
+            data = data[k]
+        return float(data)
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+def _throughput(seconds: int, rounds: int = 3) -> dict:
+    """iperf3 a1 → a2 (same node) and a1 → b1 (across, native routing): a lab with its datapath and the same
+    lab built again with every tc program removed (clsact qdiscs deleted), both up at once, rounds
+    alternating; medians."""
+    import statistics as st
+
+    from labkit.config import DatapathConfig
+    from labkit.lab import Lab
+    from labkit.net.ledger import Ledger
+
+    names = {"bpf": "bench-tput", "no_bpf": "bench-plain"}
+    labs, samples = {}, {}
+    try:
+        for phase, name in names.items():
+            Lab.cleanup(name)
+            labs[phase] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False))
+            labs[phase].trace_mode("none")  # the datapath's work, not the monitor's
+        for e in Ledger(names["no_bpf"]).entries("qdisc"):
+            labs["no_bpf"].exec(e["netns"].removeprefix(f"lk-{names['no_bpf']}-"),
+                                ["tc", "qdisc", "del", "dev", e["ifname"], "clsact"])
+        for _ in range(rounds):
+            for pair, (a, b) in (("same_node", ("a1", "a2")), ("across_nodes", ("a1", "b1"))):
+                for phase, lab in labs.items():
+                    samples.setdefault(pair, {}).setdefault(phase, []).append(_iperf(lab, a, b, seconds))
+    finally:
+        for name in names.values():
+            Lab.cleanup(name)
+    out = {}
+    for pair, by_phase in samples.items():
+        out[pair] = {phase: st.median(v) for phase, v in by_phase.items()}
+        out[pair]["share"] = round(out[pair]["bpf"] / out[pair]["no_bpf"], 3)
+        out[pair]["samples"] = by_phase
+    out["rounds"] = rounds
+    return out
+
+
+def _service_scale(lab) -> dict:
+    """Backend add/remove cost with 50,000 services loaded (first-packet times are measured side by side,
+    in :func:`_first_packet_side_by_side`)."""
+    lab.reset()
+    for i in range(10):
+        lab.services.add(f"svc{i}", 80, ["b1:8080"])
+    load_s = _bulk_services(lab, SERVICES_AT_SCALE, write=True)
+    updates = []
+    for _ in range(20):
+        updates.append(_timed(lambda: lab.services.add_backend("svc9", "b2:8080")))
+        updates.append(_timed(lambda: lab.services.remove_backend("svc9", "b2:8080")))
+    unload_s = _bulk_services(lab, SERVICES_AT_SCALE, write=False)
+    lab.reset()
+    return {
+        "backend_update_s": updates,
+        "bulk_load_50k_s": round(load_s, 2),
+        "bulk_unload_50k_s": round(unload_s, 2),
+    }
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+def report(result: dict) -> str:
+    """The markdown table."""
+    lines = ["| measure | median | target | ok |", "|---|---|---|---|"]
+    for key, target in TARGETS.items():
+        value = result["median"][key]
+        unit = "" if not key.endswith("_s") else " s"
+        name = key[:-2] if key.endswith("_s") else key
+        lines.append(f"| {name} | {value:.4f}{unit} | <= {target}{unit} | {'yes' if value <= target else 'NO'} |")
+    lines.append("")
+    lines.append(f"kernel {result['machine']['kernel']}, {result['machine']['cpus']} CPUs; "
+                 f"ct list read {result['ct_rows_listed']} rows; runs per figure: {len(result['samples']['up_s'])} "
+                 f"(up/down), {len(result['samples']['reset_s'])} (reset, ct list)")
+    sv, fp = result["services"], result["first_packet_side_by_side"]
+    for key in ("10_vs_50k", "100_vs_10k"):
+        f = fp[key]
+        lines.append(f"first packet to the last-added service, {f['small']:,} vs {f['big']:,} services loaded (two "
+                     f"eBPF labs side by side, one client taking turns, {f['rounds']} runs of 400 pairs): "
+                     f"{f['median_s'][str(f['small'])] * 1e6:.0f} µs vs {f['median_s'][str(f['big'])] * 1e6:.0f} µs, "
+                     f"ratio {f['ratio']}")
+    lines.append(f"backend add/remove with {sv.get('services_loaded', SERVICES_AT_SCALE + 10):,} services loaded: "
+                 f"median of 40 agent calls (50,000 services bulk-loaded in {sv['bulk_load_50k_s']} s)")
+    gc = result["gc"]
+    lines.append(f"GC of a CT map with {gc['entries']:,} entries, half expired (median of {gc['rounds']}): batch "
+                 f"{statistics.median(gc['batch_s']):.3f} s, per-entry {statistics.median(gc['per_entry_s']):.3f} s, "
+                 f"batch {gc['speedup']}x faster")
+    kp = result["kube_proxy"]
+    lines.append("")
+    lines.append("| services | first packet, iptables | first packet, eBPF | add one endpoint, iptables "
+                 "(restore the table) | add one endpoint, eBPF (agent call) |")
+    lines.append("|---|---|---|---|---|")
+    for n in kp["sizes"]:
+        i, e = kp["iptables"][n], kp["ebpf"][n]
+        lines.append(f"| {n:,} | {i['first_packet_s'] * 1e6:.0f} µs | {e['first_packet_s'] * 1e6:.0f} µs | "
+                     f"{i['add_endpoint_s'] * 1e3:.1f} ms ({i['rules']:,} rules) | {e['add_endpoint_s'] * 1e3:.2f} ms |")
+    small, big = kp["growth_sizes"]
+    lines.append(f"first packet in this table: one client taking turns between the two labs, so both columns share "
+                 f"the machine, and the eBPF column also pays for the caches iptables' table takes; growth from "
+                 f"{small:,} to {big:,} services: eBPF x{kp['ebpf_growth']}, iptables x{kp['iptables_growth']} "
+                 f"(the eBPF target is the eBPF-against-eBPF line above)")
+    tp = result["throughput"]
+    lines.append("")
+    lines.append(" ".join(f"iperf3 {pair.replace('_', ' ')}: {tp[pair]['bpf'] / 1e9:.2f} Gbit/s with the datapath, "
+                          f"{tp[pair]['no_bpf'] / 1e9:.2f} without ({tp[pair]['share']:.0%});"
+                          for pair in ("same_node", "across_nodes"))
+                 + f" medians of {tp['rounds']} alternating rounds, two labs side by side")
+    lb = result["lb_modes"]
+    lines.append(f"ext -> LoadBalancer VIP, backend on the other node, {lb['requests_per_round']} requests "
+                 f"(connect, GET, answer, close) per round, median of {lb['rounds']} alternating rounds: "
+                 f"dsr {lb['median_rps']['dsr']} req/s, snat {lb['median_rps']['snat']} req/s, "
+                 f"ratio dsr/snat {lb['ratio_dsr_vs_snat']}")
+    if "grade" in result:
+        lines.append(grade_line(result["grade"], result["machine"]["cpus"]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, print, write the report."""
+    ap = argparse.ArgumentParser(prog="labkit.tools.bench", description="labkit speed targets")
+    ap.add_argument("--runs", type=int, default=5, help="bring-ups to time (default 5)")
+    ap.add_argument("--out", default="bench-report", help="directory for bench.md and bench.json")
+    args = ap.parse_args(argv)
+    result = measure(args.runs)
+    table = report(result)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(exist_ok=True)
+    (out / "bench.md").write_text(table + "\n")
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    return 0 if all(result["median"][k] <= t for k, t in TARGETS.items()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
