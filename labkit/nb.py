@@ -9,28 +9,17 @@ same notebook runs as a learner's ``demo`` lab and under tests or
 """
 from __future__ import annotations
 
-import os
 import warnings
 
+from labkit.config import DatapathConfig
 from labkit.grading.checks import check
-from labkit.errors import LabStateError
+from labkit.lab import Lab
+from labkit.lab.session import VARIANTS, current_lab, down_variants, lab_name, set_current
 
 __all__ = ["start", "check", "current_lab", "lab_name", "show", "VARIANTS"]
 
-#: The second labs the notebooks start beside their main one (``start(variant=...)``):
-#: lab 03 native routing, lab 06 socket LB for pods, lab 07 snat mode, lab 08 a small CT map,
-#: lab 09 kube-proxy's iptables mode, and the two labs lab 09's measurement brings up
-#: (``compare_service_modes(prefix=lab.name)``).
-VARIANTS = ("native", "socklb", "snat", "small", "ipt", "bipt", "bebpf")
-
-_CURRENT = None
 # A venv that also sees the distribution's matplotlib warns that Axes3D cannot load; labkit draws none.
 warnings.filterwarnings("ignore", message="Unable to import Axes3D")
-
-
-def lab_name() -> str:
-    """``$LABKIT_LAB`` or ``demo``."""
-    return os.environ.get("LABKIT_LAB", "demo")
 
 
 def start(routing: str | None = None, socket_lb: str | None = None, variant: str | None = None,
@@ -45,10 +34,6 @@ def start(routing: str | None = None, socket_lb: str | None = None, variant: str
     Starting the main lab takes down variant labs a restarted kernel left behind.
     """
     options.setdefault("gc_timer", False)
-    global _CURRENT
-    from labkit.config import DatapathConfig
-    from labkit.lab import Lab
-
     _inline_figures()
     config = DatapathConfig()
     if routing is not None:
@@ -61,35 +46,12 @@ def start(routing: str | None = None, socket_lb: str | None = None, variant: str
         config = config.with_options(**options)
     name = f"{lab_name()}-{variant}" if variant else lab_name()
     if variant is None:
-        _down_variants(name)
+        down_variants(name)
     lab = Lab.up(name, config=config)
     lab.reset()
     if variant:
         return lab
-    _CURRENT = lab
-    return _CURRENT  # reset: every notebook starts from empty maps and the clock at offset 0
-
-
-def _down_variants(name: str) -> None:
-    """Take down the second labs of ``name`` (``<name>-<variant>``) that are still up."""
-    from labkit.lab import Lab
-    from labkit.net.ledger import Ledger
-
-    for v in VARIANTS:
-        if Ledger(f"{name}-{v}").exists():
-            Lab.cleanup(f"{name}-{v}")
-
-
-def current_lab():
-    """The lab :func:`start` returned, or the running lab of this name."""
-    if _CURRENT is not None:
-        return _CURRENT
-    from labkit.lab import Lab
-
-    try:
-        return Lab.attach(lab_name())
-    except Exception as exc:
-        raise LabStateError(f"no lab yet: run the setup cell (lab = start()) first ({exc})") from None
+    return set_current(lab)  # reset: every notebook starts from empty maps and the clock at offset 0
 
 
 def show(obj) -> None:

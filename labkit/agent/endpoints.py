@@ -11,8 +11,6 @@ Services (``cilium_lb4_*``) are written by :mod:`labkit.agent.services`, the oth
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from labkit.maps.base import PinnedMap
 from labkit.maps.eps import (
     IDENTITY_HOST,
@@ -23,20 +21,10 @@ from labkit.maps.eps import (
     IpcacheKey,
     RemoteEndpointInfo,
 )
+from labkit.net.build import EndpointFacts
 from labkit.net.topology import Topology
 
 __all__ = ["EndpointFacts", "ipcache_entries", "program_node"]
-
-
-@dataclass(frozen=True)
-class EndpointFacts:
-    """What the agent learnt about a local pod while creating it."""
-
-    pod: str
-    ifindex: int  #: host veth ifindex in the node namespace
-    lxc_id: int
-    mac: str  #: the pod's eth0
-    node_mac: str  #: the host veth
 
 
 def ipcache_entries(topo: Topology, node: str, routing: str) -> list[tuple[IpcacheKey, RemoteEndpointInfo]]:

@@ -426,7 +426,7 @@ class LabGc:
         from labkit.observe.evidence import JOURNAL
 
         JOURNAL.record(self.lab.name, "gc", f"GC run at lab clock {now}", run, mode=mode, now=now)
-        self.lab._after_step()
+        self.lab.note_change()
         return run
 
     def restart(self) -> None:
@@ -450,30 +450,3 @@ class LabGc:
     def history(self) -> list[dict]:
         """Past runs, oldest first (each as :meth:`GcRun.to_json`)."""
         return list(self.state()["runs"])
-
-
-def main(argv: list[str] | None = None) -> None:
-    """The lab's GC process: every second, run the GC if the lab clock says it is due."""
-    import argparse
-    import signal
-
-    ap = argparse.ArgumentParser(prog="labkit.agent.gc", description="a lab's CT garbage collector")
-    ap.add_argument("--lab", required=True)
-    ap.add_argument("--poll", type=float, default=1.0)
-    args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    from labkit.lab import Lab
-
-    lab = Lab.attach(args.lab)
-    print(f"labkit gc: lab {lab.name}, interval on the lab clock, checked every {args.poll} s", flush=True)
-    while True:
-        try:
-            if lab.gc.due():
-                lab.gc.run()
-        except Exception as exc:  # a lab being torn down: the ledger kills this process next
-            print(f"labkit gc: {type(exc).__name__}: {exc}", flush=True)
-        time.sleep(args.poll)
-
-
-if __name__ == "__main__":
-    main()

@@ -29,7 +29,7 @@ What the agent writes depends on the Cilium release the lab reproduces (``lab.co
 one VIP:port holds one service whatever its protocol (two that differ only in protocol are
 refused), and names Maglev backends ``ip:port``; 1.17+ writes the protocol
 (cilium/cilium#33434) and 1.18+ hashes ``[ip:port/TCP,State:active]``
-(:func:`labkit.agent.maglev.backend_name`). Maglev tables are Cilium's: the lab's table size
+(:func:`labkit.maglev.backend_name`). Maglev tables are Cilium's: the lab's table size
 (16381 by default) and the seed of ``--bpf-lb-maglev-hash-seed``'s default.
 
 Service ids (1, 2, ...; one per frontend) and backend ids are allocated per lab, the same on
@@ -71,7 +71,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, Protocol, Sequence
 
 from labkit.errors import ConfigError, DatapathError, LabkitError, NotFoundError
-from labkit.agent.maglev import LAB_DEFAULT_M, MURMUR_SEED, backend_name, lookup_table
+from labkit.maglev import LAB_DEFAULT_M, MURMUR_SEED, backend_name, lookup_table
 from labkit.maps.lb import (
     AFFINITY_MAP,
     BACKENDS_MAP,
@@ -642,7 +642,7 @@ def _entries(state: _State, topo: Topology, node: str, maglev_m: int = LAB_DEFAU
     scope lists the node's own backends (flag Local); its internal scope, read by pods
     and node processes (flag TWO_SCOPES on the external head), lists them all.
     A Maglev service gets one table per frontend, over what the external scope lists,
-    built as Cilium builds it (:func:`labkit.agent.maglev.backend_name`, Cilium's seed)."""
+    built as Cilium builds it (:func:`labkit.maglev.backend_name`, Cilium's seed)."""
     out: _Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}}
     proto_keys = profile(cilium).has("lb_proto_keys")
     backends: dict[int, tuple[str, int, int, bool]] = {}
@@ -844,7 +844,7 @@ class Services:
 
     def maglev(self, name: str, node: str) -> dict[int, tuple[MaglevLut | None, MaglevLut | None]]:
         """Service ``name``'s Maglev tables on ``node``: frontend id → (the table the BPF map
-        holds, the table :func:`labkit.agent.maglev.lookup_table` computes for it). Either may be
+        holds, the table :func:`labkit.maglev.lookup_table` computes for it). Either may be
         None: no table in the map, or none expected (random algorithm, no active backend)."""
         self.topology.node(node)
         svc = self.get(name)

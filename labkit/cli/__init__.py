@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "labkit's own computation",
                       description="For each frontend of service NAME on NODE: the table in cilium_lb4_maglev "
                                   "(read through its inner map), how many slots each backend holds, and whether "
-                                  "it equals the table labkit.agent.maglev.lookup_table computes.")
+                                  "it equals the table labkit.maglev.lookup_table computes.")
     p.add_argument("name", metavar="NAME", help="a service added with --algorithm maglev")
     p.add_argument("--node", metavar="NODE", default=None, help="whose map to read (default: the first node)")
     p.add_argument("--slots", action="store_true", help="also print every slot's backend id, 16 to a line")
@@ -720,7 +720,7 @@ def cmd_lb_list(args) -> int:
 
 
 def cmd_lb_maglev(args) -> int:
-    from labkit.agent.maglev import shares
+    from labkit.maglev import shares
 
     lab = _attach(args)
     node = args.node or lab.topology.nodes[0].name
@@ -747,7 +747,7 @@ def cmd_lb_maglev(args) -> int:
         same = bpf == want
         ok = ok and same
         print(f"{fe.type} {fe.l4(svc.protocol)} id {fe.id}: M={len(bpf)}, "
-              f"{'equals' if same else 'DIFFERS FROM'} labkit.agent.maglev.lookup_table")
+              f"{'equals' if same else 'DIFFERS FROM'} labkit.maglev.lookup_table")
         for bid, share in shares(list(bpf.backend_ids)).items():
             be = by_id.get(bid)
             name = f"{be.ref} ({lab.topology.pod(be.pod).ip}:{be.port})" if be else "?"
@@ -915,6 +915,3 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return 141
 
-
-if __name__ == "__main__":
-    sys.exit(main())

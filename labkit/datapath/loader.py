@@ -1,6 +1,6 @@
 """Build one node's datapath: compile with BCC, pin the maps, attach the programs.
 
-Runs as a child process, one per node (``python -m labkit.datapath.loader``),
+Runs as a child process, one per node (``python -m labkit loader``),
 so two nodes compile at once and the lab process never holds BCC's state. It
 talks JSON lines:
 
@@ -108,7 +108,7 @@ def _attach_cgroup(bpf, prog, spec: dict, node: str) -> None:
                       "name": prog.filter_name})
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Entry point of the child process."""
     import ctypes
     import signal
@@ -121,6 +121,3 @@ def main() -> None:
     except Exception as exc:
         _say(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
 
-
-if __name__ == "__main__":
-    main()

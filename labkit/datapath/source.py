@@ -24,6 +24,7 @@ from pathlib import Path
 
 from labkit.config import VXLAN_PORT, DatapathConfig
 from labkit.errors import ConfigError
+from labkit.maglev import FLOW_HASH_SEED
 from labkit.net.topology import LOOPBACK_SNAT_ADDR, Topology
 
 __all__ = ["BPF_DIR", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES"]
@@ -139,8 +140,6 @@ def _be32(ip: str) -> int:
 def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex: int = 0,
                netdev_ifindex: int = 0) -> NodeBuild:
     """The build of ``node``: which files, which programs, which macros."""
-    from labkit.agent.maglev import FLOW_HASH_SEED
-
     n = topo.node(node)
     tunnel = config.routing == "tunnel"
     macros: dict[str, int] = {

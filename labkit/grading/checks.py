@@ -33,6 +33,10 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from labkit.grading import exercises
+from labkit.lab.session import current_lab
+from labkit.observe.evidence import Evidence
+
 __all__ = ["Outcome", "CheckResult", "Exercise", "exercise", "check", "exercises_for", "registry",
            "compare_rows", "reset_attempts", "CHECK_MIME", "attempts"]
 
@@ -104,8 +108,6 @@ def exercise(id: str, title: str, hints: Iterable[str] = (), break_it: bool = Fa
 
 def registry() -> dict[str, Exercise]:
     """Every exercise, loading :mod:`labkit.grading.exercises` on first use."""
-    from labkit.grading import exercises
-
     for mod in pkgutil.iter_modules(exercises.__path__):
         importlib.import_module(f"{exercises.__name__}.{mod.name}")
     return dict(_REGISTRY)
@@ -229,11 +231,7 @@ def check(exercise_id: str, answer: Any, lab=None, reveal: bool = False) -> Chec
 
 
 def _grade(ex: Exercise, answer: Any, lab) -> Outcome:
-    from labkit.observe.evidence import Evidence
-
     if lab is None:
-        from labkit.nb import current_lab
-
         try:
             lab = current_lab()
         except Exception:

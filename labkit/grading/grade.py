@@ -15,7 +15,7 @@ Two sources, never mixed up:
 Notebooks run side by side (``--jobs``, default: the number of cores), each in a process of its own,
 with a time limit per cell and per notebook: a notebook that raises, hangs or kills its kernel scores
 what it reached and never stops the class. After each notebook its lab and the labs it started beside it
-(:data:`labkit.nb.VARIANTS`) are taken down, whatever happened.
+(:data:`labkit.lab.session.VARIANTS`) are taken down, whatever happened.
 
 The learner's name is the notebook's ``metadata.labkit.learner``; else, when every file sits in a
 folder of its own per learner (no folder holds two notebooks of one lab: ``alice/02-tcp.ipynb``), the
@@ -38,6 +38,9 @@ from labkit.grading.jobs import JobResult, run_jobs
 from labkit.grading.answers import canonical, rhs
 from labkit.grading.checks import CHECK_MIME, exercises_for
 from labkit.errors import ConfigError, LabBusyError
+from labkit.lab import Lab
+from labkit.lab.session import VARIANTS
+from labkit.net.ledger import LabLock, Ledger
 
 __all__ = ["ExerciseScore", "NotebookScore", "Recorded", "HandedIn", "grade", "read_handed_in", "read_record",
            "learner_names", "score", "lab_of", "notebook_paths", "grade_lab_name", "default_jobs", "take_down", "CELL_TIMEOUT",
@@ -305,8 +308,6 @@ def grade_lab_name(k: int, tag: str = "", pid: int | None = None) -> str:
     >>> grade_lab_name(3, "-x", pid=4242)
     'g4242n3-x'
     """
-    from labkit.nb import VARIANTS
-
     name = f"g{os.getpid() if pid is None else pid}n{k}{tag}"
     longest = max(len(v) for v in VARIANTS) + 1
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or len(name) + longest > _LAB_MAX:
@@ -316,16 +317,11 @@ def grade_lab_name(k: int, tag: str = "", pid: int | None = None) -> str:
 
 
 def _lab_names(base: str) -> list[str]:
-    from labkit.nb import VARIANTS
-
     return [base, *(f"{base}-{v}" for v in VARIANTS)]
 
 
 def take_down(base: str, attempts: int = 20) -> list[str]:
     """Tear down lab ``base`` and its variant labs; returns what could not be (one line per lab)."""
-    from labkit.lab import Lab
-    from labkit.net.ledger import LabLock, Ledger
-
     problems = []
     for name in _lab_names(base):
         if not (Ledger(name).exists() or LabLock(name, "").path.exists()):

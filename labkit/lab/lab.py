@@ -15,6 +15,7 @@ down (by its ledger) and rebuilt. Every object created goes into the ledger
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import json
 import os
 import subprocess
@@ -22,10 +23,24 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from dataclasses import replace as _replace
 from pathlib import Path
 from typing import Sequence
 
+from labkit.agent import endpoints as agent
+from labkit.agent.gc import LabGc, flush_address
+from labkit.agent.kubeproxy import parse_conntrack
+from labkit.agent.services import Services
+from labkit.datapath.doctor import require_datapath
+from labkit.datapath.source import MAP_NAMES
+from labkit.errors import CleanupError
+from labkit.lab.teardown import leftovers, remove_part, teardown
+from labkit.maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
+from labkit.net import build as _build
 from labkit.net import netns as _netns
+from labkit.net.build import cgroup_root
+from labkit.notebook.steps import PodClient, TcpConn, ping_step, raw_step, udp_step
+from labkit.notebook.widgets import watch
 from labkit.clock import LabClock, mono_seconds
 from labkit.config import LAB_DIFFERENCES, DatapathConfig
 from labkit.release import BEHAVIOURS
@@ -74,26 +89,18 @@ class PodHandle(_Member):
 
     def tcp(self, target: str, port: int = 8080, sport: int | None = None):
         """A TCP connection to ``target`` (pod, node, external name or address), not yet open."""
-        from labkit.notebook.steps import TcpConn
-
         return TcpConn(self.lab, self.name, target, port, sport)
 
     def ping(self, target: str, count: int = 1):
         """Ping ``target``: a Step."""
-        from labkit.notebook.steps import ping_step
-
         return ping_step(self.lab, self.name, target, count)
 
     def udp(self, target: str, port: int = 8080, data: bytes = b"hello", sport: int | None = None):
         """One UDP datagram to ``target`` (from port ``sport``, default any) and its answer: a Step."""
-        from labkit.notebook.steps import udp_step
-
         return udp_step(self.lab, self.name, target, port, data, sport)
 
     def send(self, packet, title: str | None = None):
         """Send one crafted IPv4 packet (scapy or bytes) from this pod: a Step."""
-        from labkit.notebook.steps import raw_step
-
         return raw_step(self.lab, self.name, packet, title)
 
     def server_log(self) -> list[str]:
@@ -119,20 +126,14 @@ class ExternalHandle(_Member):
 
     def tcp(self, target: str, port: int = 80, sport: int | None = None):
         """A TCP connection to ``target`` (a LoadBalancer service by name, a node, an address), not yet open."""
-        from labkit.notebook.steps import TcpConn
-
         return TcpConn(self.lab, self.name, target, port, sport)
 
     def udp(self, target: str, port: int = 80, data: bytes = b"hello", sport: int | None = None):
         """One UDP datagram to ``target`` (from port ``sport``, default any) and its answer: a Step."""
-        from labkit.notebook.steps import udp_step
-
         return udp_step(self.lab, self.name, target, port, data, sport)
 
     def send(self, packet, title: str | None = None):
         """Send one crafted IPv4 packet (scapy or bytes) onto the underlay: a Step."""
-        from labkit.notebook.steps import raw_step
-
         return raw_step(self.lab, self.name, packet, title)
 
 
@@ -188,8 +189,6 @@ class Lab:
 
         Options: ``routing`` ('tunnel' or 'native'), or a whole :class:`DatapathConfig`.
         """
-        from labkit.datapath.doctor import require_datapath
-
         config = config or DatapathConfig()
         if routing is not None:
             config = config.with_options(routing=routing)
@@ -205,8 +204,6 @@ class Lab:
                 existing = cls._existing(name, ledger, topology, config)
                 if existing is not None:
                     return existing
-                from labkit.lab.teardown import teardown
-
                 teardown(ledger)
             lab = cls._build(name, topology, config, ledger)
         finally:
@@ -228,8 +225,6 @@ class Lab:
 
     @classmethod
     def _build(cls, name: str, topology: Topology, config: DatapathConfig, ledger: Ledger) -> "Lab":
-        from labkit.lab.teardown import teardown
-
         t0 = time.monotonic()
         ledger.start()
         state = {
@@ -263,18 +258,15 @@ class Lab:
 
     @staticmethod
     def _start_gc(name: str, ledger: Ledger) -> None:
-        """The lab's CT garbage collector process (``python -m labkit.agent.gc``), once the lab is up."""
+        """The lab's CT garbage collector process (``python -m labkit gc``), once the lab is up."""
         err = lab_dir(name) / "gc.err"
         ledger.record("file", path=str(err))
-        proc = subprocess.Popen([sys.executable, "-m", "labkit.agent.gc", "--lab", name], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", "labkit", "gc", "--lab", name], stdin=subprocess.DEVNULL,
                                 stdout=open(err, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
         ledger.record_process("gc", proc.pid)
 
     @classmethod
     def _realise(cls, name, topology, config, ledger, state) -> None:
-        from labkit.net import build as _build
-        from labkit.agent import endpoints as agent
-
         timings = state["timings"]
         t = time.monotonic()
         cgroups = cls._make_cgroups(name, topology, ledger)
@@ -312,8 +304,6 @@ class Lab:
 
     @staticmethod
     def _make_cgroups(name: str, topology: Topology, ledger: Ledger) -> dict[str, str]:
-        from labkit.net.build import cgroup_root
-
         root = cgroup_root()
         if root is None:
             return {}
@@ -347,7 +337,7 @@ class Lab:
             # and a loader blocked writing it would never report its error.
             errfile = tempfile.TemporaryFile("w+")
             proc = subprocess.Popen(
-                [sys.executable, "-m", "labkit.datapath.loader"],
+                [sys.executable, "-m", "labkit", "loader"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=errfile,
@@ -391,7 +381,7 @@ class Lab:
         ledger.record("file", path=str(lab_dir(name) / "monitor.err"))
         ledger.record("file", path=str(lab_dir(name) / "monitor.pos"))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "labkit.observe.monitor", "--lab", name],
+            [sys.executable, "-m", "labkit", "monitor", "--lab", name],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=open(lab_dir(name) / "monitor.err", "ab"),
@@ -442,8 +432,6 @@ class Lab:
 
         A Service is its ClusterIP, or with ``outside`` (the client is the external one) its
         LoadBalancer VIP: a ClusterIP is not reachable from outside the cluster."""
-        import ipaddress
-
         try:
             return str(ipaddress.IPv4Address(target))
         except ValueError:
@@ -478,12 +466,11 @@ class Lab:
                     return False
         return True
 
-    def _podclient(self, pod: str):
-        from labkit.notebook.steps import PodClient
-
+    def podclient(self, pod: str) -> PodClient:
+        """The :mod:`labkit.net.podclient` process of ``pod`` (started on first use)."""
         client = self._clients.get(pod)
         if client is None or client.proc.poll() is not None:
-            proc = self.popen(pod, [sys.executable, "-m", "labkit.net.podclient"], stdin=subprocess.PIPE,
+            proc = self.popen(pod, [sys.executable, "-m", "labkit", "podclient"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
             Ledger(self.name).record_process(f"podclient-{pod}", proc.pid, netns=self.topology.netns(pod))
             client = self._clients[pod] = PodClient(proc)
@@ -494,12 +481,14 @@ class Lab:
             client.close()
         self._clients.clear()
 
-    def _step_log(self) -> EventLog:
+    def step_events(self) -> EventLog:
+        """The lab's trace, read on from where the last step stopped."""
         if self._log is None:
             self._log = self.events()
         return self._log
 
-    def _after_step(self, step=None) -> None:
+    def note_change(self, step=None) -> None:
+        """Something changed the maps (a step, a GC run, a reset): live tables refresh."""
         self._watchers = [t for t in self._watchers if not getattr(t, "closed", False)]
         for table in list(self._watchers):
             try:
@@ -509,8 +498,6 @@ class Lab:
 
     def watch(self, node: str, interval: float | None = None):
         """A live table of ``node``'s CT rows, refreshed after every step (and every ``interval`` s)."""
-        from labkit.notebook.widgets import watch
-
         self.topology.node(node)
         table = watch(self, node, interval)
         self._watchers.append(table)
@@ -557,8 +544,6 @@ class Lab:
 
         Returns what was removed, by kind; CleanupError if anything remains.
         """
-        from labkit.lab.teardown import leftovers, teardown
-
         lock = LabLock(name, "labkit down").acquire()
         removed = []
         try:
@@ -574,8 +559,6 @@ class Lab:
                 removed = [e["kind"] for e in entries]
             left = leftovers([], expected)
             if left:
-                from labkit.errors import CleanupError
-
                 hint = "; remove by hand with `ip netns del <name>` after checking nothing else uses it"
                 raise CleanupError(f"lab '{name}': still present after teardown (not in its ledger): {'; '.join(left)}{hint}")
             _remove_shared_parents()
@@ -597,12 +580,6 @@ class Lab:
             >>> lab.delete_pod("b2")    # doctest: +SKIP
             {'pod': 'b2', 'ip': '198.18.2.12', 'backends': ['web/b2:8080'], 'ct': {'node-a': 3, 'node-b': 6}, ...}
         """
-        from dataclasses import replace as _replace
-
-        from labkit.lab.teardown import remove_part
-        from labkit.agent.gc import flush_address
-        from labkit.maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
-
         pod = self.topology.pod(name)
         backends = []
         for svc in self.services.list():
@@ -637,14 +614,14 @@ class Lab:
         self._state.get("cgroups", {}).pop(name, None)
         Ledger(self.name).write_state(self._state)
         self._services = None  # the agent's next call sees the topology without the pod
-        self._after_step()
+        self.note_change()
         return {"pod": name, "ip": pod.ip, "backends": backends, **flushed, "removed": len(removed)}
 
     def flush_ct(self, node: str | None = None) -> int:
         """Empty the CT maps of ``node`` (default: every node), as if their entries had all been
         collected; Services and NAT entries stay. Returns how many rows were deleted."""
         deleted = self._clear_ct([node] if node is not None else [n.name for n in self.topology.nodes])
-        self._after_step()
+        self.note_change()
         return deleted
 
     def _clear_ct(self, nodes) -> int:
@@ -670,7 +647,7 @@ class Lab:
         self.gc.restart()  # on the clock as it is now set back
         self._mark_trace_epoch()
         JOURNAL.reset(self.name)  # nothing before a reset is evidence
-        self._after_step()  # live tables show the flush
+        self.note_change()  # live tables show the flush
 
     def snapshot(self, title: str, lb: bool = False, extra=None) -> Snapshot:
         """Every node's CT and NAT rows now (and with ``lb`` its Service maps), recorded as evidence under
@@ -703,10 +680,6 @@ class Lab:
 
     def health(self) -> list[str]:
         """What is wrong with this lab (empty when healthy)."""
-        from labkit.lab.teardown import leftovers
-
-        from labkit.datapath.source import MAP_NAMES
-
         problems = []
         entries = Ledger(self.name).entries()
         for node in self.topology.nodes:  # a lab built by an older labkit may lack a map this one needs
@@ -767,8 +740,6 @@ class Lab:
     @property
     def gc(self):
         """The lab's CT garbage collector (:class:`labkit.agent.gc.LabGc`): ``run()``, ``state()``, ``history()``."""
-        from labkit.agent.gc import LabGc
-
         return LabGc(self)
 
     @property
@@ -779,8 +750,6 @@ class Lab:
         attached to the lab sees the same services.
         """
         if self._services is None:
-            from labkit.agent.services import Services
-
             self._services = Services.for_lab(self)
         return self._services
 
@@ -788,6 +757,11 @@ class Lab:
         """``/sys/fs/bpf/labkit/<lab>/<node>``"""
         self.topology.node(node)
         return self._state["pin_dirs"][node]
+
+    @property
+    def pin_dirs(self) -> dict[str, str]:
+        """``{node: /sys/fs/bpf/labkit/<lab>/<node>}`` for every node."""
+        return dict(self._state["pin_dirs"])
 
     def ct(self, node: str) -> list[CtRow]:
         """Every row of ``node``'s two CT maps, TCP map first."""
@@ -811,8 +785,6 @@ class Lab:
     def conntrack(self, node: str) -> list:
         """Linux conntrack rows of ``node``'s namespace (``conntrack -L`` there): what kube-proxy's iptables mode
         relies on, beside the BPF CT rows of :meth:`ct`. (:class:`labkit.agent.kubeproxy.ConntrackRow`)"""
-        from labkit.agent.kubeproxy import parse_conntrack
-
         self.topology.node(node)
         return parse_conntrack(self.exec(node, ["conntrack", "-L"], check=True).stdout)
 
@@ -928,8 +900,6 @@ def _stderr_tail(proc: subprocess.Popen, size: int = 4000) -> str:
 
 def _remove_shared_parents() -> None:
     """Remove the parents all labs share (pins, cgroups) once no lab uses them."""
-    from labkit.net.build import cgroup_root
-
     cg = cgroup_root()
     for parent, in_use in (
         (BPFFS_ROOT, lambda p: any(p.iterdir())),

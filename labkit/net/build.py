@@ -25,19 +25,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from labkit.net import netns as _netns
-from labkit.agent.endpoints import EndpointFacts
 from labkit.config import VXLAN_PORT, DatapathConfig
 from labkit.errors import NetnsError
 from labkit.net.ledger import Ledger
 from labkit.net.topology import LB_RANGE, Topology
 
-__all__ = ["build_network", "start_pod_servers", "cgroup_root", "POD_PORT"]
+__all__ = ["EndpointFacts", "build_network", "start_pod_servers", "cgroup_root", "POD_PORT"]
 
 POD_PORT = 8080
 NUD_PERMANENT = 0x80
@@ -61,6 +61,17 @@ _NODE_SYSCTLS = {
     "net.ipv4.conf.all.rp_filter": 0,
     "net.ipv4.conf.default.rp_filter": 0,
 }
+
+
+@dataclass(frozen=True)
+class EndpointFacts:
+    """What the agent learnt about a local pod while creating it."""
+
+    pod: str
+    ifindex: int  #: host veth ifindex in the node namespace
+    lxc_id: int
+    mac: str  #: the pod's eth0
+    node_mac: str  #: the host veth
 
 
 def cgroup_root() -> Path | None:
@@ -234,7 +245,7 @@ def start_pod_servers(topo: Topology, ledger: Ledger, cgroups: dict[str, str]) -
         ledger.record("file", path=str(logs / f"{pod.name}.err"))
         log.touch()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "labkit.net.podserver", "--pod", pod.name, "--port", str(POD_PORT), "--log", str(log)],
+            [sys.executable, "-m", "labkit", "podserver", "--pod", pod.name, "--port", str(POD_PORT), "--log", str(log)],
             preexec_fn=_netns.preexec(topo.netns(pod.name), cgroups.get(pod.name)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

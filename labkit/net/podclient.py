@@ -1,7 +1,7 @@
 """A client that lives in a pod and opens, feeds and closes connections on
 command, so a notebook can advance TCP one step at a time.
 
-    python -m labkit.net.podclient        # started by labkit in the pod's netns and cgroup
+    python -m labkit podclient         # started by labkit in the pod's netns and cgroup
 
 It reads one JSON command per line on stdin and answers one JSON line:
 
@@ -150,7 +150,7 @@ class _Client:
         return {"ok": True}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Serve commands until stdin closes."""
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: go when the notebook kernel goes
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel interrupt is for the kernel, not for us
@@ -167,6 +167,3 @@ def main() -> None:
         sys.stdout.flush()
     os._exit(0)
 
-
-if __name__ == "__main__":
-    main()

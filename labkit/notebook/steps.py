@@ -23,15 +23,16 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from labkit.constants import Hook, Verdict
 from labkit.errors import LabkitError, LabTimeoutError, NotFoundError
 from labkit.maps.ct import CtDiff, CtRow, TcpFlags, diff_rows
+from labkit.notebook import viz
+from labkit.observe.evidence import JOURNAL
+from labkit.observe.monitor import flushed_past
 from labkit.observe.trace import Flow
-
-if TYPE_CHECKING:
-    from labkit.lab import Lab
+from labkit.observe.view import LabView
 
 __all__ = ["Journey", "Step", "TcpConn", "run_step", "STEP_TIMEOUT"]
 
@@ -48,7 +49,7 @@ def _port_ok(want: int | frozenset | None, port: int) -> bool:
     return want is None or (port in want if isinstance(want, frozenset) else port == want)
 
 
-def followed_ports(lab: "Lab", proto: str, src: str, sport: int | None) -> int | frozenset | None:
+def followed_ports(lab: LabView, proto: str, src: str, sport: int | None) -> int | frozenset | None:
     """The client's port, and in --service-mode iptables also the ports Linux conntrack masqueraded it to:
     kube-proxy's MASQUERADE --random-fully gives a flow a new source port, so a packet past the SNAT is
     found by the reply tuple's port of the client's conntrack entry."""
@@ -113,7 +114,7 @@ class Step:
     on). Each step is also recorded as evidence (:mod:`labkit.observe.evidence`) for the checks."""
 
     title: str
-    lab: "Lab" = field(repr=False)
+    lab: LabView = field(repr=False)
     flows: list[Flow]
     before: dict[str, list[CtRow]] = field(repr=False)
     after: dict[str, list[CtRow]] = field(repr=False)
@@ -149,14 +150,10 @@ class Step:
 
     def picture(self):
         """The packet path drawn on the topology (matplotlib Figure)."""
-        from labkit.notebook import viz
-
         return viz.draw(self.lab.topology, self.lab.config.routing, self.flows, title=self.title)
 
     def explorer(self):
         """An interactive hop-by-hop view (ipywidgets)."""
-        from labkit.notebook import viz
-
         return viz.PathExplorer(self.lab.topology, self.lab.config.routing, self.flows)
 
     def __str__(self) -> str:
@@ -166,8 +163,6 @@ class Step:
         return "\n".join(out)
 
     def _repr_html_(self) -> str:
-        from labkit.notebook import viz
-
         status = "ok" if self.ok else html.escape(str(self.result.get("error", "failed")))
         parts = [f"<div class='lk-step'><h4>{html.escape(self.title)} — {status}</h4>"]
         parts.append(viz.path_html(self.lab.topology, self.lab.config.routing, self.flows, title=self.title))
@@ -198,14 +193,12 @@ def _diff_html(diffs: dict[str, CtDiff], now: int) -> str:
     return f"<table style='font-size:11px'><tr><th>node</th><th></th><th>CT row</th></tr>{body}</table>"
 
 
-def run_step(lab: "Lab", title: str, action: Callable[[], dict], journeys: Callable[[dict], list[Journey]],
+def run_step(lab: LabView, title: str, action: Callable[[], dict], journeys: Callable[[dict], list[Journey]],
              timeout: float = STEP_TIMEOUT, describe: Callable[[dict], dict] | None = None, **attrs) -> Step:
     """Snapshot, act, wait for the journeys and the monitor, snapshot: the Step, recorded as evidence with
     ``attrs``, what ``describe(result)`` adds once the action ran, and the faults that were on."""
-    from labkit.observe.evidence import JOURNAL
-    from labkit.observe.monitor import flushed_past
 
-    log = lab._step_log()
+    log = lab.step_events()
     log.seek_end()
     nodes = [n.name for n in lab.topology.nodes]
     before = {n: lab.ct(n) for n in nodes}
@@ -230,7 +223,7 @@ def run_step(lab: "Lab", title: str, action: Callable[[], dict], journeys: Calla
                 f"expected each to reach to-container, a drop, or the fabric. Last records:\n{seen}"
             )
         time.sleep(0.001)
-    flushed_past(lab.name, lab._state["pin_dirs"])
+    flushed_past(lab.name, lab.pin_dirs)
     flows += log.read()
     flows.sort(key=lambda f: f.event.ts_ns)
     after = {n: lab.ct(n) for n in nodes}
@@ -241,7 +234,7 @@ def run_step(lab: "Lab", title: str, action: Callable[[], dict], journeys: Calla
     step = Step(title, lab, flows, before, after, result, lab.clock.now(), time.monotonic() - t0, attrs,
                 nat_before, nat_after, {p: lines for p, lines in server_log.items() if lines})
     JOURNAL.record(lab.name, "step", title, step, **attrs)
-    lab._after_step(step)
+    lab.note_change(step)
     return step
 
 
@@ -252,7 +245,7 @@ class TcpConn:
     >>> conn.open().diff["node-a"].added        # doctest: +SKIP
     """
 
-    def __init__(self, lab: "Lab", pod: str, target: str, port: int = 8080, sport: int | None = None):
+    def __init__(self, lab: LabView, pod: str, target: str, port: int = 8080, sport: int | None = None):
         self.lab = lab
         self.pod = pod
         self.src = lab.address_of(pod)
@@ -270,7 +263,7 @@ class TcpConn:
         return f"TcpConn({self.pod} {self.src}:{self.sport or '?'} -> {self.target} {self.dst}:{self.port}, {self.state})"
 
     def _call(self, op: str, **kw) -> dict:
-        return self.lab._podclient(self.pod).call({"op": op, "id": self.id, **kw})
+        return self.lab.podclient(self.pod).call({"op": op, "id": self.id, **kw})
 
     def _j(self, label: str, reply: bool = False, **kw) -> Journey:
         # To a Service the addresses change on the way (DNAT, hairpin SNAT, socket LB): follow the
@@ -388,7 +381,7 @@ class PodClient:
                 self.proc.kill()
 
 
-def ping_step(lab: "Lab", pod: str, target: str, count: int = 1) -> Step:
+def ping_step(lab: LabView, pod: str, target: str, count: int = 1) -> Step:
     src, dst = lab.address_of(pod), lab.address_of(target)
 
     def act() -> dict:
@@ -403,13 +396,13 @@ def ping_step(lab: "Lab", pod: str, target: str, count: int = 1) -> Step:
                     dst=dst, count=count)
 
 
-def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = b"hello",
+def udp_step(lab: LabView, pod: str, target: str, port: int = 8080, data: bytes = b"hello",
              sport: int | None = None) -> Step:
     outside = lab.topology.kind_of(pod) == "external"
     src, dst = lab.address_of(pod), lab.address_of(target, outside=outside)
 
     def act() -> dict:
-        res = lab._podclient(pod).call({"op": "udp", "host": dst, "port": port, "data": bytes(data).hex(),
+        res = lab.podclient(pod).call({"op": "udp", "host": dst, "port": port, "data": bytes(data).hex(),
                                         "sport": sport})
         if res.get("reply"):
             res["reply_text"] = bytes.fromhex(res["reply"]).decode(errors="replace")
@@ -427,7 +420,7 @@ def udp_step(lab: "Lab", pod: str, target: str, port: int = 8080, data: bytes = 
                     port=port, dst=dst, describe=lambda res: {"sport": res.get("sport")})
 
 
-def raw_step(lab: "Lab", pod: str, packet: Any, title: str | None = None) -> Step:
+def raw_step(lab: LabView, pod: str, packet: Any, title: str | None = None) -> Step:
     """Send one crafted IPv4 packet (a scapy packet or its bytes) from ``pod``."""
     data = bytes(packet)
     if len(data) < 20 or data[0] >> 4 != 4:
@@ -437,7 +430,7 @@ def raw_step(lab: "Lab", pod: str, packet: Any, title: str | None = None) -> Ste
     summary = packet.summary() if hasattr(packet, "summary") else f"{src} > {dst} proto {proto}"
     return run_step(
         lab, title or f"{pod}: crafted {summary}",
-        lambda: lab._podclient(pod).call({"op": "raw", "packet": data.hex()}),
+        lambda: lab.podclient(pod).call({"op": "raw", "packet": data.hex()}),
         lambda res: [Journey("crafted packet", src, dst, proto)] if res["ok"] else [],
         op="raw", actor=pod, src=src, dst=dst, proto=proto,
     )

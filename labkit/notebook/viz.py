@@ -72,6 +72,7 @@ from labkit.constants import DropReason, Hook, Verdict
 from labkit.errors import ConfigError
 from labkit.maps.ct import CtDir, CtFlags, CtResult
 from labkit.net.topology import Topology
+from labkit.observe.trace import Flow
 
 # A venv that also sees the distribution's matplotlib imports its mpl_toolkits and warns that
 # Axes3D cannot load; labkit draws no 3D axes, so that warning would only confuse a learner.
@@ -81,8 +82,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import networkx
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-    from labkit.observe.trace import Flow
 
 __all__ = [
     "lab_graph",

@@ -8,7 +8,7 @@ After every write it records, in ``monitor.pos`` (one u64 per node, in
 flushed; a reader that needs every event up to now compares those with the
 rings' producer positions (:func:`flushed_past`).
 
-    python -m labkit.observe.monitor --lab demo
+    python -m labkit monitor --lab demo
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import sys
 import time
 
 from labkit.datapath import bpf as _bpf
+from labkit.errors import LabTimeoutError
 from labkit.net.ledger import Ledger, lab_dir
 from labkit.observe.trace import EVENT_SIZE
 
@@ -78,14 +79,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
 
 
-if __name__ == "__main__":
-    main()
-
 
 def flushed_past(lab: str, pin_dirs: dict[str, str], timeout: float = 2.0) -> None:
     """Return once the monitor has written out every event the kernel produced before this call."""
-    from labkit.errors import LabTimeoutError
-
     targets = []
     for pin in pin_dirs.values():
         fd = _bpf.obj_get(f"{pin}/labkit_events")

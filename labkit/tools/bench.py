@@ -1,6 +1,6 @@
 """``make bench``: the speed targets, measured here and printed side by side.
 
-    python -m labkit.tools.bench [--runs 5] [--out bench-report]
+    python -m labkit bench [--runs 5] [--out bench-report]
 
 Each figure is the median of several runs in one process on this machine;
 the report (markdown and JSON) lands in ``bench-report/``. Targets:
@@ -106,7 +106,7 @@ def measure(runs: int) -> dict:
         )
         lab.pod("a2").exec(sys.executable, "-c", code)
         rows = len(lab.ct("node-a"))
-        cmd = [sys.executable, "-m", "labkit.cli", "--lab", LAB, "ct", "list", "node-a"]
+        cmd = [sys.executable, "-m", "labkit", "cli", "--lab", LAB, "ct", "list", "node-a"]
         ct_list = [_timed(lambda: subprocess.run(cmd, check=True, capture_output=True)) for _ in range(10)]
         resets = []
         for _ in range(10):
@@ -635,6 +635,3 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     return 0 if all(result["median"][k] <= t for k, t in TARGETS.items()) else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

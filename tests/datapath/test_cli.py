@@ -8,7 +8,7 @@ import time
 
 from labtag import tagged
 
-LABKIT = [sys.executable, "-m", "labkit.cli"]
+LABKIT = [sys.executable, "-m", "labkit", "cli"]
 CT_JSON_KEYS = {"proto", "dir", "src", "dst", "flags", "rev_nat", "backend_id", "packets", "bytes", "expires",
                 "related", "remaining", "expired"}
 

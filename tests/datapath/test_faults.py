@@ -97,8 +97,8 @@ def test_pick_terminating(faulty):
 
 
 def test_maglev_wrong_hash_moves_flows(any_lab):
-    """maglev-wrong-hash: the flows go where labkit.agent.maglev's flow hash does not say."""
-    from labkit.agent.maglev import backend_name, flow_slot, lookup_table
+    """maglev-wrong-hash: the flows go where labkit.maglev's flow hash does not say."""
+    from labkit.maglev import backend_name, flow_slot, lookup_table
 
     lab = any_lab
     svc = lab.services.add("dns", 53, ["a1:8080", "a2:8080", "b1:8080", "b2:8080"], protocol="UDP",

@@ -240,7 +240,7 @@ def test_cli_gc_run_status_and_timer(lab):
     import sys
 
     def cli(*argv):
-        return subprocess.run([sys.executable, "-m", "labkit.cli", "--lab", lab.name, *argv],
+        return subprocess.run([sys.executable, "-m", "labkit", "cli", "--lab", lab.name, *argv],
                               capture_output=True, text=True, check=True).stdout
 
     lab.pod("a1").ping("b1")

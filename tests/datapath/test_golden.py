@@ -121,7 +121,7 @@ def test_ct_list_prints_a_blank_line_after_each_map(labs):
 
     lab = labs[("1.16", "tunnel", "dsr")]
     _run(lab, "pod-to-pod")
-    out = subprocess.run([sys.executable, "-m", "labkit.cli", "--lab", lab.name, "ct", "list", "node-a"],
+    out = subprocess.run([sys.executable, "-m", "labkit", "cli", "--lab", lab.name, "ct", "list", "node-a"],
                          capture_output=True, text=True, check=True).stdout
     tcp = [r.line() for r in lab.ct("node-a") if r.map == "cilium_ct4_global"]
     other = [r.line() for r in lab.ct("node-a") if r.map != "cilium_ct4_global"]

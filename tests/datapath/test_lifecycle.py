@@ -103,7 +103,7 @@ def test_broken_lab_is_rebuilt():
 def test_cleanup_after_the_building_process_was_killed():
     """`labkit cleanup` removes what a killed `up` had created, by its ledger."""
     name = tagged("dpkilled")
-    proc = subprocess.Popen([sys.executable, "-m", "labkit.cli", "--lab", name, "up"],
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "cli", "--lab", name, "up"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: len(Ledger(name).entries("netns")) >= 4, timeout=20, what="the build to start")
@@ -111,7 +111,7 @@ def test_cleanup_after_the_building_process_was_killed():
         proc.kill()
         proc.wait()
     assert Ledger(name).entries()
-    r = subprocess.run([sys.executable, "-m", "labkit.cli", "--lab", name, "cleanup"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "labkit", "cli", "--lab", name, "cleanup"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert_nothing_left(name)
 
@@ -213,7 +213,7 @@ def test_doctor_passes_on_this_machine():
     """`labkit doctor --json` runs every check, including compiling and attaching a probe, and all pass."""
     import json
 
-    r = subprocess.run([sys.executable, "-m", "labkit.cli", "doctor", "--json"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "labkit", "cli", "doctor", "--json"], capture_output=True, text=True,
                        timeout=120)
     checks = {c["name"]: c for c in json.loads(r.stdout)}
     assert "compile+attach" in checks

@@ -11,7 +11,7 @@ from labkit.maps.base import PinnedMap
 from labkit.maps.nat import NAT_MAP, NAT_MAP_SIZE, NatEntry, NatKey4, NatRow
 
 BPF_MAP_TYPE_LRU_HASH = 9
-LABKIT = [sys.executable, "-m", "labkit.cli"]
+LABKIT = [sys.executable, "-m", "labkit", "cli"]
 REMOTE, RP = "203.0.113.7", 80  # somewhere outside the lab
 NAT_PORT = 61000
 _IP = r"\d{1,3}(?:\.\d{1,3}){3}"

@@ -10,7 +10,7 @@ import pytest
 
 from labkit.config import DatapathConfig
 from labkit.constants import DropReason, Hook
-from labkit.agent.maglev import backend_name, cilium_seed, flow_slot, lookup_table
+from labkit.maglev import backend_name, cilium_seed, flow_slot, lookup_table
 from labkit.maps.ct import CtFlags
 
 from labtag import tagged
@@ -255,7 +255,7 @@ def test_etp_local_answers_locally_and_pods_still_reach_every_backend(native_lab
 
 def test_maglev_bpf_table_equals_python_table(native_lab):
     """The Maglev table the agent wrote into cilium_lb4_maglev (read back through the inner map) equals
-    labkit.agent.maglev.lookup_table for every frontend on every node: the lab's default size is Cilium's (16381),
+    labkit.maglev.lookup_table for every frontend on every node: the lab's default size is Cilium's (16381),
     the seed Cilium's default's."""
     lab = native_lab
     assert lab.config.maglev_table_size == 16381

@@ -11,7 +11,7 @@ from labkit.maps.lb import ServiceFlags
 
 from .util import rows
 
-LABKIT = [sys.executable, "-m", "labkit.cli"]
+LABKIT = [sys.executable, "-m", "labkit", "cli"]
 _GET = r"""
 import socket, sys
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)

@@ -34,7 +34,7 @@ from .util import TcpClient
 
 VIP = "198.19.0.10"
 LB_VIEW_MAPS = (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)
-LABKIT = [sys.executable, "-m", "labkit.cli"]
+LABKIT = [sys.executable, "-m", "labkit", "cli"]
 
 
 def read(lab, node: str, map_name: str) -> dict[bytes, object]:

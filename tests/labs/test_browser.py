@@ -61,7 +61,7 @@ def _kernel_env(lab: str = LAB) -> dict:
 
 def _lab_down(name: str) -> subprocess.CompletedProcess:
     # exits 0 when the lab was never up ("nothing was recorded to remove")
-    return subprocess.run([sys.executable, "-m", "labkit.cli", "--lab", name, "down"],
+    return subprocess.run([sys.executable, "-m", "labkit", "cli", "--lab", name, "down"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

@@ -122,7 +122,7 @@ def clean(datapath_ready):
 
 
 def _cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "labkit.cli", "grade", f"--lab-tag={TAG}", *args], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "labkit", "cli", "grade", f"--lab-tag={TAG}", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc

@@ -152,9 +152,9 @@ def test_placeholder_is_not_an_attempt(lab):
 
 def test_check_before_the_setup_cell_says_so(monkeypatch):
     """A check run before `lab = start()` names the setup cell instead of raising."""
-    from labkit import nb
+    from labkit.lab import session
 
-    monkeypatch.setattr(nb, "_CURRENT", None)
+    monkeypatch.setattr(session, "_CURRENT", None)
     monkeypatch.setenv("LABKIT_LAB", "no-such-lab-here")
     monkeypatch.setattr(checks, "_REGISTRY", dict(checks._REGISTRY))
 

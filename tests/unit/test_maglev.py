@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-import labkit.agent.maglev as maglev
+import labkit.maglev as maglev
 from labkit.errors import ConfigError
-from labkit.agent.maglev import (
+from labkit.maglev import (
     CILIUM_DEFAULT_HASH_SEED,
     DEFAULT_M,
     FLOW_HASH_SEED,
@@ -374,7 +374,7 @@ def test_slot_for_rejects_bad_input(value, m, match):
 
 
 def test_module_doctests():
-    """Every docstring example of labkit.agent.maglev runs and gives what it shows."""
+    """Every docstring example of labkit.maglev runs and gives what it shows."""
     result = doctest.testmod(maglev, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
     assert result.failed == 0

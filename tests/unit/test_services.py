@@ -33,7 +33,7 @@ from labkit.maps.lb import (
     MAGLEV_MAP,
     ServiceFlags2,
 )
-from labkit.agent.maglev import cilium_seed, lookup_table
+from labkit.maglev import cilium_seed, lookup_table
 from labkit.agent.services import Backend, JsonStore, MemoryMaps, MemoryStore, Service, Services
 from labkit.net.topology import Topology
 
@@ -806,7 +806,7 @@ def test_etp_and_algorithm_refusals(svcs):
 
 
 def test_maglev_tables_written_per_frontend(svcs):
-    """--algorithm maglev: every frontend id gets a table (labkit.agent.maglev.lookup_table of the active backends),
+    """--algorithm maglev: every frontend id gets a table (labkit.maglev.lookup_table of the active backends),
     written after the backends and before the head, and it follows a backend's removal."""
     svc = svcs.add("dns", 53, ["a1:8080", "b1:8080"], protocol="UDP", type="LoadBalancer", algorithm="maglev")
     ops = [op for op in svcs.maps.ops if op.startswith("update node-a")]
@@ -855,6 +855,6 @@ def test_cli_etp_algorithm_and_lb_maglev(fake_lab, capsys):
     fake_lab.pin_dir = lambda node: f"/sys/fs/bpf/labkit/demo/{node}"
     assert cli.main(["lb", "maglev", "dns", "--node", "node-b"]) == 0
     out = capsys.readouterr().out
-    assert out.count("equals labkit.agent.maglev.lookup_table") == 4 and "M=16381" in out
+    assert out.count("equals labkit.maglev.lookup_table") == 4 and "M=16381" in out
     assert cli.main(["service", "add", "np", "--port", "81", "--type", "NodePort", "--etp", "Local"]) == 0
     assert fake_lab.services.get("np").etp == "Local"

@@ -8,7 +8,7 @@ import pytest
 
 from labkit.config import CtTimeouts, DatapathConfig
 from labkit.datapath.source import MAP_NAMES, PROGRAMS, node_build
-from labkit.agent.maglev import FLOW_HASH_SEED
+from labkit.maglev import FLOW_HASH_SEED
 from labkit.net.topology import Topology
 
 BPF = Path(__file__).resolve().parents[2] / "bpf"

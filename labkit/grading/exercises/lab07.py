@@ -15,7 +15,7 @@ from typing import Any
 
 from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.constants import Hook
-from labkit.agent.maglev import backend_name, flow_slot, lookup_table
+from labkit.maglev import backend_name, flow_slot, lookup_table
 from labkit.maps.ct import TcpFlags
 from labkit.grading.exercises.common import (ab_answer, addr_port, dst, flatten, kinds_answer, row_kind, src, step_rows, unanswered,
                      unhealthy)

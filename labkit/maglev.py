@@ -43,9 +43,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 from typing import Iterable
 
 from labkit.errors import ConfigError
+from labkit.release import profile
 
 __all__ = [
     "murmur3_x64_128",
@@ -179,8 +181,6 @@ def backend_name(ip: str, port: int, protocol: str = "TCP", cilium: str = "1.16"
     >>> backend_name("198.18.2.11", 8080), backend_name("198.18.2.11", 8080, "UDP", "1.20")
     ('198.18.2.11:8080', '[198.18.2.11:8080/UDP,State:active]')
     """
-    from labkit.release import profile
-
     profile(cilium)  # ConfigError names the releases
     return _NAME_FORMATS[cilium].format(ip=ip, port=int(port), proto=str(protocol).upper())
 
@@ -396,8 +396,6 @@ def flow_hash(src: str, sport: int, dport: int, proto: int, seed: int = FLOW_HAS
     >>> flow_hash("198.51.100.100", 40000, 80, 6) == flow_hash("198.51.100.100", 40000, 80, 6)
     True
     """
-    import ipaddress
-
     saddr = int.from_bytes(ipaddress.IPv4Address(src).packed, "little")
     return jhash_3words(saddr, (_reg16(sport) << 16) | _reg16(dport), proto, seed)
 
