@@ -20,6 +20,7 @@ MODULES = [
     "labkit.net.podserver",
     "labkit.maps.lb",
     "labkit.agent.services",
+    "labkit.agent.services.ids",
     "labkit.grading.checks",
     "labkit.grading.answers",
     "labkit.grading.grade",

@@ -537,9 +537,7 @@ def test_changed_services_are_the_ones_that_differ():
 # -- the agent in iptables mode ---------------------------------------------------------
 @pytest.fixture
 def ipt() -> Services:
-    svcs = Services.in_memory(TOPO)
-    svcs.mode = "iptables"
-    return svcs
+    return Services.in_memory(TOPO, mode="iptables")
 
 
 def test_agent_syncs_tables_not_maps(ipt):

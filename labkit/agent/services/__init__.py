@@ -1,0 +1,458 @@
+"""Services: the part of the cilium-agent that turns a Kubernetes Service into
+rows of every node's ``cilium_lb4_*`` maps.
+
+A ClusterIP service is a frontend (VIP, port, protocol) and its backends
+(pod, port). For each one, on every node, the agent writes (layouts in
+:mod:`labkit.maps.lb`):
+
+- ``cilium_lb4_backends_v3``: backend id → pod address, port, state;
+- ``cilium_lb4_services_v2``: slots 1..n → backend ids (active first, then the
+  terminating ones, which the random pick never reaches), and slot 0, the head:
+  how many are active, the service id (``rev_nat_index``), flags;
+- ``cilium_lb4_reverse_nat``: service id → VIP:port, to rewrite replies.
+
+The datapath reads these while the agent writes them, so the order matters:
+a growing service gets its backends, then its slots, then reverse NAT and its
+head **last**; a shrinking one gets its head (the new count) **first**, then
+slots, then loses the backends nothing uses any more. A packet never sees a
+count that points at a slot not yet written.
+
+A NodePort service is its ClusterIP frontend plus one frontend per node address,
+``nodeIP:nodePort`` (flags NODEPORT and ROUTABLE); a LoadBalancer one is a NodePort
+plus ``lbVIP:port`` from 203.0.113.0/24 (LOADBALANCER, ROUTABLE). As in Cilium,
+every frontend has its own head and slots, its own service id and reverse NAT
+entry (back to that frontend's address:port), and they all share the backends.
+The write order above holds across all of a service's frontends at once.
+
+What the agent writes depends on the Cilium release the lab reproduces (``lab.config.cilium``,
+:mod:`labkit.release`): v1.16's agent writes protocol 0 in every service key and backend, so
+one VIP:port holds one service whatever its protocol (two that differ only in protocol are
+refused), and names Maglev backends ``ip:port``; 1.17+ writes the protocol
+(cilium/cilium#33434) and 1.18+ hashes ``[ip:port/TCP,State:active]``
+(:func:`labkit.maglev.backend_name`). Maglev tables are Cilium's: the lab's table size
+(16381 by default) and the seed of ``--bpf-lb-maglev-hash-seed``'s default.
+
+Service ids (1, 2, ...; one per frontend) and backend ids are allocated per lab, the same on
+every node; a backend id belongs to one address:port/protocol and is shared by
+every service that uses it (as in Cilium), and freed when the last one stops.
+The list of services lives in ``/run/labkit/<lab>/services.json`` so every
+process attached to the lab sees the same ones.
+
+Without a kernel, the same agent writes into dictionaries::
+
+    >>> from labkit.net.topology import Topology
+    >>> svcs = Services.in_memory(Topology.default())
+    >>> web = svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    >>> web.frontend, web.id, [str(b) for b in web.backends]
+    ('198.19.0.10:80/TCP', 1, ['b1:8080', 'b2:8080'])
+    >>> for line in svcs.lb("node-a").lines():  # `cilium service list` on v1.16 (its lines end in spaces)
+    ...     print(line.rstrip())
+    ID   Frontend         Service Type   Backend
+    1    198.19.0.10:80   ClusterIP      1 => 198.18.2.11:8080 (active)
+                                         2 => 198.18.2.12:8080 (active)
+    >>> svcs.maps.ops[:6]  # node-a, in the order written; v1.16 keys carry protocol 0 (ANY)
+    ['update node-a cilium_lb4_backends_v3 backend 1', 'update node-a cilium_lb4_backends_v3 backend 2', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/ANY slot 1', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/ANY slot 2', 'update node-a cilium_lb4_reverse_nat rev_nat 1', 'update node-a cilium_lb4_services_v2 198.19.0.10:80/ANY slot 0']
+
+On a running lab the same calls are ``lab.services.add(...)``, and
+``labkit service add web --port 80 --backend b1:8080 --backend b2:8080``.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator, Sequence
+
+from labkit.agent.kubeproxy import NetnsIptables
+from labkit.agent.services.ids import AgentState, allocate, l4_key
+from labkit.agent.services.iptables import IptablesWriter
+from labkit.agent.services.lbmaps import LbMapsWriter, MapWriter, MemoryMaps, PinnedMaps
+from labkit.agent.services.model import (
+    ALGORITHMS,
+    FIRST_LB_VIP,
+    FIRST_VIP,
+    MAX_SERVICE_ID,
+    NODE_PORT_RANGE,
+    SERVICE_TYPES,
+    STATES,
+    TRAFFIC_POLICIES,
+    Backend,
+    Frontend,
+    Service,
+    check_affinity,
+    check_choice,
+    check_lb_vip,
+    check_name,
+    check_node_port,
+    check_port,
+    check_protocol,
+    check_state,
+    check_type,
+    check_vip,
+)
+from labkit.agent.services.plan import entries
+from labkit.agent.services.store import JsonStore, MemoryStore, ServiceStore
+from labkit.errors import ConfigError, LabkitError, NotFoundError
+from labkit.maglev import LAB_DEFAULT_M
+from labkit.maps.lb import (AFFINITY_MAP, BACKENDS_MAP, LB_MAPS, MAGLEV_MAP, REVNAT_MAP, SERVICES_MAP, LbSnapshot,
+                            Lb4RevNatKey, MaglevLut)
+from labkit.net.topology import CLUSTERIP_RANGE, LB_RANGE, Topology
+from labkit.release import DEFAULT_RELEASE, profile
+
+__all__ = ["Services", "Backend", "Frontend", "Service", "MapWriter", "PinnedMaps", "MemoryMaps", "LbMapsWriter",
+           "IptablesWriter", "ServiceStore", "JsonStore", "MemoryStore", "FIRST_VIP", "FIRST_LB_VIP",
+           "NODE_PORT_RANGE", "SERVICE_TYPES", "STATES", "TRAFFIC_POLICIES", "ALGORITHMS"]
+
+
+class Services:
+    """The services of one lab and the maps they are written to.
+
+    Build with :meth:`for_lab` (``lab.services``) or :meth:`in_memory`.
+    Every change is checked before any map is touched, written to every node in
+    a datapath-safe order, and rolled back if the kernel refuses a write.
+    """
+
+    def __init__(self, lab: str, topology: Topology, maps: MapWriter, store: ServiceStore,
+                 maglev_m: int = LAB_DEFAULT_M, mode: str = "ebpf", tables=None, cilium: str = DEFAULT_RELEASE,
+                 faults=None):
+        self.lab = lab
+        self.topology = topology
+        self.maps = maps
+        self.store = store
+        self.maglev_m = maglev_m  #: the lab's Maglev table size (its datapath was compiled for it)
+        #: the Cilium release whose agent this one plays: what its keys, backends, tables and views hold
+        self.cilium = profile(cilium).release
+        #: the lab's agent faults, asked at every change (break-it exercises: ``lb-wrong-count``, ``kp-no-masq``)
+        self.faults = faults or (lambda: [])
+        #: where changes go, chosen once: the cilium_lb4_* maps ('ebpf'), or kube-proxy's tables on every node
+        #: ('iptables': no LB map entry)
+        self.writer = (IptablesWriter(tables, topology, lab, self.faults) if mode == "iptables" else
+                       LbMapsWriter(maps, topology, maglev_m, self.cilium, self.faults))
+        #: iptables mode: ``tables(node)`` is that node's iptables (:class:`labkit.agent.kubeproxy.Iptables`)
+        self.tables = self.writer.tables if mode == "iptables" else tables
+
+    @property
+    def mode(self) -> str:
+        """'ebpf' or 'iptables': which writer this agent has."""
+        return self.writer.mode
+
+    def __repr__(self) -> str:
+        return f"Services(lab={self.lab!r}, services={[s.name for s in self.list()]})"
+
+    @classmethod
+    def for_lab(cls, lab) -> "Services":
+        """The agent of a running :class:`~labkit.lab.Lab`: its pinned maps, its services.json."""
+        pins = {n.name: lab.pin_dir(n.name) for n in lab.topology.nodes}
+        m = lab.config.maglev_table_size
+        mode = getattr(lab.config, "service_mode", "ebpf")
+        tables = lambda node: NetnsIptables(lab.topology.netns(node))  # noqa: E731
+        return cls(lab.name, lab.topology, PinnedMaps(pins, m), JsonStore(lab.name), m, mode, tables,
+                   lab.config.profile.release, lab.agent_faults)
+
+    @classmethod
+    def in_memory(cls, topology: Topology, cilium: str = DEFAULT_RELEASE, maglev_m: int = LAB_DEFAULT_M,
+                  mode: str = "ebpf") -> "Services":
+        """An agent of release ``cilium`` writing into :class:`MemoryMaps` (or with ``mode='iptables'`` into
+        in-memory tables) and a :class:`MemoryStore` (no kernel)."""
+        return cls(topology.lab, topology, MemoryMaps(n.name for n in topology.nodes), MemoryStore(), maglev_m,
+                   mode=mode, cilium=cilium)
+
+    # -- reading -------------------------------------------------------------------
+    def _state(self) -> AgentState:
+        try:
+            return AgentState.from_json(self.store.load())
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"lab '{self.lab}': the service list is unreadable ({type(exc).__name__}: {exc})") from None
+
+    def list(self) -> list[Service]:
+        """Every service, in the order they were added."""
+        return list(self._state().services.values())
+
+    def get(self, name: str) -> Service:
+        """The service ``name``; NotFoundError lists the services."""
+        return self._find(self._state(), name)
+
+    def __iter__(self) -> Iterator[Service]:
+        return iter(self.list())
+
+    def __len__(self) -> int:
+        return len(self._state().services)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._state().services
+
+    def _find(self, state: AgentState, name: str) -> Service:
+        try:
+            return state.services[name]
+        except KeyError:
+            have = ", ".join(state.services) or "none"
+            raise NotFoundError(f"service '{name}' not found in lab '{self.lab}' (services: {have})") from None
+
+    def lb(self, node: str) -> LbSnapshot:
+        """``node``'s three service maps as they are now (``labkit lb list NODE``)."""
+        self.topology.node(node)
+        try:
+            return LbSnapshot.of(*(self.maps.items(node, m) for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)),
+                                 cilium=self.cilium)
+        finally:
+            self.maps.close()
+
+    def maglev(self, name: str, node: str) -> dict[int, tuple[MaglevLut | None, MaglevLut | None]]:
+        """Service ``name``'s Maglev tables on ``node``: frontend id → (the table the BPF map
+        holds, the table :func:`labkit.maglev.lookup_table` computes for it). Either may be
+        None: no table in the map, or none expected (random algorithm, no active backend)."""
+        self.topology.node(node)
+        svc = self.get(name)
+        want = entries(AgentState(services={svc.name: svc}), self.topology, node, self.maglev_m, self.cilium)[MAGLEV_MAP]
+        try:
+            out = {}
+            for fe in svc.frontends:
+                key = Lb4RevNatKey.make(fe.id)
+                expected = want.get(bytes(key))
+                out[fe.id] = (self.maps.get(node, MAGLEV_MAP, key), expected[1] if expected else None)
+            return out
+        finally:
+            self.maps.close()
+
+    def lb_command(self, node: str) -> list[str]:
+        """The bpftool commands that show the same maps."""
+        if isinstance(self.maps, PinnedMaps):
+            return [f"bpftool map dump pinned {self.maps.path(node, m)}" for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)]
+        return [f"bpftool map dump pinned <{node} pins>/{m}" for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)]
+
+    # -- changing ------------------------------------------------------------------
+    def add(self, name: str, port: int, backends: Sequence["str | Backend"] = (), vip: str | None = None,
+            protocol: str = "TCP", affinity: int = 0, type: str = "ClusterIP", node_port: int | None = None,
+            lb_vip: str | None = None, etp: str = "Cluster", algorithm: str = "random") -> Service:
+        """Add a service ``name`` on ``port`` with ``backends`` (``'pod:port'``).
+
+        ``vip`` defaults to the next free address from 198.19.0.10; ``affinity`` is
+        the session affinity timeout in seconds (0: none). ``type`` is ``'ClusterIP'``,
+        ``'NodePort'`` (also a frontend ``nodeIP:node_port`` per node, ``node_port``
+        defaulting to the next free one from 30000) or ``'LoadBalancer'`` (a NodePort
+        plus ``lb_vip:port``, ``lb_vip`` defaulting to the next free one from 203.0.113.10).
+        Every frontend gets its own service id; ``Service.id`` is the ClusterIP one's.
+        ``etp`` is the externalTrafficPolicy of the NodePort and LoadBalancer frontends
+        (``'Cluster'``, or ``'Local'``: outside clients only reach backends on the node
+        they reached); ``algorithm`` how a new flow picks its backend (``'random'`` or
+        ``'maglev'``: a Maglev table per frontend in ``cilium_lb4_maglev``).
+        """
+        check_name(name)
+        type = check_type(name, type)
+        etp = check_choice(name, "externalTrafficPolicy", etp, TRAFFIC_POLICIES)
+        algorithm = check_choice(name, "algorithm", algorithm, ALGORITHMS)
+        if etp == "Local" and type == "ClusterIP":
+            raise ConfigError(f"service '{name}': externalTrafficPolicy Local given for a ClusterIP service; "
+                              f"expected type NodePort or LoadBalancer")
+        protocol = check_protocol(name, protocol)
+        check_port(f"service '{name}': port", port)
+        check_affinity(name, affinity)
+        parsed = self._check_backends(name, backends)
+        if vip is not None:
+            vip = check_vip(name, vip)
+        if node_port is not None:
+            if type == "ClusterIP":
+                raise ConfigError(f"service '{name}': node port {node_port!r} given for a ClusterIP service; "
+                                  f"expected type NodePort or LoadBalancer")
+            check_node_port(name, node_port)
+        if lb_vip is not None:
+            if type != "LoadBalancer":
+                raise ConfigError(f"service '{name}': LoadBalancer VIP {lb_vip!r} given for a {type} service; "
+                                  f"expected type LoadBalancer")
+            lb_vip = check_lb_vip(name, lb_vip)
+        with self.store.lock():
+            state = self._state()
+            if name in state.services:
+                old = state.services[name]
+                raise ConfigError(f"service '{name}' already exists in lab '{self.lab}' ({old.frontend}); "
+                                  f"expected a new name (`labkit service del {name}` removes it)")
+            if vip is None:
+                vip = self._free_vip(state)
+            if type != "ClusterIP":
+                if node_port is None:
+                    node_port = self._free_node_port(state, protocol, profile(self.cilium).has("lb_proto_keys"))
+                else:
+                    for other in state.services.values():
+                        if other.node_port == node_port and other.protocol == protocol:
+                            raise ConfigError(f"service '{name}': node port {node_port}/{protocol} is already "
+                                              f"service '{other.name}'; expected a node port no other "
+                                              f"{protocol} service uses")
+            if type == "LoadBalancer" and lb_vip is None:
+                lb_vip = self._free_lb_vip(state)
+            wanted = [("ClusterIP", vip, port)]
+            if type != "ClusterIP":
+                wanted += [("NodePort", n.ip, node_port) for n in self.topology.nodes]
+            if type == "LoadBalancer":
+                wanted.append(("LoadBalancer", lb_vip, port))
+            self._check_frontends_free(state, name, protocol, [(address, p) for _, address, p in wanted])
+            used = {i for s in state.services.values() for i in s.ids}
+            next_sid = state.next_service_id
+            frontends = []
+            for fe_type, address, p in wanted:
+                sid, next_sid = allocate(next_sid, used, MAX_SERVICE_ID, "service id")
+                used.add(sid)
+                frontends.append(Frontend(address, p, fe_type, sid))
+            svc = Service(name, vip, port, protocol, tuple(parsed), affinity, frontends[0].id, type,
+                          node_port or 0, lb_vip, tuple(frontends), etp, algorithm)
+            new, svc = state.with_service(svc, self.topology)
+            new = replace(new, next_service_id=next_sid)
+            self._commit(state, new, name, f"adding service '{name}'")
+        return svc
+
+    def remove(self, name: str) -> None:
+        """Remove service ``name`` from every node (head first, then slots, reverse NAT, backends)."""
+        with self.store.lock():
+            state = self._state()
+            svc = self._find(state, name)
+            new, _ = state.with_service(svc, self.topology, drop=name)
+            self._commit(state, new, name, f"removing service '{name}'")
+        self._forget_affinity(svc, {b.id for b in svc.backends})
+
+    def add_backend(self, name: str, backend: "str | Backend", state: str = "active") -> Service:
+        """Add one backend (``'pod:port'``) to service ``name``."""
+        check_state(name, state)
+        (be,) = self._check_backends(name, [backend])
+        be = replace(be, state=state)
+        with self.store.lock():
+            current = self._state()
+            svc = self._find(current, name)
+            if any((b.pod, b.port) == (be.pod, be.port) for b in svc.backends):
+                raise ConfigError(f"service '{name}': backend '{be.ref}' is already one of its backends")
+            return self._change(current, replace(svc, backends=svc.backends + (be,)), f"adding backend '{be.ref}'")
+
+    def remove_backend(self, name: str, backend: "str | Backend") -> Service:
+        """Take one backend out of service ``name`` (its id is freed once no service uses it)."""
+        with self.store.lock():
+            current = self._state()
+            svc = self._find(current, name)
+            gone = svc.backend(backend)
+            out = self._change(current, replace(svc, backends=tuple(b for b in svc.backends if b != gone)),
+                               f"removing backend '{gone.ref}'")
+        self._forget_affinity(svc, {gone.id})
+        return out
+
+    def set_backend_state(self, name: str, backend: "str | Backend", state: str) -> Service:
+        """Mark a backend ``'active'`` or ``'terminating'`` (moved after the count: no new connections)."""
+        check_state(name, state)
+        with self.store.lock():
+            current = self._state()
+            svc = self._find(current, name)
+            be = svc.backend(backend)
+            if be.state == state:
+                return svc
+            bes = tuple(replace(b, state=state) if b == be else b for b in svc.backends)
+            return self._change(current, replace(svc, backends=bes), f"setting backend '{be.ref}' {state}")
+
+    def flush(self) -> None:
+        """Remove every service, clear what is left in the LB maps (also the datapath's own
+        affinity and socket entries), and start ids from 1 again. ``lab.reset()`` calls this.
+        In iptables mode every node gets ``kube-proxy --cleanup`` instead: the next sync is full."""
+        with self.store.lock():
+            state = self._state()
+            state = self.writer.reset(state)
+            for name in list(state.services):
+                new, _ = state.with_service(state.services[name], self.topology, drop=name)
+                self._commit(state, new, name, f"removing service '{name}'")
+                state = new
+            try:
+                for node in self.topology.nodes:
+                    for map_name in LB_MAPS:
+                        try:
+                            self.maps.clear(node.name, map_name)
+                        except NotFoundError:  # a datapath without this map has nothing to clear
+                            pass
+            finally:
+                self.maps.close()
+            if self.store.load():
+                self.store.save(AgentState().to_json())
+
+    # -- internals -----------------------------------------------------------------
+    def _change(self, state: AgentState, svc: Service, what: str) -> Service:
+        new, svc = state.with_service(svc, self.topology)
+        self._commit(state, new, svc.name, f"{what} of service '{svc.name}'")
+        return svc
+
+    def _commit(self, old: AgentState, new: AgentState, name: str, what: str) -> None:
+        """Write the difference between two states with this agent's writer, then save ``new``."""
+        self.writer.commit(old, new, name, what, self.store.save)
+
+    def iptables(self, node: str, table: str = "nat") -> str:
+        """``node``'s ``table`` as kube-proxy mode left it (``iptables-save -t nat`` in its namespace)."""
+        self.topology.node(node)
+        return self.tables(node).save(table)
+
+    def _forget_affinity(self, svc: Service, backend_ids: set[int]) -> None:
+        """Drop clients' affinity to backends that left ``svc`` (best effort: it is a cache)."""
+        if not svc.affinity_timeout or not backend_ids:
+            return
+        try:
+            for node in self.topology.nodes:
+                for key, value in self.maps.items(node.name, AFFINITY_MAP):
+                    if key.rev_nat in svc.ids and value.backend_id in backend_ids:
+                        self.maps.delete(node.name, AFFINITY_MAP, key)
+        except (OSError, LabkitError):
+            pass
+        finally:
+            self.maps.close()
+
+    def _check_backends(self, name: str, backends: Sequence["str | Backend"]) -> list[Backend]:
+        if isinstance(backends, (str, Backend)):
+            backends = [backends]
+        out: list[Backend] = []
+        for spec in backends:
+            be = Backend.parse(spec, name)
+            try:
+                self.topology.pod(be.pod)
+            except NotFoundError as exc:
+                raise NotFoundError(f"service '{name}': backend '{be.ref}': {exc}") from None
+            check_port(f"service '{name}': backend '{be.ref}' port", be.port)
+            check_state(name, be.state)
+            if any((b.pod, b.port) == (be.pod, be.port) for b in out):
+                raise ConfigError(f"service '{name}': backend '{be.ref}' is listed twice; expected each once")
+            out.append(be)
+        return out
+
+    def _check_frontends_free(self, state: AgentState, name: str, protocol: str, wanted: list[tuple[str, int]]) -> None:
+        """ConfigError if one of ``wanted`` (address, port) would take another service's map key. On v1.16
+        every key carries protocol 0, so a VIP:port is one key whatever the protocol."""
+        proto_keys = profile(self.cilium).has("lb_proto_keys")
+        for other in state.services.values():
+            for fe in other.frontends:
+                for address, p in wanted:
+                    if (fe.address, fe.port) != (address, p):
+                        continue
+                    frontend = l4_key(address, p, protocol)
+                    if other.protocol == protocol:
+                        raise ConfigError(f"service '{name}': frontend {frontend} is already service "
+                                          f"'{other.name}'; expected a VIP:port/protocol no other service uses")
+                    if not proto_keys:
+                        raise ConfigError(
+                            f"service '{name}': frontend {frontend} would share its cilium_lb4_services_v2 key "
+                            f"with service '{other.name}' ({fe.l4(other.protocol)}): Cilium {self.cilium} writes "
+                            f"protocol 0 in every service key, so one VIP:port holds one service whatever its "
+                            f"protocol (keys per protocol came with 1.17, cilium/cilium#33434); expected another "
+                            f"VIP or port, or a lab of Cilium 1.20 (`labkit up --cilium 1.20`)")
+
+    def _free_node_port(self, state: AgentState, protocol: str, proto_keys: bool = True) -> int:
+        """The first node port no service of ``protocol`` uses (of any protocol without per-protocol keys)."""
+        used = {s.node_port for s in state.services.values() if s.protocol == protocol or not proto_keys}
+        for p in NODE_PORT_RANGE:
+            if p not in used:
+                return p
+        raise ConfigError(f"no free {protocol} node port left in {NODE_PORT_RANGE.start}-{NODE_PORT_RANGE.stop - 1}")
+
+    def _free_lb_vip(self, state: AgentState) -> str:
+        used = {s.lb_vip for s in state.services.values()}
+        ip = FIRST_LB_VIP
+        while ip in LB_RANGE and ip != LB_RANGE.broadcast_address:
+            if str(ip) not in used:
+                return str(ip)
+            ip += 1
+        raise ConfigError(f"no free LoadBalancer VIP left in {LB_RANGE} from {FIRST_LB_VIP}")
+
+    def _free_vip(self, state: AgentState) -> str:
+        used = {s.vip for s in state.services.values()}
+        ip = FIRST_VIP
+        while ip in CLUSTERIP_RANGE and ip != CLUSTERIP_RANGE.broadcast_address:
+            if str(ip) not in used:
+                return str(ip)
+            ip += 1
+        raise ConfigError(f"no free VIP left in the ClusterIP range {CLUSTERIP_RANGE} from {FIRST_VIP}")

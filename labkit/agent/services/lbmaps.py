@@ -1,0 +1,221 @@
+"""The eBPF way to write Services: every node's ``cilium_lb4_*`` maps, in a datapath-safe order.
+
+:class:`MapWriter` is where rows go (:class:`PinnedMaps` on a running lab, :class:`MemoryMaps`
+without a kernel); :class:`LbMapsWriter` turns a change of the agent's state into writes
+(:func:`labkit.agent.services.plan.plan`) and undoes them all if one fails (:class:`Txn`).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Callable, Iterable, Protocol
+
+from labkit.agent.services.ids import AgentState
+from labkit.agent.services.plan import Op, entries, plan
+from labkit.errors import DatapathError, LabkitError, NotFoundError
+from labkit.maglev import LAB_DEFAULT_M
+from labkit.maps.base import PinnedMap
+from labkit.maps.lb import LB_MAPS, MAGLEV_MAP, PinnedMaglev
+from labkit.net.topology import Topology
+
+__all__ = ["MapWriter", "PinnedMaps", "MemoryMaps", "Txn", "LbMapsWriter"]
+
+
+class MapWriter(Protocol):
+    """The map layer the agent writes through: a node's pinned LB maps, or a fake.
+
+    Keys and values are the ctypes types of :data:`labkit.maps.lb.LB_MAPS`.
+    """
+
+    def get(self, node: str, map_name: str, key) -> ctypes.Structure | None: ...
+    def update(self, node: str, map_name: str, key, value) -> None: ...
+    def delete(self, node: str, map_name: str, key) -> bool: ...
+    def items(self, node: str, map_name: str) -> list[tuple]: ...
+    def clear(self, node: str, map_name: str) -> int: ...
+    def close(self) -> None: ...
+
+
+class PinnedMaps:
+    """:class:`MapWriter` over the pinned maps of each node (``bpftool map update pinned …``).
+
+    Maps are opened on first use and closed by :meth:`close` (after every agent call).
+    """
+
+    def __init__(self, pin_dirs: dict[str, str], maglev_m: int = LAB_DEFAULT_M):
+        self.pin_dirs = dict(pin_dirs)
+        self.maglev_m = maglev_m
+        self._open: dict[tuple[str, str], object] = {}
+
+    def path(self, node: str, map_name: str) -> str:
+        return f"{self.pin_dirs[node]}/{map_name}"
+
+    def _map(self, node: str, map_name: str):
+        m = self._open.get((node, map_name))
+        if m is None and map_name == MAGLEV_MAP:
+            m = self._open[(node, map_name)] = PinnedMaglev(self.path(node, map_name), self.maglev_m)
+        if m is None:
+            key_type, value_type = LB_MAPS[map_name]
+            m = self._open[(node, map_name)] = PinnedMap(self.path(node, map_name), key_type, value_type)
+        return m
+
+    def get(self, node, map_name, key):
+        return self._map(node, map_name).get(key)
+
+    def update(self, node, map_name, key, value) -> None:
+        self._map(node, map_name)[key] = value
+
+    def delete(self, node, map_name, key) -> bool:
+        return self._map(node, map_name).delete(key)
+
+    def items(self, node, map_name) -> list[tuple]:
+        return self._map(node, map_name).items()
+
+    def clear(self, node, map_name) -> int:
+        return self._map(node, map_name).clear()
+
+    def close(self) -> None:
+        for m in self._open.values():
+            m.close()
+        self._open.clear()
+
+
+class MemoryMaps:
+    """:class:`MapWriter` into dictionaries, for examples and tests.
+
+    ``ops`` lists every update and delete in order (``'update node-a <map> <key>'``);
+    ``fail`` may be set to a callable ``(op, node, map_name, key)`` that raises,
+    to play a kernel that refuses a write.
+    """
+
+    def __init__(self, nodes: Iterable[str], maps: Iterable[str] = tuple(LB_MAPS)):
+        self.data: dict[str, dict[str, dict[bytes, bytes]]] = {n: {m: {} for m in maps} for n in nodes}
+        self.ops: list[str] = []
+        self.fail = None
+
+    def _table(self, node: str, map_name: str) -> dict[bytes, bytes]:
+        try:
+            return self.data[node][map_name]
+        except KeyError:
+            raise NotFoundError(f"pinned map {node}/{map_name} does not exist (is the lab up?)") from None
+
+    def get(self, node, map_name, key):
+        raw = self._table(node, map_name).get(bytes(key))
+        return None if raw is None else LB_MAPS[map_name][1].from_buffer_copy(raw)
+
+    def update(self, node, map_name, key, value) -> None:
+        table = self._table(node, map_name)
+        if self.fail is not None:
+            self.fail("update", node, map_name, key)
+        table[bytes(key)] = bytes(value)
+        self.ops.append(f"update {node} {map_name} {key}")
+
+    def delete(self, node, map_name, key) -> bool:
+        table = self._table(node, map_name)
+        if bytes(key) not in table:
+            return False
+        if self.fail is not None:
+            self.fail("delete", node, map_name, key)
+        del table[bytes(key)]
+        self.ops.append(f"delete {node} {map_name} {key}")
+        return True
+
+    def items(self, node, map_name) -> list[tuple]:
+        key_type, value_type = LB_MAPS[map_name]
+        return [(key_type.from_buffer_copy(k), value_type.from_buffer_copy(v))
+                for k, v in self._table(node, map_name).items()]
+
+    def clear(self, node, map_name) -> int:
+        table = self._table(node, map_name)
+        n = len(table)
+        table.clear()
+        return n
+
+    def close(self) -> None:
+        pass
+
+    def dump(self, node: str, map_name: str) -> dict[bytes, bytes]:
+        """A copy of one map's raw bytes (compare two to see that nothing changed)."""
+        return dict(self._table(node, map_name))
+
+
+
+
+class Txn:
+    """Writes with their undo: the value each key had before (None: absent)."""
+
+    def __init__(self, maps: MapWriter):
+        self.maps = maps
+        self.undo: list[tuple[str, str, object, object | None]] = []
+
+    def apply(self, node: str, op: Op) -> None:
+        prev = self.maps.get(node, op.map_name, op.key)
+        if op.value is None:
+            if prev is None:
+                return
+            self.maps.delete(node, op.map_name, op.key)
+        else:
+            self.maps.update(node, op.map_name, op.key, op.value)
+        self.undo.append((node, op.map_name, op.key, prev))
+
+    def rollback(self) -> list[str]:
+        """Put back what was there, newest write first; returns what could not be undone."""
+        problems = []
+        for node, map_name, key, prev in reversed(self.undo):
+            try:
+                if prev is None:
+                    self.maps.delete(node, map_name, key)
+                else:
+                    self.maps.update(node, map_name, key, prev)
+            except (OSError, LabkitError) as exc:
+                problems.append(f"{node} {map_name} {key}: {exc}")
+        self.undo.clear()
+        return problems
+
+
+class LbMapsWriter:
+    """Writes a change of the agent's state into every node's LB maps (the lab's ``service_mode`` 'ebpf')."""
+
+    mode = "ebpf"
+
+    def __init__(self, maps: MapWriter, topology: Topology, maglev_m: int, cilium: str,
+                 faults: Callable[[], list[str]]):
+        self.maps = maps
+        self.topology = topology
+        self.maglev_m = maglev_m
+        self.cilium = cilium
+        self.faults = faults
+
+    def reset(self, state: AgentState) -> AgentState:
+        """Before a flush: nothing to do; every service is then removed one by one."""
+        return state
+
+    def commit(self, old: AgentState, new: AgentState, name: str, what: str, save: Callable[[dict], None]) -> None:
+        """Write the difference between two states to every node, then ``save`` ``new``."""
+        was, now = old.services.get(name), new.services.get(name)
+        grow = now is not None and (was is None or len(now.active) >= len(was.active))
+        txn = Txn(self.maps)
+        node = op = None
+        # Nodes differ only for externalTrafficPolicy=Local: otherwise one plan serves every node.
+        per_node = any(s.etp == "Local" for st in (old, new) for s in st.services.values())
+        plans: dict[str | None, list[Op]] = {}
+        try:
+            for node in (n.name for n in self.topology.nodes):
+                which = node if per_node else None
+                if which not in plans:
+                    short = "lb-wrong-count" in self.faults()
+                    plans[which] = plan(entries(old, self.topology, node, self.maglev_m, self.cilium, short),
+                                        entries(new, self.topology, node, self.maglev_m, self.cilium, short), grow)
+                for op in plans[which]:
+                    txn.apply(node, op)
+            op = None
+            save(new.to_json())
+        except BaseException as exc:
+            problems = txn.rollback()
+            left = f"; could not undo: {'; '.join(problems)}" if problems else "; every map is as it was"
+            if isinstance(exc, OSError):
+                where = f"{op.map_name} on node '{node}'" if op is not None else f"the service list ({exc.filename})"
+                raise DatapathError(f"{what}: writing {where} failed ({exc.strerror or exc}){left}") from exc
+            if problems:
+                raise DatapathError(f"{what}: {exc}{left}") from exc
+            raise
+        finally:
+            self.maps.close()
