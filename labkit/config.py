@@ -21,13 +21,15 @@ from labkit.errors import ConfigError
 from labkit.release import DEFAULT_RELEASE, Profile, profile
 
 __all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LB_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
-           "VXLAN_PORT"]
+           "VXLAN_PORT", "SERVICE_MODES"]
 
 ROUTING_MODES = ("tunnel", "native")
 #: Socket LB: none; only the nodes' own processes (Cilium's socketLB.hostNamespaceOnly); pods too.
 SOCKET_LB_MODES = ("off", "hostns", "full")
 #: --bpf-lb-mode: how a node forwards outside traffic to a backend on another node.
 LB_MODES = ("snat", "dsr", "hybrid")
+#: Where Services live: the cilium_lb4_* maps, or kube-proxy's iptables on every node.
+SERVICE_MODES = ("ebpf", "iptables")
 #: --bpf-lb-maglev-table-size choices (prime); the default is Cilium's, 16381 (251 prints on a screen).
 MAGLEV_TABLE_SIZES = (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071)
 VXLAN_PORT = 8472  # Cilium's default tunnel port
@@ -140,7 +142,7 @@ class DatapathConfig:
         if self.maglev_table_size not in MAGLEV_TABLE_SIZES or isinstance(self.maglev_table_size, bool):
             raise ConfigError(f"Maglev table size: expected one of {', '.join(map(str, MAGLEV_TABLE_SIZES))}, "
                               f"got {self.maglev_table_size!r}")
-        if self.service_mode not in ("ebpf", "iptables"):
+        if self.service_mode not in SERVICE_MODES:
             raise ConfigError(f"service mode: expected ebpf or iptables, got {self.service_mode!r}")
         for name in ("gc_timer", "ct_accounting"):
             if not isinstance(getattr(self, name), bool):

@@ -50,15 +50,18 @@ from collections import Counter
 from dataclasses import fields
 
 from labkit import __version__
-from labkit.config import LB_MODES, MAGLEV_TABLE_SIZES, ROUTING_MODES, SOCKET_LB_MODES, CtTimeouts
-from labkit.agent.services import ALGORITHMS, TRAFFIC_POLICIES
+from labkit.agent.services.model import ALGORITHMS, PROTOCOLS, SERVICE_TYPES, STATES, TRAFFIC_POLICIES
+from labkit.config import LB_MODES, MAGLEV_TABLE_SIZES, ROUTING_MODES, SERVICE_MODES, SOCKET_LB_MODES, CtTimeouts
 from labkit.errors import LabkitError
 from labkit.maps.ct import CT_MAPS, list_text
 from labkit.release import DEFAULT_RELEASE, RELEASES, profile
 from labkit.agent.gc import SCAN_MODES
 from labkit.maps.config import AGENT_FAULTS, Fault
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "ON_OFF"]
+
+#: The values of a switch on the command line.
+ON_OFF = ("on", "off")
 
 DEFAULT_LAB = "demo"
 _LAB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")  # the rule of Topology.validate
@@ -148,13 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how a node hands outside traffic to a backend on another node: dsr (default: the "
                         "backend's node answers the client), snat (the reply comes back through the node) or "
                         "hybrid (DSR for TCP, SNAT for UDP)")
-    p.add_argument("--service-mode", choices=("ebpf", "iptables"), default=None,
+    p.add_argument("--service-mode", choices=SERVICE_MODES, default=None,
                    help="where Services live: ebpf (default, the cilium_lb4_* maps) or iptables (kube-proxy's nat "
                         "table in every node, Linux conntrack; the BPF programs still track pod traffic)")
     p.add_argument("--cilium", choices=RELEASES, default=None,
                    help=f"the Cilium release whose behaviour and output the lab reproduces (default "
                         f"{DEFAULT_RELEASE}); `labkit status` lists what differs")
-    p.add_argument("--ct-accounting", choices=("on", "off"), default=None,
+    p.add_argument("--ct-accounting", choices=ON_OFF, default=None,
                    help="count packets and bytes in CT entries (default off, as on a node: every row then "
                         "reads Packets=0 Bytes=0)")
     p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
@@ -216,10 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", default=[], metavar="POD:PORT",
                    help="a backend pod and its port, repeatable (none: the service drops its traffic)")
     p.add_argument("--vip", metavar="IP", help="the ClusterIP, from 198.19.0.0/16 (default: the next free from 198.19.0.10)")
-    p.add_argument("--protocol", type=str.upper, choices=("TCP", "UDP"), default="TCP", help="L4 protocol (default TCP)")
+    p.add_argument("--protocol", type=str.upper, choices=PROTOCOLS, default="TCP", help="L4 protocol (default TCP)")
     p.add_argument("--affinity", type=_count, default=0, metavar="SECONDS",
                    help="session affinity (ClientIP) timeout in seconds (default 0: none)")
-    p.add_argument("--type", dest="svc_type", default="ClusterIP", choices=("ClusterIP", "NodePort", "LoadBalancer"),
+    p.add_argument("--type", dest="svc_type", default="ClusterIP", choices=SERVICE_TYPES,
                    help="ClusterIP (default); NodePort adds a frontend NODE-IP:NODE-PORT per node; "
                         "LoadBalancer adds to those LB-VIP:PORT")
     p.add_argument("--node-port", type=int, metavar="N",
@@ -246,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "after the head's count, so it gets no new connections.")
     p.add_argument("name", metavar="NAME", help="the service")
     p.add_argument("backend", metavar="POD:PORT", help="one of its backends")
-    p.add_argument("--state", required=True, choices=("active", "terminating"), help="the new state")
+    p.add_argument("--state", required=True, choices=STATES, help="the new state")
     p.set_defaults(func=cmd_service_backend)
 
     lb = add("lb", "the load-balancing maps of a node").add_subparsers(
@@ -314,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_gc_status)
     p = gc.add_parser("timer", help="switch the GC timer on or off",
                       description="Switch the lab's GC timer on or off (off: only `gc run` collects).")
-    p.add_argument("state", choices=("on", "off"))
+    p.add_argument("state", choices=ON_OFF)
     p.set_defaults(func=cmd_gc_timer)
 
     p = add("trace", "flows seen by the datapath hooks, Hubble style")

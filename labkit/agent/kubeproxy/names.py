@@ -20,10 +20,11 @@ from __future__ import annotations
 import base64
 import hashlib
 
+from labkit.config import SERVICE_MODES
+
 __all__ = ["SERVICE_MODES", "NAMESPACE", "MASQ_MARK", "MASQ_VALUE", "SERVICE_CHAIN_PREFIXES", "port_name",
            "proto", "svc_chain", "svl_chain", "ext_chain", "sep_chain", "is_service_chain", "probability"]
 
-SERVICE_MODES = ("ebpf", "iptables")
 NAMESPACE = "default"
 #: --iptables-masquerade-bit 14 as NewProxier formats it: fmt.Sprintf("%#08x", 1<<14), eight digits after 0x
 MASQ_VALUE = f"{1 << 14:#010x}"
