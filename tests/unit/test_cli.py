@@ -6,6 +6,9 @@ replaced with a fake through monkeypatch.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import pytest
 
@@ -378,8 +381,8 @@ def test_exec_enters_namespace_and_execs(fake, monkeypatch):
         calls.append((file, argv))
         raise SystemExit(0)
 
-    monkeypatch.setattr(cli.os, "execvp", execvp)
-    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(os, "execvp", execvp)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
     with pytest.raises(SystemExit):
         cli.main(["exec", "a1", "--", "ping", "-c1", "198.18.2.11"])
     assert calls == [("lk-demo-a1", "/sys/fs/cgroup/labkit/demo/a1"), ("ping", ["ping", "-c1", "198.18.2.11"])]
@@ -392,12 +395,12 @@ def test_exec_enters_namespace_and_execs(fake, monkeypatch):
 def test_exec_missing_command_is_127(fake, monkeypatch, capsys):
     """exec of a command that does not exist prints an error and returns 127."""
     monkeypatch.setattr("labkit.net.netns.enter_process", lambda netns, cgroup=None: None)
-    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
 
     def execvp(file, argv):
         raise FileNotFoundError(2, "No such file or directory")
 
-    monkeypatch.setattr(cli.os, "execvp", execvp)
+    monkeypatch.setattr(os, "execvp", execvp)
     assert cli.main(["exec", "a1", "--", "no-such-command"]) == 127
     assert "no-such-command: command not found" in capsys.readouterr().err
 
@@ -441,7 +444,7 @@ def test_trace_follow_prints_new_flows_until_ctrl_c(fake, monkeypatch, capsys):
             return
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.time, "sleep", sleep)
+    monkeypatch.setattr(time, "sleep", sleep)
     assert cli.main(["trace", "--follow", "--json"]) == 0
     assert [json.loads(line)["ts_ns"] for line in capsys.readouterr().out.splitlines()] == [6, 7]
     assert sleeps[0] == pytest.approx(0.05)

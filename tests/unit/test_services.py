@@ -517,7 +517,7 @@ def fake_lab(monkeypatch):
     """`labkit` commands attach to an in-memory lab."""
     monkeypatch.delenv("LABKIT_LAB", raising=False)
     lab = _FakeLab()
-    monkeypatch.setattr(cli, "_attach", lambda args: lab)
+    monkeypatch.setattr(cli.common, "attach", lambda args: lab)
     return lab
 
 

@@ -1,0 +1,105 @@
+"""What every command group shares: the default lab, argument types, attaching to the lab,
+printing JSON and tables, and the --json / --show-command options."""
+from __future__ import annotations
+
+from dataclasses import fields
+import argparse
+import json
+import re
+
+from labkit.config import CtTimeouts
+from labkit.errors import LabkitError
+
+__all__ = ["ON_OFF", "DEFAULT_LAB", "LAB_NAME", "TIMEOUT_NAMES", "POLL", "CliError", "attach", "print_json",
+           "table", "lab_name", "ct_timeout", "count", "port", "output_options"]
+
+#: The values of a switch on the command line.
+ON_OFF = ("on", "off")
+
+DEFAULT_LAB = "demo"
+LAB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")  # the rule of Topology.validate
+TIMEOUT_NAMES = tuple(f.name for f in fields(CtTimeouts))
+POLL = 0.05
+
+
+# -- argument types ------------------------------------------------------------
+def lab_name(value: str) -> str:
+    if not LAB_NAME.match(value):
+        raise argparse.ArgumentTypeError(
+            f"lab name {value!r}: expected 1-24 characters of a-z, 0-9 and '-', starting with a letter or digit"
+        )
+    return value
+
+
+def ct_timeout(value: str) -> tuple[str, int]:
+    """``NAME=SECONDS`` → ``(NAME, SECONDS)``."""
+    name, sep, seconds = value.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or name not in TIMEOUT_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected NAME=SECONDS with NAME one of {', '.join(TIMEOUT_NAMES)}"
+        )
+    try:
+        secs = int(seconds.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: SECONDS must be a whole number, got {seconds!r}") from None
+    if not 1 <= secs <= 2**31:
+        raise argparse.ArgumentTypeError(f"{value!r}: SECONDS must be from 1 to 2^31, got {secs}")
+    return name, secs
+
+
+def count(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {n}")
+    return n
+
+
+def port(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {n}")
+    return n
+
+
+# -- helpers -------------------------------------------------------------------
+class CliError(LabkitError):
+    """An error the command line itself found."""
+
+
+def attach(args):
+    from labkit.lab import Lab
+
+    try:
+        return Lab.attach(args.lab)
+    except LabkitError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:  # lab.json unreadable (e.g. half-written)
+        raise CliError(
+            f"lab '{args.lab}': its state file is unreadable ({type(exc).__name__}: {exc}); "
+            f"`labkit --lab {args.lab} cleanup` removes what it created"
+        ) from None
+
+
+def print_json(data) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+
+def output_options(p: argparse.ArgumentParser, json_help: str, show_command: str | None = None) -> None:
+    """The options every listing shares: ``--json`` (what it prints as JSON) and, where the data has a real
+    command behind it, ``--show-command`` (print those commands first, as '# ' lines)."""
+    p.add_argument("--json", action="store_true", help=json_help)
+    if show_command is not None:
+        p.add_argument("--show-command", action="store_true", help=show_command)

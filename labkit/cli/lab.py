@@ -1,0 +1,251 @@
+"""The life of a lab: ``up``, ``down``, ``cleanup``, ``status``, ``doctor``, ``exec``."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+from collections import Counter
+
+from labkit.cli import common
+from labkit.cli.common import (
+    CliError,
+    ON_OFF,
+    TIMEOUT_NAMES,
+    count,
+    ct_timeout,
+    output_options,
+    print_json,
+    table,
+)
+from labkit.config import (
+    LB_MODES,
+    MAGLEV_TABLE_SIZES,
+    ROUTING_MODES,
+    SERVICE_MODES,
+    SOCKET_LB_MODES,
+    CtTimeouts,
+)
+from labkit.release import DEFAULT_RELEASE, RELEASES, profile
+
+__all__ = ["add_commands", "cmd_up", "cmd_down", "cmd_status", "cmd_doctor", "cmd_exec"]
+
+
+def add_commands(add) -> None:
+    """Add the lab commands to the parser (``add`` makes a subcommand)."""
+    p = add("up", "bring the lab up (attach to it if it is already up with the same options)")
+    p.add_argument("--routing", choices=ROUTING_MODES, default=None,
+                   help="how pod traffic crosses nodes: VXLAN tunnel (default) or native routing")
+    p.add_argument("--socket-lb", choices=SOCKET_LB_MODES, default=None,
+                   help="socket-level LB at connect(): off, hostns (nodes only, default) or full (pods too)")
+    p.add_argument("--ct-timeout", type=ct_timeout, action="append", default=[], metavar="NAME=SECONDS",
+                   help=f"set a CT lifetime, repeatable; NAME is one of {', '.join(TIMEOUT_NAMES)}")
+    p.add_argument("--lb-mode", choices=LB_MODES, default=None,
+                   help="how a node hands outside traffic to a backend on another node: dsr (default: the "
+                        "backend's node answers the client), snat (the reply comes back through the node) or "
+                        "hybrid (DSR for TCP, SNAT for UDP)")
+    p.add_argument("--service-mode", choices=SERVICE_MODES, default=None,
+                   help="where Services live: ebpf (default, the cilium_lb4_* maps) or iptables (kube-proxy's nat "
+                        "table in every node, Linux conntrack; the BPF programs still track pod traffic)")
+    p.add_argument("--cilium", choices=RELEASES, default=None,
+                   help=f"the Cilium release whose behaviour and output the lab reproduces (default "
+                        f"{DEFAULT_RELEASE}); `labkit status` lists what differs")
+    p.add_argument("--ct-accounting", choices=ON_OFF, default=None,
+                   help="count packets and bytes in CT entries (default off, as on a node: every row then "
+                        "reads Packets=0 Bytes=0)")
+    p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
+                   help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (fits on a screen) to "
+                        f"{MAGLEV_TABLE_SIZES[-1]}; default 16381, Cilium's")
+    p.set_defaults(func=cmd_up)
+
+    p = add("down", "remove everything the lab created, then check that nothing is left")
+    p.set_defaults(func=cmd_down)
+
+    p = add("cleanup", "tear down a lab whose process died (same as down; works with a broken lab.json)")
+    p.set_defaults(func=cmd_down)
+
+    p = add("status", "nodes, pods and addresses, datapath options, clock, faults and health")
+    output_options(p, "print Lab.status() as JSON")
+    p.set_defaults(func=cmd_status)
+
+    p = add("doctor", "check whether this machine can run a lab (exit 1 if a check fails)")
+    output_options(p, "print the checks as a JSON list")
+    p.set_defaults(func=cmd_doctor)
+
+    p = add("exec", "run a command inside a pod, node or external client: exec NAME -- CMD [ARG…]",
+            usage="labkit exec [-h] NAME -- CMD [ARG ...]")
+    p.add_argument("name", metavar="NAME", help="a pod (a1), node (node-a) or external client (ext)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments, after --")
+    p.set_defaults(func=cmd_exec)
+
+
+def cmd_up(args) -> int:
+    from labkit.config import DatapathConfig
+    from labkit.lab import Lab
+
+    changes = {}
+    if args.routing is not None:
+        changes["routing"] = args.routing
+    if args.socket_lb is not None:
+        changes["socket_lb"] = args.socket_lb
+    if args.ct_timeout:
+        changes["timeouts"] = dict(args.ct_timeout)
+    if args.lb_mode is not None:
+        changes["lb_mode"] = args.lb_mode
+    if args.maglev_table_size is not None:
+        changes["maglev_table_size"] = args.maglev_table_size
+    if args.service_mode is not None:
+        changes["service_mode"] = args.service_mode
+    if args.cilium is not None:
+        changes["cilium"] = args.cilium
+    if args.ct_accounting is not None:
+        changes["ct_accounting"] = args.ct_accounting == "on"
+    config = DatapathConfig().with_options(**changes)
+    print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
+    t0 = time.time()
+    lab = Lab.up(args.lab, config=config)
+    took = time.time() - t0
+    created = getattr(lab, "_state", {}).get("created")
+    reused = isinstance(created, (int, float)) and created < t0
+    topo = lab.topology
+    print(f"lab {lab.name} is up: {lab.config.routing} routing, LB mode {lab.config.lb_mode}, "
+          f"{'already running, attached' if reused else 'built'} in {took:.1f} s")
+    changed = {k: v for k, v in vars(lab.config.timeouts).items() if getattr(CtTimeouts(), k) != v}
+    if changed:
+        print("CT timeouts: " + ", ".join(f"{k}={v}s" for k, v in changed.items()) + " (others default)")
+    print("nodes:")
+    for row in table([[n.name, n.ip, f"pod CIDR {n.pod_cidr}"] for n in topo.nodes]):
+        print(f"  {row}")
+    print("pods:")
+    for row in table([[p.name, p.ip, f"on {p.node}"] for p in topo.pods]):
+        print(f"  {row}")
+    if topo.externals:
+        print("external clients:")
+        for row in table([[e.name, e.ip] for e in topo.externals]):
+            print(f"  {row}")
+    print("try next:")
+    if topo.pods:
+        src = topo.pods[0]
+        dst = next((p for p in topo.pods if p.node != src.node), topo.pods[-1])
+        print(f"  labkit --lab {lab.name} exec {src.name} -- ping -c1 {dst.ip}")
+        print(f"  labkit --lab {lab.name} ct list {src.node}")
+    print(f"  labkit --lab {lab.name} status")
+    print(f"  labkit --lab {lab.name} down")
+    return 0
+
+
+def cmd_down(args) -> int:
+    from labkit.lab import Lab
+
+    removed = Lab.cleanup(args.lab)
+    if removed:
+        counts = Counter(removed)
+        print(f"lab {args.lab}: removed " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())))
+    else:
+        print(f"lab {args.lab}: nothing was recorded to remove")
+    print(f"nothing of lab {args.lab} is left")
+    return 0
+
+
+def cmd_status(args) -> int:
+    lab = common.attach(args)
+    st = lab.status()
+    if args.json:
+        print_json(st)
+        return 0
+    timeouts = st["datapath"].get("timeouts", {})
+    clock = st["clock"]
+    head = [
+        ["lab", f"{st['lab']} ({st['status']})"],
+        ["routing", st["routing"]],
+        ["socket LB", st.get("socket_lb", "-")],
+        ["services", f"{st['datapath'].get('service_mode', 'ebpf')} "
+                     f"({'kube-proxy nat table, Linux conntrack' if st['datapath'].get('service_mode') == 'iptables' else 'cilium_lb4_* maps'})"],
+        ["LB mode", f"{st['datapath'].get('lb_mode', '-')} (Maglev tables of "
+                    f"{st['datapath'].get('maglev_table_size', '-')} slots)"],
+        ["Cilium", f"{st['datapath'].get('cilium', DEFAULT_RELEASE)} behaviour and output"],
+        ["CT accounting", "on (Packets/Bytes counted)" if st["datapath"].get("ct_accounting")
+                          else "off (as on a node: Packets=0 Bytes=0)"],
+        ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
+        ["CT GC", st.get("gc", "-")],
+        ["faults", ", ".join(st["faults"]) or "none"],
+        ["CT timeouts", " ".join(f"{k}={v}" for k, v in timeouts.items()) + " (seconds)"],
+        ["CT map sizes", f"tcp {st['datapath'].get('ct_tcp_size')}, any {st['datapath'].get('ct_any_size')}"],
+    ]
+    for row in table(head):
+        print(row)
+    print()
+    rows = [["NAME", "KIND", "ADDRESS", "WHERE", "NETNS"]]
+    for n in st["nodes"]:
+        rows.append([n["name"], "node", n["ip"], f"pods {n['pod_cidr']} via {n['router_ip']}", n["netns"]])
+    for p in st["pods"]:
+        rows.append([p["name"], "pod", p["ip"], f"on {p['node']} ({p['host_veth']}, identity {p['identity']})",
+                     p["netns"]])
+    for e in st["externals"]:
+        rows.append([e["name"], "external", e["ip"], "underlay", e["netns"]])
+    for row in table(rows):
+        print(row)
+    print()
+    release = st["datapath"].get("cilium", DEFAULT_RELEASE)
+    print(f"Cilium {release}: behaviours that changed between the releases labkit reproduces:")
+    for line in profile(release).lines():
+        print(textwrap.fill(line, width=100, initial_indent="  ", subsequent_indent="      "))
+    print()
+    print("where the lab differs from Cilium:")
+    for diff in st["lab_differences"]:
+        print(textwrap.fill(diff, width=100, initial_indent="  - ", subsequent_indent="    "))
+    if st["health"]:
+        print()
+        print(f"health problems ({len(st['health'])}); `labkit --lab {st['lab']} up` rebuilds the lab:")
+        for problem in st["health"]:
+            print(f"  - {problem}")
+    else:
+        print("health: ok")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from labkit.datapath.doctor import format_checks, run_checks
+
+    checks = run_checks()
+    if args.json:
+        print_json([c.to_json() for c in checks])
+    else:
+        print(format_checks(checks))
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def cmd_exec(args) -> int:
+    from labkit.net import netns as _netns
+
+    lab = common.attach(args)
+    netns = lab.topology.netns(args.name)  # NotFoundError lists the names
+    cgroup = lab.cgroup(args.name) if lab.topology.kind_of(args.name) == "pod" else None
+    cmd = args.cmd
+    try:
+        _netns.enter_process(netns, cgroup)
+    except FileNotFoundError as exc:
+        raise CliError(f"{args.name}: network namespace {netns} or its cgroup is gone ({exc.filename}); "
+                     f"`labkit --lab {lab.name} up` rebuilds the lab")
+    except PermissionError as exc:
+        raise CliError(f"{args.name}: cannot enter {netns} ({exc.strerror}); run labkit as root")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Python ignores SIGPIPE and SIGXFSZ; the command should get the defaults back.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvp(cmd[0], cmd)
+    except FileNotFoundError:
+        print(f"labkit: error: {cmd[0]}: command not found in {args.name}", file=sys.stderr)
+        return 127
+    except PermissionError as exc:
+        print(f"labkit: error: {cmd[0]}: cannot run ({exc.strerror})", file=sys.stderr)
+        return 126
+    except OSError as exc:
+        print(f"labkit: error: {cmd[0]}: {exc.strerror}", file=sys.stderr)
+        return 126
+    return 0  # not reached
