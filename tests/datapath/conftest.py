@@ -1,34 +1,18 @@
 """Datapath tests run on the real kernel, as root, with real packets.
 
 Labs are shared across tests and reset before each one (`lab.reset()` flushes
-CT state and the lab clock) so the suite stays within its time budget. In CI
-(CI=true) a test that would be skipped for lack of root or BPF fails instead:
-a green CI run means the kernel datapath ran.
+CT state and the lab clock) so the suite stays within its time budget. The CI gate
+(CI=true: fail instead of skip) is the root conftest's ``datapath_ready``.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
-
-from labkit.errors import LabkitError
 
 from labtag import tagged
 
-CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from .hostsnap import snapshot
+
 _HOST_BEFORE: dict = {}
-
-
-def _datapath_problem() -> str | None:
-    if os.geteuid() != 0:
-        return "datapath tests need root"
-    try:
-        from labkit.datapath.doctor import require_datapath
-
-        require_datapath()
-    except LabkitError as exc:
-        return str(exc)
-    return None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,14 +24,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _require_datapath():
-    problem = _datapath_problem()
-    if problem:
-        if CI:
-            pytest.fail(f"CI=true and the datapath cannot run: {problem}")
-        pytest.skip(problem)
-    from .hostsnap import snapshot
-
+def _require_datapath(datapath_ready):
+    """The datapath can run (the root conftest's gate); the host namespace is snapshot before any lab exists."""
     _HOST_BEFORE.update(snapshot())  # before any lab of this session exists
 
 

@@ -1,10 +1,18 @@
-"""The examples in labkit's docstrings run and give what they show."""
+"""The examples in labkit's docstrings run and give what they show: the one place doctests are collected."""
 from __future__ import annotations
 
 import doctest
 import importlib
 
 import pytest
+
+#: Modules whose examples need more than ELLIPSIS, and what.
+FLAGS = {name: doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE for name in (
+    "labkit.agent.kubeproxy", "labkit.agent.kubeproxy.names", "labkit.agent.kubeproxy.endpoints",
+    "labkit.agent.kubeproxy.rules", "labkit.agent.kubeproxy.sync", "labkit.agent.kubeproxy.conntrack",
+    "labkit.agent.kubeproxy._nfacct", "labkit.agent.kubeproxy.text")}
+#: Modules whose examples need the notebook extra.
+NEEDS = {"labkit.notebook.viz": ("matplotlib", "ipywidgets")}
 
 MODULES = [
     "labkit.net.topology",
@@ -25,13 +33,23 @@ MODULES = [
     "labkit.grading.answers",
     "labkit.grading.grade",
     "labkit.grading.jobs",
+    "labkit.maps.nat",
+    "labkit.notebook.viz",
+    "labkit.notebook.widgets",
+    "labkit.maglev",
+    "labkit.agent.gc",
+    "labkit._tabwriter",
+    "labkit.lab.session",
+    *FLAGS,
 ]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_doctests(name):
     """Every docstring example of the module passes (and there is at least one)."""
+    for extra in NEEDS.get(name, ()):
+        pytest.importorskip(extra)
     module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False, report=True)
+    result = doctest.testmod(module, optionflags=FLAGS.get(name, doctest.ELLIPSIS), verbose=False, report=True)
     assert result.attempted > 0, f"{name} has no doctest examples"
     assert result.failed == 0

@@ -15,7 +15,6 @@ the rewritten expectation, and each place says so.
 from __future__ import annotations
 
 import dataclasses
-import doctest
 import importlib
 import re
 import textwrap
@@ -620,9 +619,3 @@ def test_parse_conntrack_udp_and_flags():
     assert len(rows) == 1 and rows[0].state == "" and rows[0].flags == ("UNREPLIED",) and rows[0].dnat
 
 
-@pytest.mark.parametrize("module", ["", ".names", ".endpoints", ".rules", ".sync", ".conntrack", "._nfacct", ".text"])
-def test_doctests(module):
-    """The examples in labkit.agent.kubeproxy and its modules run and give what they show."""
-    mod = importlib.import_module("labkit.agent.kubeproxy" + module)
-    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 0 and result.failed == 0

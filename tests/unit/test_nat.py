@@ -2,7 +2,6 @@
 entry, the ``cilium-dbg bpf nat list`` line grammar, and ``labkit nat list``."""
 from __future__ import annotations
 
-import doctest
 import json
 import re
 import socket
@@ -165,12 +164,6 @@ def test_diff_nat_rows():
     assert d.lines() == [f"- {a_in.line()}", f"~ TCP OUT {POD}:{PP} -> {REMOTE}:{RP}: to_port {NP}→{NP + 1}"]
     assert diff_nat_rows([], [a_in]).lines() == [f"+ {a_in.line()}"]
     assert not diff_nat_rows([a_out], [out_row()])
-
-
-def test_doctests():
-    """The examples in labkit.maps.nat's docstrings run and give what they show."""
-    result = doctest.testmod(nat, optionflags=doctest.ELLIPSIS, verbose=False, report=True)
-    assert result.attempted > 0 and result.failed == 0
 
 
 # -- the map in the datapath build ----------------------------------------------

@@ -2,7 +2,6 @@
 and the ipywidgets CtTable around it (refresh, filters, timer thread, errors)."""
 from __future__ import annotations
 
-import doctest
 import random
 import threading
 from dataclasses import replace
@@ -247,12 +246,6 @@ def test_empty_dump():
 def test_time_render_measures():
     """time_render returns a median in seconds (its speed is for make bench, not asserted)."""
     assert 0 < time_render(50, runs=2) < 10
-
-
-def test_module_doctests():
-    """The examples in labkit.notebook.widgets' docstrings pass."""
-    result = doctest.testmod(widgets, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
 
 
 # -- CtTable ---------------------------------------------------------------------------------

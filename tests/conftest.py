@@ -1,0 +1,53 @@
+"""What every tier shares: the CI gate and the tier markers.
+
+A test under tests/datapath is marked ``datapath`` and one under tests/labs ``labs``, so
+``pytest -m "not datapath and not labs"`` runs what needs no root. Tests that need the
+kernel datapath ask for ``datapath_ready``: without root or BPF they skip, and with
+CI=true they fail instead, so a green CI run means the kernel datapath ran.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+_TIERS = {"datapath": "datapath", "labs": "labs"}  # directory under tests/ -> marker
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its tier (the directory it lives in under tests/)."""
+    here = Path(__file__).parent
+    for item in items:
+        try:
+            tier = Path(item.fspath).relative_to(here).parts[0]
+        except ValueError:
+            continue
+        if tier in _TIERS:
+            item.add_marker(getattr(pytest.mark, _TIERS[tier]))
+
+
+def _datapath_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "datapath and lab tests need root"
+    try:
+        from labkit.datapath.doctor import require_datapath
+        from labkit.errors import LabkitError
+    except ImportError as exc:
+        return f"labkit cannot be imported: {exc}"
+    try:
+        require_datapath()
+    except LabkitError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="session")
+def datapath_ready():
+    """Root and a working BPF datapath, or skip (fail when CI=true)."""
+    problem = _datapath_problem()
+    if problem:
+        if CI:
+            pytest.fail(f"CI=true and the datapath cannot run: {problem}")
+        pytest.skip(problem)
