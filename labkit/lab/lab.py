@@ -47,7 +47,7 @@ from labkit.release import BEHAVIOURS
 from labkit.errors import ConfigError, DatapathError, LabStateError, LabTimeoutError, NotFoundError
 from labkit.net.ledger import RUN_DIR, LabLock, Ledger, lab_dir
 from labkit.maps.base import PinnedMap
-from labkit.maps.config import AGENT_FAULTS, IMPLEMENTED_FAULTS, Fault, LabConfig, TraceMode
+from labkit.maps.config import AGENT_FAULTS, IMPLEMENTED_FAULTS, ConfigMaps, Fault, LabConfig, TraceMode
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
 from labkit.maps.nat import NAT_MAP, NatEntry, NatKey4, NatRow
 from labkit.net.topology import Topology
@@ -285,8 +285,7 @@ class Lab:
             for node, proc in loaders.items():
                 pin_dir = state["pin_dirs"][node]
                 agent.program_node(topology, node, config.routing, pin_dir, net["endpoints"][node])
-                with PinnedMap(f"{pin_dir}/labkit_config", _U32, LabConfig) as m:
-                    m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+                ConfigMaps([pin_dir]).write(LabConfig.initial())
                 proc.stdin.write("attach\n")
                 proc.stdin.flush()
             for node, proc in loaders.items():
@@ -529,11 +528,7 @@ class Lab:
         if not bit & IMPLEMENTED_FAULTS:
             raise ConfigError(f"fault '{name}': not acted on by this datapath yet; expected one of "
                               f"{', '.join(Fault.names(IMPLEMENTED_FAULTS))}")
-        for node in self.topology.nodes:
-            with self._config_map(node.name) as m:
-                cfg = m[_U32(0)]
-                cfg.faults = (cfg.faults | bit) if on else (cfg.faults & ~bit)
-                m[_U32(0)] = cfg
+        self._config.update(faults=lambda faults: (faults | bit) if on else (faults & ~bit))
         now_on = self.faults()
         JOURNAL.record(self.name, "fault", f"fault {name} {'on' if on else 'off'}", tuple(now_on), fault=name, on=on)
         return now_on
@@ -641,8 +636,7 @@ class Lab:
             pin = self.pin_dir(node.name)
             with PinnedMap(f"{pin}/{NAT_MAP}", NatKey4, NatEntry) as m:
                 m.clear()
-            with PinnedMap(f"{pin}/labkit_config", _U32, LabConfig) as m:
-                m[_U32(0)] = LabConfig(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+        self._config.write(LabConfig.initial())
         (lab_dir(self.name) / "faults.json").unlink(missing_ok=True)  # the agent's faults off too
         self.gc.restart()  # on the clock as it is now set back
         self._mark_trace_epoch()
@@ -797,19 +791,16 @@ class Lab:
         """The real command that shows the same rows."""
         return [f"bpftool map dump pinned {self.pin_dir(node)}/{NAT_MAP}"]
 
-    def _config_map(self, node: str) -> PinnedMap:
-        return PinnedMap(f"{self.pin_dir(node)}/labkit_config", _U32, LabConfig)
+    @property
+    def _config(self) -> ConfigMaps:
+        """Every node's ``labkit_config`` entry: clock offset, faults, trace mode."""
+        return ConfigMaps(self.pin_dir(n.name) for n in self.topology.nodes)
 
     def _read_clock_offset(self) -> int:
-        with self._config_map(self.topology.nodes[0].name) as m:
-            return m[_U32(0)].clock_offset
+        return self._config.read().clock_offset
 
     def _write_clock_offset(self, offset: int) -> None:
-        for node in self.topology.nodes:
-            with self._config_map(node.name) as m:
-                cfg = m[_U32(0)]
-                cfg.clock_offset = offset
-                m[_U32(0)] = cfg
+        self._config.update(clock_offset=offset)
 
     def trace_mode(self, mode: str | None = None) -> str:
         """Which packets the hooks report: ``'all'`` (the default), ``'drops'`` or ``'none'``
@@ -819,13 +810,8 @@ class Lab:
                 value = TraceMode[str(mode).upper()]
             except KeyError:
                 raise ConfigError(f"trace mode {mode!r}: expected one of all, drops, none") from None
-            for node in self.topology.nodes:
-                with self._config_map(node.name) as m:
-                    cfg = m[_U32(0)]
-                    cfg.trace_mode = value
-                    m[_U32(0)] = cfg
-        with self._config_map(self.topology.nodes[0].name) as m:
-            return TraceMode(m[_U32(0)].trace_mode).name.lower()
+            self._config.update(trace_mode=value)
+        return TraceMode(self._config.read().trace_mode).name.lower()
 
     def _gc_summary(self) -> str:
         st = self.gc.state()
@@ -834,8 +820,7 @@ class Lab:
 
     def faults(self) -> list[str]:
         """Names of the break-it faults switched on: the datapath's, then the agent's."""
-        with self._config_map(self.topology.nodes[0].name) as m:
-            return Fault.names(m[_U32(0)].faults) + self.agent_faults()
+        return Fault.names(self._config.read().faults) + self.agent_faults()
 
     def agent_faults(self) -> list[str]:
         """The agent's faults switched on (:data:`labkit.maps.config.AGENT_FAULTS`), read afresh each time: the
@@ -910,7 +895,3 @@ def _remove_shared_parents() -> None:
                 parent.rmdir()
         except OSError:
             pass
-
-
-class _U32(ctypes.c_uint32):
-    """Key of one-entry arrays."""

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import enum
+from typing import Callable, Iterable
 
-__all__ = ["LabConfig", "Fault", "TraceMode", "IMPLEMENTED_FAULTS", "AGENT_FAULTS"]
+from labkit.maps.base import PinnedMap
+
+__all__ = ["LabConfig", "Fault", "TraceMode", "IMPLEMENTED_FAULTS", "AGENT_FAULTS", "CONFIG_MAP", "ConfigMaps"]
+
+CONFIG_MAP = "labkit_config"
 
 
 class Fault(enum.IntFlag):
@@ -81,3 +86,46 @@ class LabConfig(ctypes.LittleEndianStructure):
         ("trace_mode", ctypes.c_uint32),
         ("pad", ctypes.c_uint32),
     ]
+
+    @classmethod
+    def initial(cls) -> "LabConfig":
+        """What a node starts with and returns to on reset: clock offset 0, no fault, trace everything."""
+        return cls(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+
+
+class _U32(ctypes.c_uint32):
+    """Key of one-entry arrays."""
+
+
+class ConfigMaps:
+    """The ``labkit_config`` entry of every node of a lab: read from the first node, written to all.
+
+    The one place its read-modify-write happens: ``update(clock_offset=120)`` sets a field everywhere,
+    ``update(faults=lambda f: f | bit)`` changes one from its current value.
+    """
+
+    def __init__(self, pin_dirs: Iterable[str]):
+        self.pin_dirs = list(pin_dirs)
+
+    def _map(self, pin_dir: str) -> PinnedMap:
+        return PinnedMap(f"{pin_dir}/{CONFIG_MAP}", _U32, LabConfig)
+
+    def read(self) -> LabConfig:
+        """The first node's entry (every node holds the same)."""
+        with self._map(self.pin_dirs[0]) as m:
+            return m[_U32(0)]
+
+    def write(self, value: LabConfig) -> None:
+        """Put ``value`` into every node's entry."""
+        for pin in self.pin_dirs:
+            with self._map(pin) as m:
+                m[_U32(0)] = value
+
+    def update(self, **changes: "int | Callable[[int], int]") -> None:
+        """Set fields on every node; a callable gets the field's current value and returns the new one."""
+        for pin in self.pin_dirs:
+            with self._map(pin) as m:
+                cfg = m[_U32(0)]
+                for name, change in changes.items():
+                    setattr(cfg, name, change(getattr(cfg, name)) if callable(change) else change)
+                m[_U32(0)] = cfg
