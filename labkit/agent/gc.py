@@ -30,9 +30,13 @@ GC uses its release's way (:func:`default_mode`) unless told otherwise.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import fcntl
+import json
 import os
+import socket
 import struct
 import time
 from dataclasses import asdict, dataclass
@@ -41,6 +45,9 @@ from labkit.datapath import bpf as _bpf
 from labkit.maps.base import batch_chunk, open_pinned
 from labkit.maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4, TupleFlags
 from labkit.maps.nat import NAT_MAP, NatEntry, NatKey4
+from labkit.net.ledger import Ledger, lab_dir
+from labkit.observe.evidence import JOURNAL
+from labkit.release import profile
 
 __all__ = ["START_INTERVAL", "MIN_INTERVAL", "MAX_INTERVAL", "SCAN_MODES", "default_mode", "next_interval",
            "MapScan", "GcRun", "collect_node", "flush_address", "fill_synthetic", "LabGc"]
@@ -63,8 +70,6 @@ def default_mode(release: str) -> str:
     >>> default_mode("1.16"), default_mode("1.20")
     ('per-entry', 'batch')
     """
-    from labkit.release import profile
-
     return "batch" if profile(release).has("gc_batch") else "per-entry"
 
 
@@ -276,8 +281,6 @@ def flush_address(pin_dir: str, ip: str) -> tuple[int, int]:
     """Delete every CT entry with ``ip`` as either address, and every NAT entry with it as an address or
     translation, from the maps pinned under ``pin_dir``: Cilium's GC of a removed endpoint.
     Returns (CT entries, NAT entries) deleted."""
-    import socket
-
     raw = socket.inet_aton(ip)
     ct_deleted = nat_deleted = 0
     for map_name in CT_MAPS:
@@ -342,14 +345,10 @@ class LabGc:
 
     @property
     def path(self):
-        from labkit.net.ledger import lab_dir
-
         return lab_dir(self.lab.name) / "gc.json"
 
     def state(self) -> dict:
         """``{"interval", "last_run", "timer", "runs": [...]}``; a lab that never collected starts at 5 min."""
-        import json
-
         try:
             data = json.loads(self.path.read_text())
         except (FileNotFoundError, ValueError):
@@ -361,10 +360,6 @@ class LabGc:
         return data
 
     def _save(self, data: dict) -> None:
-        import json
-
-        from labkit.net.ledger import Ledger
-
         if not self.path.exists():
             recorded = {e.get("path") for e in Ledger(self.lab.name).entries("file")}
             for p in (self.path, self.path.with_suffix(".tmp")):
@@ -375,11 +370,6 @@ class LabGc:
         os.replace(tmp, self.path)
 
     def _locked(self):
-        import contextlib
-        import fcntl
-
-        from labkit.net.ledger import lab_dir
-
         @contextlib.contextmanager
         def lock():
             fd = os.open(lab_dir(self.lab.name), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -423,8 +413,6 @@ class LabGc:
             st["interval"], st["last_run"] = run.next_interval, now
             st["runs"] = (st["runs"] + [run.to_json()])[-self.HISTORY:]
             self._save(st)
-        from labkit.observe.evidence import JOURNAL
-
         JOURNAL.record(self.lab.name, "gc", f"GC run at lab clock {now}", run, mode=mode, now=now)
         self.lab.note_change()
         return run

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from labkit.errors import ConfigError, NotFoundError
+from labkit.grading.checks import exercises_for
 
 __all__ = ["WrongAnswer", "KeyEntry", "answers_dirs", "key_path", "load_key", "lab_id", "rhs", "canonical",
            "format_key", "key_json"]
@@ -143,8 +144,6 @@ def canonical(answer: str) -> str:
 
 def key_json(lab: str) -> dict:
     """The key of ``lab`` with each exercise's title: what ``labkit answers --json`` prints."""
-    from labkit.grading.checks import exercises_for
-
     titles = {e.id: e.title for e in exercises_for(lab_id(lab))}
     return {"lab": lab_id(lab), "file": str(key_path(lab)),
             "exercises": [{"exercise": e.exercise, "title": titles.get(e.exercise, ""), "answer": e.answer,

@@ -12,6 +12,8 @@ import signal
 from pathlib import Path
 
 from labkit.net import netns as _netns
+from labkit.datapath import bpf as _bpf
+from labkit.datapath import tc
 from labkit.errors import CleanupError
 from labkit.net.ledger import Ledger, process_start_time, wait_gone
 
@@ -44,8 +46,6 @@ def _tc_filters(entries: list[dict]) -> None:
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
-    from labkit.datapath import tc
-
     by_ns: dict[str, list[dict]] = {}
     for e in entries:
         by_ns.setdefault(e["netns"], []).append(e)
@@ -72,8 +72,6 @@ def _tc_filters(entries: list[dict]) -> None:
 
 
 def _detach_cgroup_prog(e: dict) -> None:
-    from labkit.datapath import bpf as _bpf
-
     if not (os.path.exists(e["cgroup"]) and os.path.exists(e["pin"])):
         return
     cg = os.open(e["cgroup"], os.O_RDONLY | os.O_DIRECTORY)

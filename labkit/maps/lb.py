@@ -37,6 +37,8 @@ from typing import Iterable
 from labkit._tabwriter import CILIUM as _CILIUM_TABWRITER
 from labkit._tabwriter import tabwrite
 from labkit.errors import ConfigError
+from labkit.datapath import bpf as _bpf
+from labkit.maps.base import open_pinned
 from labkit.release import DEFAULT_RELEASE, profile
 
 __all__ = [
@@ -577,15 +579,11 @@ class PinnedMaglev:
     """
 
     def __init__(self, path: str, table_size: int):
-        from labkit.maps.base import open_pinned
-
         self.path = path
         self.table_size = table_size
         self.fd = open_pinned(path)
 
     def get(self, key: Lb4RevNatKey) -> MaglevLut | None:
-        from labkit.datapath import bpf as _bpf
-
         inner_id = ctypes.c_uint32()
         if not _bpf.lookup(self.fd, key, inner_id):
             return None
@@ -599,8 +597,6 @@ class PinnedMaglev:
             os.close(fd)
 
     def __setitem__(self, key: Lb4RevNatKey, lut: MaglevLut) -> None:
-        from labkit.datapath import bpf as _bpf
-
         if len(lut) != self.table_size:
             raise ConfigError(f"{self.path}: a Maglev table of {len(lut)} slots, expected {self.table_size} "
                               f"(the lab's maglev_table_size)")
@@ -613,13 +609,9 @@ class PinnedMaglev:
             os.close(fd)
 
     def delete(self, key: Lb4RevNatKey) -> bool:
-        from labkit.datapath import bpf as _bpf
-
         return _bpf.delete(self.fd, key)
 
     def items(self) -> list[tuple[Lb4RevNatKey, MaglevLut]]:
-        from labkit.datapath import bpf as _bpf
-
         keys = [Lb4RevNatKey.from_buffer_copy(k) for k in _bpf.all_keys(self.fd, ctypes.sizeof(Lb4RevNatKey))]
         return [(k, v) for k in keys if (v := self.get(k)) is not None]
 

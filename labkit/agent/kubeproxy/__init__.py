@@ -35,8 +35,8 @@ from labkit.errors import ConfigError
 from labkit.agent.kubeproxy.conntrack import ConntrackRow, parse_conntrack
 from labkit.agent.kubeproxy.endpoints import Endpoint, categorize, endpoints
 from labkit.agent.kubeproxy.names import MASQ_MARK, SERVICE_MODES, ext_chain, port_name, probability, sep_chain, svc_chain, svl_chain
-from labkit.agent.kubeproxy.rules import NodeOptions, Restore, nat_table, render
-from labkit.agent.kubeproxy.sync import (CANARY, JUMPS, KUBELET_JUMPS, Iptables, MemoryIptables, MemoryTables, NetnsIptables, cleanup,
+from labkit.agent.kubeproxy.rules import NodeOptions, Restore, render
+from labkit.agent.kubeproxy.sync import (nat_table, CANARY, JUMPS, KUBELET_JUMPS, Iptables, MemoryIptables, MemoryTables, NetnsIptables, cleanup,
                    restore, sync)
 from labkit.agent.kubeproxy.text import chains_in, diff_tables, parse_tables
 

@@ -46,7 +46,7 @@ from labkit.agent.kubeproxy.names import (
     svl_chain,
 )
 
-__all__ = ["NodeOptions", "Restore", "render", "nat_table", "NFACCT_INVALID", "NFACCT_LOCALHOST",
+__all__ = ["NodeOptions", "Restore", "render", "chain_line", "NFACCT_INVALID", "NFACCT_LOCALHOST",
            "FILTER_TOP", "NAT_TOP"]
 
 #: metrics.IPTablesCTStateInvalidDroppedNFAcctCounter and metrics.LocalhostNodePortAcceptedNFAcctCounter
@@ -95,7 +95,7 @@ class _Buffers:
         return "\n".join(lines) + "\n"
 
 
-def _chain_line(chain: str) -> str:
+def chain_line(chain: str) -> str:
     """utiliptables.MakeChainLine: declares (and, with --noflush, flushes) a chain."""
     return f":{chain} - [0:0]"
 
@@ -110,8 +110,8 @@ def render(services: Iterable, topology: Topology, node: str, options: NodeOptio
     chains of the services named in ``changed``). ``existing`` are the nat chains ``iptables-save`` shows
     now; those that look like kube-proxy's service chains and are no longer used get ``-X``."""
     b = _Buffers()
-    b.filter_chains += [_chain_line(c) for c in FILTER_TOP]
-    b.nat_chains += [_chain_line(c) for c in NAT_TOP]
+    b.filter_chains += [chain_line(c) for c in FILTER_TOP]
+    b.nat_chains += [chain_line(c) for c in NAT_TOP]
     _write_masquerade(b, options)
     if options.localhost_nodeports:
         _write_localnet_firewall(b)
@@ -122,7 +122,7 @@ def render(services: Iterable, topology: Topology, node: str, options: NodeOptio
         _write_service(b, svc, use, options, active, rewrite)
     deleted = tuple(sorted(c for c in set(existing) - active if is_service_chain(c)))
     for chain in deleted:
-        b.nat_chains.append(_chain_line(chain))  # declaring it flushes it; then it can go
+        b.nat_chains.append(chain_line(chain))  # declaring it flushes it; then it can go
         b.nat_rules.append(f"-X {chain}")
     _write_nodeports_jump(b, options)
     _write_forward(b, options)
@@ -140,7 +140,7 @@ def _write_masquerade(b: _Buffers, options: NodeOptions) -> None:
 
 def _write_localnet_firewall(b: _Buffers) -> None:
     """KUBE-FIREWALL (a copy of kubelet's): route_localnet must not let outsiders reach 127.0.0.0/8."""
-    b.filter_chains.append(_chain_line("KUBE-FIREWALL"))
+    b.filter_chains.append(chain_line("KUBE-FIREWALL"))
     b.filter_rules.append('-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" '
                           "-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP")
 
@@ -263,7 +263,7 @@ def _write_external(chains: list, rules: list, s: _Svc, options: NodeOptions, ac
     if not (s.use.has_any and externally_accessible(svc)):
         return
     ext = ext_chain(svc)
-    chains.append(_chain_line(ext))
+    chains.append(chain_line(ext))
     active.add(ext)
     if not external_policy_local(svc):
         rules.append(f"-A {ext} -m comment --comment {_q(f'masquerade traffic for {s.name} external destinations')} "
@@ -285,7 +285,7 @@ def _write_policy_chain(chains: list, rules: list, s: _Svc, chain: str, eps: tup
     """writeServiceToEndpointRules: affinity checks first, then one rule per endpoint, 1/n of what is left."""
     if not eps:
         return
-    chains.append(_chain_line(chain))
+    chains.append(chain_line(chain))
     active.add(chain)
     svc = s.svc
     if svc.affinity_timeout:
@@ -302,24 +302,9 @@ def _write_endpoint_chain(chains: list, rules: list, s: _Svc, ep, active: set, o
     """KUBE-SEP: mark hairpin traffic (the endpoint is its own client), remember the client for affinity, DNAT."""
     svc = s.svc
     sep = sep_chain(svc, str(ep))
-    chains.append(_chain_line(sep))
+    chains.append(chain_line(sep))
     active.add(sep)
     if options.self_masq:
         rules.append(f"-A {sep} -m comment --comment {s.name} -s {ep.ip} -j KUBE-MARK-MASQ")
     recent = f" -m recent --name {sep} --set" if svc.affinity_timeout else ""
     rules.append(f"-A {sep} -m comment --comment {s.name}{recent} {s.match} -j DNAT --to-destination {ep}")
-
-
-def nat_table(services: Iterable, topology: Topology, node: str | None = None,
-              options: NodeOptions = NodeOptions()) -> str:
-    """The whole ``nat`` table of a kube-proxy node after a full sync, built-in chains and their jumps
-    included: input for a flushing ``iptables-restore`` (what the bench times), not how kube-proxy syncs."""
-    from labkit.agent.kubeproxy.sync import CANARY, jumps_into
-
-    node = node or topology.nodes[0].name
-    full = render(services, topology, node, options).text
-    body = full[full.index("*nat\n") + 5:].splitlines()
-    declared = [line for line in body if line.startswith(":")]
-    head = ["*nat"] + [f":{c} ACCEPT [0:0]" for c in ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING")]
-    jumps = [j.rule() for j in jumps_into("nat")]
-    return "\n".join(head + [_chain_line(CANARY)] + declared + jumps + body[len(declared):]) + "\n"

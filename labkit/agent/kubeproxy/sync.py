@@ -39,14 +39,16 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Protocol
 
+from labkit.agent.kubeproxy import _nfacct
 from labkit.errors import DatapathError
+from labkit.net import netns as _netns
 from labkit.net.topology import Topology
 from labkit.agent.kubeproxy.names import is_service_chain
-from labkit.agent.kubeproxy.rules import NFACCT_INVALID, NFACCT_LOCALHOST, NodeOptions, Restore, render
+from labkit.agent.kubeproxy.rules import NFACCT_INVALID, NFACCT_LOCALHOST, NodeOptions, Restore, chain_line, render
 from labkit.agent.kubeproxy.text import chains_in
 
 __all__ = ["CANARY", "Jump", "JUMPS", "KUBELET_JUMPS", "jumps_into", "Iptables", "MemoryIptables", "MemoryTables",
-           "NetnsIptables", "sync", "setup", "cleanup", "chains_in", "restore", "NODE_SYSCTLS"]
+           "NetnsIptables", "sync", "setup", "cleanup", "chains_in", "restore", "NODE_SYSCTLS", "nat_table"]
 
 CANARY = "KUBE-PROXY-CANARY"
 CANARY_TABLES = ("mangle", "nat", "filter")
@@ -281,8 +283,6 @@ class NetnsIptables:
         self.netns = netns
 
     def _run(self, argv: list[str], text: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        from labkit.net import netns as _netns
-
         proc = subprocess.run(argv, input=text, text=True, capture_output=True,
                               preexec_fn=_netns.preexec(self.netns, None, new_session=False))
         if check and proc.returncode:
@@ -310,14 +310,9 @@ class NetnsIptables:
         self._run(["iptables", "-w", "-t", table, "-X", chain], check=False)
 
     def node_sysctls(self) -> None:
-        from labkit.net import netns as _netns
-
         _netns.sysctl(self.netns, NODE_SYSCTLS)
 
     def options(self) -> NodeOptions:
-        from labkit.net import netns as _netns
-        from labkit.agent.kubeproxy import _nfacct
-
         with _netns.entered(self.netns):
             with open("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal") as f:
                 liberal = f.read().strip() != "0"
@@ -329,3 +324,15 @@ def restore(netns: str, text: str) -> None:
     """A flushing ``iptables-restore`` of whole tables in namespace ``netns`` (what the bench times for
     :func:`labkit.agent.kubeproxy.nat_table`; the agent syncs with :func:`sync` instead)."""
     NetnsIptables(netns)._run(["iptables-restore", "-w"], text)
+
+def nat_table(services: Iterable, topology: Topology, node: str | None = None,
+              options: NodeOptions = NodeOptions()) -> str:
+    """The whole ``nat`` table of a kube-proxy node after a full sync, built-in chains and their jumps
+    included: input for a flushing ``iptables-restore`` (what the bench times), not how kube-proxy syncs."""
+    node = node or topology.nodes[0].name
+    full = render(services, topology, node, options).text
+    body = full[full.index("*nat\n") + 5:].splitlines()
+    declared = [line for line in body if line.startswith(":")]
+    head = ["*nat"] + [f":{c} ACCEPT [0:0]" for c in ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING")]
+    jumps = [j.rule() for j in jumps_into("nat")]
+    return "\n".join(head + [chain_line(CANARY)] + declared + jumps + body[len(declared):]) + "\n"
