@@ -61,6 +61,11 @@ class _U32(ctypes.Structure):
     _fields_ = [("value", ctypes.c_uint32)]
 
 
+def ip_of(be32: int) -> str:
+    """Dotted address of a __be32 as read from a map or trace record."""
+    return socket.inet_ntoa(be32.to_bytes(4, "little"))
+
+
 def pod_mac(pod) -> str:
     """A pod's eth0 MAC, made from its address (the lab's veths get random ones)."""
     last = [int(x) for x in pod.ip.split(".")]

@@ -102,7 +102,7 @@ class Parsed:
 
     dst_mac: str
     src_mac: str
-    ihl: int
+    ihl: int  #: header length in 32-bit words
     total_length: int
     proto: int
     src: str
@@ -120,7 +120,7 @@ def parse(frame: bytes) -> Parsed:
     """Decode an Ethernet/IPv4/TCP-or-UDP frame and check both checksums."""
     macs = [":".join(f"{b:02x}" for b in frame[i:i + 6]) for i in (0, 6)]
     ip = frame[14:]
-    ihl = (ip[0] & 0x0F) * 4
+    ihl = (ip[0] & 0x0F) * 4  # bytes
     total, proto = struct.unpack_from("!H", ip, 2)[0], ip[9]
     src, dst = socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20])
     l4 = ip[ihl:total]
@@ -128,5 +128,5 @@ def parse(frame: bytes) -> Parsed:
     flags = l4[13] if proto == IPPROTO_TCP else 0
     hlen = (l4[12] >> 4) * 4 if proto == IPPROTO_TCP else 8
     l4_ok = csum(_pseudo(src, dst, proto, len(l4)) + l4) == 0
-    return Parsed(macs[0], macs[1], ihl, total, proto, src, dst, bytes(ip[20:ihl]), sport, dport, flags,
+    return Parsed(macs[0], macs[1], ihl // 4, total, proto, src, dst, bytes(ip[20:ihl]), sport, dport, flags,
                   csum(ip[:ihl]) == 0, l4_ok, bytes(l4[hlen:]))

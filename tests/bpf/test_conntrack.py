@@ -102,7 +102,16 @@ def test_ack_sets_seen_non_syn_and_tcp_lifetime(native):
     assert row.flags == CtFlags.SEEN_NON_SYN
     assert row.tx_flags_seen == TcpFlags.SYN | TcpFlags.ACK
     assert_lifetime(row, before, after, TCP_LIFETIME)
-    assert row.packets == 3
+
+
+def test_accounting_counts_packets_and_bytes(native):
+    """With CONNTRACK_ACCOUNTING every packet that finds the entry, either way, adds 1 and its skb->len (frame included)."""
+    frames = [("cil_from_container", out_pkt(SYN)), ("cil_to_container", reply_pkt(SYN | ACK)),
+              ("cil_from_container", out_pkt(ACK))]
+    for hook, frame in frames:
+        native.run(hook, frame)
+    row = out_row(native)
+    assert (row.packets, row.bytes) == (3, sum(len(f) for _, f in frames))
 
 
 def test_fin_both_ways_closes_entry(native):
