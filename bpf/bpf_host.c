@@ -19,6 +19,7 @@
 #include "lib/parse.h"
 #include "lib/nodeport.h"
 #include "lib/trace.h"
+#include "lib/hook.h"
 
 /* A VXLAN packet between nodes: report it with its inner packet and let it
  * pass (cilium_vxlan's hooks see the inner packet). False if it is not one. */
@@ -41,16 +42,11 @@ int cil_from_netdev(struct __sk_buff *skb)
 	struct pkt4 p = {};
 	int ret;
 
-	ret = parse_eth_ipv4(skb, &p);
+	ret = hook_start(skb, HOOK_FROM_NETDEV, &p, &ev, true);
 	if (ret == PARSE_NOT_IPV4)
 		return TC_ACT_OK;
-	trace_init(&ev, skb, HOOK_FROM_NETDEV, &p);
 	if (ret < 0)
 		goto drop;
-	if (p.is_frag) {
-		ret = DROP_FRAG_NOSUPPORT;
-		goto drop;
-	}
 	if (trace_vxlan(skb, &p, &ev, p.saddr))
 		return TC_ACT_OK;
 
@@ -65,8 +61,7 @@ int cil_from_netdev(struct __sk_buff *skb)
 		goto drop;
 	if (ret > 0) {
 		trace_tuple_set(&ev.after, &p);
-		trace_emit(&ev, VERDICT_FORWARDED, 0);
-		return TC_ACT_OK;
+		return hook_forward(&ev);
 	}
 
 	ret = nodeport_lb4(skb, &p, &ev);
@@ -74,11 +69,9 @@ int cil_from_netdev(struct __sk_buff *skb)
 		goto drop;
 	if (ret == NP_FORWARD)
 		return nodeport_fwd(skb, &p, &ev);
-	trace_emit(&ev, VERDICT_FORWARDED, 0);
-	return TC_ACT_OK;
+	return hook_forward(&ev);
 drop:
-	trace_emit(&ev, VERDICT_DROPPED, ret);
-	return TC_ACT_SHOT;
+	return hook_drop(&ev, ret);
 }
 
 int cil_to_netdev(struct __sk_buff *skb)
@@ -87,10 +80,9 @@ int cil_to_netdev(struct __sk_buff *skb)
 	struct pkt4 p = {};
 	int ret;
 
-	ret = parse_eth_ipv4(skb, &p);
+	ret = hook_start(skb, HOOK_TO_NETDEV, &p, &ev, false);
 	if (ret == PARSE_NOT_IPV4)
 		return TC_ACT_OK;
-	trace_init(&ev, skb, HOOK_TO_NETDEV, &p);
 	if (ret < 0) {
 		/* The node's own malformed packet is the kernel's to judge: report, then pass. */
 		trace_emit(&ev, VERDICT_FORWARDED, ret);
@@ -99,18 +91,13 @@ int cil_to_netdev(struct __sk_buff *skb)
 	if (trace_vxlan(skb, &p, &ev, p.daddr))
 		return TC_ACT_OK;
 	/* The fault: the node has no route for its pods' traffic to another node. */
-	if (lab_fault(FAULT_NO_FIB) && lookup_endpoint4(p.saddr) && !lookup_endpoint4(p.daddr)) {
-		trace_emit(&ev, VERDICT_DROPPED, DROP_NO_FIB);
-		return TC_ACT_SHOT;
-	}
+	if (lab_fault(FAULT_NO_FIB) && lookup_endpoint4(p.saddr) && !lookup_endpoint4(p.daddr))
+		return hook_drop(&ev, DROP_NO_FIB);
 	if (!p.is_frag) {
 		ret = nodeport_rev_egress4(skb, &p, &ev);
-		if (ret < 0) {
-			trace_emit(&ev, VERDICT_DROPPED, ret);
-			return TC_ACT_SHOT;
-		}
+		if (ret < 0)
+			return hook_drop(&ev, ret);
 		trace_tuple_set(&ev.after, &p);
 	}
-	trace_emit(&ev, VERDICT_FORWARDED, 0);
-	return TC_ACT_OK;
+	return hook_forward(&ev);
 }

@@ -20,6 +20,7 @@
 #include "lib/lb.h"
 #include "lib/encap.h"
 #include "lib/trace.h"
+#include "lib/hook.h"
 
 /* Per-packet load balancing of a packet to a Service. Returns 0 (not a
  * service, or translated), or a DROP_* reason. On translation *rev_nat and
@@ -94,16 +95,11 @@ int cil_from_container(struct __sk_buff *skb)
 	__u32 identity;
 	int ret;
 
-	ret = parse_eth_ipv4(skb, &p);
+	ret = hook_start(skb, HOOK_FROM_CONTAINER, &p, &ev, true);
 	if (ret == PARSE_NOT_IPV4)
 		return TC_ACT_OK;
-	trace_init(&ev, skb, HOOK_FROM_CONTAINER, &p);
 	if (ret < 0)
 		goto drop;
-	if (p.is_frag) {
-		ret = DROP_FRAG_NOSUPPORT;
-		goto drop;
-	}
 	/* Only the pod's own address may leave its veth. */
 	ep = lookup_endpoint4(p.saddr);
 	if (!ep) {
@@ -158,11 +154,9 @@ int cil_from_container(struct __sk_buff *skb)
 		return bpf_redirect(VXLAN_IFINDEX, 0);
 	}
 #endif
-	trace_emit(&ev, VERDICT_FORWARDED, 0);
-	return TC_ACT_OK;
+	return hook_forward(&ev);
 drop:
-	trace_emit(&ev, VERDICT_DROPPED, ret);
-	return TC_ACT_SHOT;
+	return hook_drop(&ev, ret);
 }
 
 int cil_to_container(struct __sk_buff *skb)
@@ -174,16 +168,11 @@ int cil_to_container(struct __sk_buff *skb)
 	bool from_tunnel;
 	int ret;
 
-	ret = parse_eth_ipv4(skb, &p);
+	ret = hook_start(skb, HOOK_TO_CONTAINER, &p, &ev, true);
 	if (ret == PARSE_NOT_IPV4)
 		return TC_ACT_OK;
-	trace_init(&ev, skb, HOOK_TO_CONTAINER, &p);
 	if (ret < 0)
 		goto drop;
-	if (p.is_frag) {
-		ret = DROP_FRAG_NOSUPPORT;
-		goto drop;
-	}
 	ev.identity = ipcache_identity4(p.saddr);
 
 	/* Cilium's from-overlay tells the endpoint's program the packet came
@@ -230,9 +219,7 @@ int cil_to_container(struct __sk_buff *skb)
 			goto drop;
 		trace_tuple_set(&ev.after, &p);
 	}
-	trace_emit(&ev, VERDICT_FORWARDED, 0);
-	return TC_ACT_OK;
+	return hook_forward(&ev);
 drop:
-	trace_emit(&ev, VERDICT_DROPPED, ret);
-	return TC_ACT_SHOT;
+	return hook_drop(&ev, ret);
 }

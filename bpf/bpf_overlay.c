@@ -17,6 +17,7 @@
 #include "lib/encap.h"
 #include "lib/nodeport.h"
 #include "lib/trace.h"
+#include "lib/hook.h"
 
 int cil_from_overlay(struct __sk_buff *skb)
 {
@@ -25,10 +26,9 @@ int cil_from_overlay(struct __sk_buff *skb)
 	struct pkt4 p = {};
 	int ret;
 
-	ret = parse_eth_ipv4(skb, &p);
+	ret = hook_start(skb, HOOK_FROM_OVERLAY, &p, &ev, false);
 	if (ret == PARSE_NOT_IPV4)
 		return TC_ACT_OK;
-	trace_init(&ev, skb, HOOK_FROM_OVERLAY, &p);
 	if (bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) == 0) {
 		ev.tunnel_endpoint = lk_htonl(key.remote_ipv4);
 		ev.identity = key.tunnel_id;
@@ -42,11 +42,9 @@ int cil_from_overlay(struct __sk_buff *skb)
 		trace_tuple_set(&ev.after, &p);
 	bpf_skb_change_type(skb, PACKET_HOST);
 	skb->mark |= MARK_FROM_OVERLAY; /* for to-container: the IN entry gets FromTunnel */
-	trace_emit(&ev, VERDICT_FORWARDED, 0);
-	return TC_ACT_OK;
+	return hook_forward(&ev);
 drop:
-	trace_emit(&ev, VERDICT_DROPPED, ret);
-	return TC_ACT_SHOT;
+	return hook_drop(&ev, ret);
 }
 
 int cil_to_overlay(struct __sk_buff *skb)
@@ -56,10 +54,9 @@ int cil_to_overlay(struct __sk_buff *skb)
 	struct pkt4 p = {};
 	int ret;
 
-	ret = parse_eth_ipv4(skb, &p);
+	ret = hook_start(skb, HOOK_TO_OVERLAY, &p, &ev, false);
 	if (ret == PARSE_NOT_IPV4)
 		return TC_ACT_OK;
-	trace_init(&ev, skb, HOOK_TO_OVERLAY, &p);
 	if (ret < 0)
 		goto drop;
 	if (bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) == 0) {
@@ -73,9 +70,7 @@ int cil_to_overlay(struct __sk_buff *skb)
 		}
 		ev.identity = IDENTITY_HOST;
 	}
-	trace_emit(&ev, VERDICT_FORWARDED, 0);
-	return TC_ACT_OK;
+	return hook_forward(&ev);
 drop:
-	trace_emit(&ev, VERDICT_DROPPED, ret);
-	return TC_ACT_SHOT;
+	return hook_drop(&ev, ret);
 }

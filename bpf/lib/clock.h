@@ -5,7 +5,7 @@
 #ifndef LABKIT_CLOCK_H
 #define LABKIT_CLOCK_H
 
-#include "maps.h"
+#include "maps_lab.h"
 
 static __always_inline struct lab_config *lab_config_get(void)
 {

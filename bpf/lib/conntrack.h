@@ -13,7 +13,7 @@
 #ifndef LABKIT_CONNTRACK_H
 #define LABKIT_CONNTRACK_H
 
-#include "maps.h"
+#include "maps_ct.h"
 #include "clock.h"
 #include "parse.h"
 

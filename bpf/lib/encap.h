@@ -4,7 +4,7 @@
 #ifndef LABKIT_ENCAP_H
 #define LABKIT_ENCAP_H
 
-#include "maps.h"
+#include "maps_eps.h"
 #include "clock.h"
 
 static __always_inline struct remote_endpoint_info *ipcache_lookup4(__be32 addr)

@@ -10,7 +10,7 @@
 #ifndef LABKIT_LB_H
 #define LABKIT_LB_H
 
-#include "maps.h"
+#include "maps_lb.h"
 #include "clock.h"
 #include "parse.h"
 #include "conntrack.h"

@@ -13,7 +13,7 @@
 #ifndef LABKIT_NAT_H
 #define LABKIT_NAT_H
 
-#include "maps.h"
+#include "maps_nat.h"
 #include "clock.h"
 #include "lb.h"
 

@@ -21,7 +21,6 @@
 #ifndef LABKIT_NODEPORT_H
 #define LABKIT_NODEPORT_H
 
-#include "maps.h"
 #include "conntrack.h"
 #include "lb.h"
 #include "nat.h"

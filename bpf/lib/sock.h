@@ -9,7 +9,7 @@
 #ifndef LABKIT_SOCK_H
 #define LABKIT_SOCK_H
 
-#include "maps.h"
+#include "maps_lb.h"
 #include "clock.h"
 #include "lb.h"
 

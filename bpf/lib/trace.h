@@ -3,7 +3,7 @@
 #ifndef LABKIT_TRACE_H
 #define LABKIT_TRACE_H
 
-#include "maps.h"
+#include "maps_lab.h"
 #include "clock.h"
 #include "parse.h"
 

@@ -168,8 +168,8 @@ def test_diff_nat_rows():
 
 # -- the map in the datapath build ----------------------------------------------
 def test_map_is_defined_and_pinned():
-    """maps.h defines cilium_snat_v4_external, an LRU hash ipv4_ct_tuple → ipv4_nat_entry; nodes pin it."""
-    text = (BPF / "lib" / "maps.h").read_text()
+    """maps_nat.h defines cilium_snat_v4_external, an LRU hash ipv4_ct_tuple → ipv4_nat_entry; nodes pin it."""
+    text = (BPF / "lib" / "maps_nat.h").read_text()
     assert re.search(r'BPF_F_TABLE\("lru_hash", struct ipv4_ct_tuple, struct ipv4_nat_entry, '
                      r'cilium_snat_v4_external, NAT_MAP_SIZE, 0\);', text)
     assert '#include "nat_types.h"' in text

@@ -1,0 +1,92 @@
+"""BPF unit tier: node-a's compiled tc programs run on crafted frames with
+BPF_PROG_TEST_RUN — no namespace, no link, milliseconds per test (Cilium's
+bpf/tests do the same with its programs).
+
+Each build is compiled once per session (BCC takes seconds per compile); every
+test gets its node with the maps reset. In CI (CI=true) a test that would be
+skipped for lack of root or BPF fails instead, as in tests/datapath.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from labkit.errors import LabkitError
+
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _datapath_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "BPF unit tests need root"
+    try:
+        from labkit.doctor import require_datapath
+
+        require_datapath()
+    except LabkitError as exc:
+        return str(exc)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test of this directory carries the ``bpf`` marker, so ``-m bpf`` selects the tier."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if Path(str(item.fspath)).resolve().parent == here:
+            item.add_marker(pytest.mark.bpf)
+
+
+@pytest.fixture(scope="session")
+def _require_bpf():
+    problem = _datapath_problem()
+    if problem:
+        if CI:
+            pytest.fail(f"CI=true and the BPF unit tier cannot run: {problem}")
+        pytest.skip(problem)
+
+
+def _session_node(name: str):
+    from .harness import Node, compile_build
+
+    build = compile_build(name)
+    node = Node(name, build)
+    yield node
+    build.close()
+
+
+@pytest.fixture(scope="session")
+def _native(_require_bpf):
+    yield from _session_node("native")
+
+
+@pytest.fixture(scope="session")
+def _snat(_require_bpf):
+    yield from _session_node("snat")
+
+
+@pytest.fixture(scope="session")
+def _tunnel(_require_bpf):
+    yield from _session_node("tunnel")
+
+
+@pytest.fixture
+def native(_native):
+    """node-a, native routing, lb mode dsr, CT accounting on; maps reset, no fault."""
+    _native.reset()
+    return _native
+
+
+@pytest.fixture
+def snat(_snat):
+    """node-a's uplink programs in lb mode snat; maps reset, no fault."""
+    _snat.reset()
+    return _snat
+
+
+@pytest.fixture
+def tunnel(_tunnel):
+    """node-a in tunnel routing, otherwise labkit's defaults (no CT accounting); maps reset, no fault."""
+    _tunnel.reset()
+    return _tunnel
