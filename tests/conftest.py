@@ -1,7 +1,7 @@
 """What every tier shares: the CI gate and the tier markers.
 
-A test under tests/datapath is marked ``datapath`` and one under tests/labs ``labs``, so
-``pytest -m "not datapath and not labs"`` runs what needs no root. Tests that need the
+A test under tests/datapath is marked ``datapath``, one under tests/bpf ``bpf`` and one under
+tests/labs ``labs``, so ``pytest -m "not datapath and not bpf and not labs"`` runs what needs no root. Tests that need the
 kernel datapath ask for ``datapath_ready``: without root or BPF they skip, and with
 CI=true they fail instead, so a green CI run means the kernel datapath ran.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-_TIERS = {"datapath": "datapath", "labs": "labs"}  # directory under tests/ -> marker
+_TIERS = {"datapath": "datapath", "bpf": "bpf", "labs": "labs"}  # directory under tests/ -> marker
 
 
 def pytest_collection_modifyitems(config, items):

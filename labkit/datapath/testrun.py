@@ -12,9 +12,9 @@ programs the same way, and labkit's ``tests/bpf`` tier does too.
 
 Programs come from :class:`TestBuild`: the node's translation unit exactly as
 ``labkit.datapath.loader`` compiles it (same text, same ``-D`` macros), loaded
-but never attached, with every map reachable by name as a
-:class:`LoadedMap` (a :class:`~labkit.maps.base.PinnedMap` over the fd BCC
-holds, so the labkit map types read and write it)::
+but never attached, with every map's fd reachable by name (wrap it in
+``labkit.maps.base.PinnedMap.from_fd`` to read and write it with labkit's
+map types)::
 
     build = TestBuild.compile(node_build(topo, DatapathConfig(routing="native"), "node-a"))
     run = build.run("cil_from_container", packet)       # -> TestRun(retval, data, duration)
@@ -30,9 +30,8 @@ import os
 import struct
 from dataclasses import dataclass, field
 
-from .. import _bpf
+from . import bpf as _bpf
 from ..errors import DatapathError
-from ..maps.base import PinnedMap
 from .source import NodeBuild
 
 __all__ = [
@@ -43,7 +42,6 @@ __all__ = [
     "SkBuff",
     "TestRun",
     "prog_test_run",
-    "LoadedMap",
     "TestBuild",
     "sock_addr_test_run_supported",
 ]
@@ -148,29 +146,6 @@ def prog_test_run(prog_fd: int, data_in: bytes, repeat: int = 1, ctx: SkBuff | N
     return TestRun(ctypes.c_int32(retval).value, out.raw[:size_out], duration, ctx_after)
 
 
-class LoadedMap(PinnedMap):
-    """A map of a loaded (unpinned) program, as a :class:`PinnedMap` over its own copy of the fd."""
-
-    def __init__(self, fd: int, key_type, value_type, name: str = ""):
-        self.path = f"(fd {fd}{' ' + name if name else ''})"
-        self.key_type = key_type
-        self.value_type = value_type
-        self.fd = os.dup(fd)
-        info = _bpf.map_info(self.fd)
-        self.name = info.name.decode()
-        self.max_entries = info.max_entries
-        self.map_type = info.type
-        if (info.key_size, info.value_size) != (ctypes.sizeof(key_type), ctypes.sizeof(value_type)):
-            os.close(self.fd)
-            raise DatapathError(
-                f"map {name}: key/value sizes {info.key_size}/{info.value_size} bytes, expected "
-                f"{ctypes.sizeof(key_type)}/{ctypes.sizeof(value_type)} for {key_type.__name__}/{value_type.__name__}"
-            )
-
-    def command(self) -> str:
-        return f"bpftool map dump name {self.name}"
-
-
 class TestBuild:
     """One node's datapath compiled by BCC and loaded, not attached: programs to test-run, maps to fill."""
 
@@ -207,10 +182,6 @@ class TestBuild:
     def map_fd(self, name: str) -> int:
         """The fd of map ``name`` (BCC's table)."""
         return self.bpf[name.encode()].map_fd
-
-    def map(self, name: str, key_type, value_type) -> LoadedMap:
-        """Map ``name`` with labkit's key and value types (close it, or use it in ``with``)."""
-        return LoadedMap(self.map_fd(name), key_type, value_type, name)
 
     def clear_maps(self, names) -> None:
         """Empty the hash maps ``names`` (an array map cannot be emptied: write its entries instead)."""

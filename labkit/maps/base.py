@@ -50,11 +50,27 @@ def open_pinned(path: str) -> int:
 class PinnedMap(Generic[K, V]):
     """A pinned map whose keys and values are the given ctypes structures."""
 
+    _by_name = False  # opened from an fd (from_fd), not a pin
+
     def __init__(self, path: str, key_type: type[K], value_type: type[V]):
+        self._adopt(open_pinned(path), path, key_type, value_type)
+
+    @classmethod
+    def from_fd(cls, fd: int, key_type: type[K], value_type: type[V], name: str = "") -> "PinnedMap[K, V]":
+        """The map behind ``fd`` (an unpinned map, e.g. a loaded program's), over its own copy of the fd.
+
+        Its :meth:`command` names it by map name, as nothing is pinned.
+        """
+        self = cls.__new__(cls)
+        self._by_name = True
+        self._adopt(os.dup(fd), f"(fd {fd}{' ' + name if name else ''})", key_type, value_type)
+        return self
+
+    def _adopt(self, fd: int, path: str, key_type: type[K], value_type: type[V]) -> None:
         self.path = path
         self.key_type = key_type
         self.value_type = value_type
-        self.fd = open_pinned(path)
+        self.fd = fd
         info = _bpf.map_info(self.fd)
         self.name = info.name.decode()
         self.max_entries = info.max_entries
@@ -62,7 +78,7 @@ class PinnedMap(Generic[K, V]):
         if (info.key_size, info.value_size) != (ctypes.sizeof(key_type), ctypes.sizeof(value_type)):
             os.close(self.fd)
             raise DatapathError(
-                f"pinned map {path}: key/value sizes {info.key_size}/{info.value_size} bytes, expected "
+                f"{'map' if self._by_name else 'pinned map'} {path}: key/value sizes {info.key_size}/{info.value_size} bytes, expected "
                 f"{ctypes.sizeof(key_type)}/{ctypes.sizeof(value_type)} for {key_type.__name__}/{value_type.__name__}"
             )
 
@@ -165,4 +181,6 @@ class PinnedMap(Generic[K, V]):
 
     def command(self) -> str:
         """The real tool that shows this map."""
+        if self._by_name:
+            return f"bpftool map dump name {self.name}"
         return f"bpftool map dump pinned {self.path}"

@@ -4,47 +4,16 @@ bpf/tests do the same with its programs).
 
 Each build is compiled once per session (BCC takes seconds per compile); every
 test gets its node with the maps reset. In CI (CI=true) a test that would be
-skipped for lack of root or BPF fails instead, as in tests/datapath.
+skipped for lack of root or BPF fails instead (the gate in tests/conftest.py).
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-
-from labkit.errors import LabkitError
-
-CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def _datapath_problem() -> str | None:
-    if os.geteuid() != 0:
-        return "BPF unit tests need root"
-    try:
-        from labkit.doctor import require_datapath
-
-        require_datapath()
-    except LabkitError as exc:
-        return str(exc)
-    return None
-
-
-def pytest_collection_modifyitems(config, items):
-    """Every test of this directory carries the ``bpf`` marker, so ``-m bpf`` selects the tier."""
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if Path(str(item.fspath)).resolve().parent == here:
-            item.add_marker(pytest.mark.bpf)
 
 
 @pytest.fixture(scope="session")
-def _require_bpf():
-    problem = _datapath_problem()
-    if problem:
-        if CI:
-            pytest.fail(f"CI=true and the BPF unit tier cannot run: {problem}")
-        pytest.skip(problem)
+def _require_bpf(datapath_ready):
+    """Root and BPF (tests/conftest.py's CI gate)."""
 
 
 def _session_node(name: str):

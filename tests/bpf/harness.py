@@ -14,12 +14,13 @@ import ctypes
 import socket
 from dataclasses import dataclass, replace
 
-from labkit import _bpf
-from labkit.agent import ipcache_entries
+from labkit.datapath import bpf as _bpf
+from labkit.agent.endpoints import ipcache_entries
 from labkit.clock import mono_seconds
 from labkit.config import DatapathConfig
 from labkit.datapath.source import node_build
 from labkit.datapath.testrun import SkBuff, TestBuild
+from labkit.maps.base import PinnedMap
 from labkit.maps.config import LabConfig, TraceMode
 from labkit.maps.ct import CT_MAPS, CtKey4, CtEntry, CtRow
 from labkit.maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
@@ -34,8 +35,8 @@ from labkit.maps.lb import (
     MaglevLut,
 )
 from labkit.maps.nat import NatEntry, NatKey4, NatRow
-from labkit.topology import Topology
-from labkit.trace import TraceEvent
+from labkit.net.topology import Topology
+from labkit.observe.trace import TraceEvent
 
 from . import packets
 
@@ -125,14 +126,18 @@ class Node:
         self.config = BUILDS[name][0]
         self._ring = _bpf.RingBuffer(build.map_fd("labkit_events"))
 
+    def map(self, name: str, key_type, value_type) -> PinnedMap:
+        """Map ``name`` of this build with labkit's key and value types (use it in ``with``)."""
+        return PinnedMap.from_fd(self.build.map_fd(name), key_type, value_type, name)
+
     # -- state -------------------------------------------------------------
     def reset(self, faults: int = 0, clock_offset: int = 0) -> None:
         """Empty CT, NAT and Service maps, write node-a's endpoints and ipcache, set the faults."""
         self.build.clear_maps(_STATE_MAPS)
-        with self.build.map("cilium_lxc", EndpointKey, EndpointInfo) as lxc:
+        with self.map("cilium_lxc", EndpointKey, EndpointInfo) as lxc:
             for i, pod in enumerate(TOPO.pods_on(NODE), start=1):
                 lxc[EndpointKey.for_ip(pod.ip)] = EndpointInfo.make(100 + i, i, pod_mac(pod), GW_MAC, pod.identity)
-        with self.build.map("cilium_ipcache", IpcacheKey, RemoteEndpointInfo) as ipc:
+        with self.map("cilium_ipcache", IpcacheKey, RemoteEndpointInfo) as ipc:
             for key, info in ipcache_entries(TOPO, NODE, self.config.routing):
                 ipc[key] = info
         self.set_config(faults=faults, clock_offset=clock_offset)
@@ -140,12 +145,12 @@ class Node:
 
     def set_config(self, faults: int = 0, clock_offset: int = 0) -> None:
         """Write ``labkit_config`` (trace everything)."""
-        with self.build.map("labkit_config", _U32, LabConfig) as m:
+        with self.map("labkit_config", _U32, LabConfig) as m:
             m[_U32(0)] = LabConfig(clock_offset=clock_offset, faults=int(faults), trace_mode=TraceMode.ALL)
 
     @property
     def faults(self) -> int:
-        with self.build.map("labkit_config", _U32, LabConfig) as m:
+        with self.map("labkit_config", _U32, LabConfig) as m:
             return m[_U32(0)].faults
 
     def drain(self) -> list:
@@ -159,14 +164,14 @@ class Node:
         the counted ones. ``maglev``: the service's lookup table (backend id per slot)."""
         active = sum(1 for b in backends if b[3] == BackendState.ACTIVE)
         head = Lb4Key.make(vip, port, 0)
-        with self.build.map("cilium_lb4_services_v2", Lb4Key, Lb4Service) as svc:
+        with self.map("cilium_lb4_services_v2", Lb4Key, Lb4Service) as svc:
             svc[head] = Lb4Service.head(active if count is None else count, service_id, flags)
             for slot, (bid, _, _, _) in enumerate(backends, start=1):
                 svc[head.with_slot(slot)] = Lb4Service.slot(bid, service_id)
-        with self.build.map("cilium_lb4_backends_v3", Lb4BackendKey, Lb4Backend) as be:
+        with self.map("cilium_lb4_backends_v3", Lb4BackendKey, Lb4Backend) as be:
             for bid, ip, bport, state in backends:
                 be[Lb4BackendKey(bid)] = Lb4Backend.make(ip, bport, 0, state)
-        with self.build.map("cilium_lb4_reverse_nat", Lb4RevNatKey, Lb4ReverseNat) as rn:
+        with self.map("cilium_lb4_reverse_nat", Lb4RevNatKey, Lb4ReverseNat) as rn:
             rn[Lb4RevNatKey.make(service_id)] = Lb4ReverseNat.make(vip, port)
         if maglev is not None:
             lut = bytes(MaglevLut(maglev))
@@ -191,7 +196,7 @@ class Node:
         """Every CT row of both maps."""
         rows = []
         for name in CT_MAPS:
-            with self.build.map(name, CtKey4, CtEntry) as m:
+            with self.map(name, CtKey4, CtEntry) as m:
                 rows += [CtRow.of(k, v, name) for k, v in m.items()]
         return rows
 
@@ -206,13 +211,13 @@ class Node:
 
     def nat(self) -> list[NatRow]:
         """Every NAT row."""
-        with self.build.map("cilium_snat_v4_external", NatKey4, NatEntry) as m:
+        with self.map("cilium_snat_v4_external", NatKey4, NatEntry) as m:
             return [NatRow.of(k, v) for k, v in m.items()]
 
     def nat_entry(self, src: str, sport: int, dst: str, dport: int, proto: int = socket.IPPROTO_TCP,
                   direction: int = 0) -> NatEntry | None:
         """The NAT entry keyed by the packet ``src:sport -> dst:dport`` (OUT=0, IN=1), or None."""
-        with self.build.map("cilium_snat_v4_external", NatKey4, NatEntry) as m:
+        with self.map("cilium_snat_v4_external", NatKey4, NatEntry) as m:
             return m.get(NatKey4.make(src, dst, sport, dport, proto, direction))
 
     @staticmethod

@@ -7,7 +7,8 @@ import errno
 
 import pytest
 
-from labkit.datapath.testrun import TC_ACT_OK, LoadedMap, SkBuff, prog_test_run
+from labkit.datapath.testrun import TC_ACT_OK, SkBuff, prog_test_run
+from labkit.maps.base import PinnedMap
 from labkit.errors import DatapathError
 from labkit.maps.ct import CtEntry, CtKey4
 
@@ -42,9 +43,10 @@ def test_refused_context_raises_oserror(native):
     assert info.value.errno == errno.EINVAL
 
 
-def test_loaded_map_checks_sizes(native):
-    """A LoadedMap refuses key/value types whose sizes differ from the map's."""
-    with native.build.map("cilium_ct4_global", CtKey4, CtEntry) as m:
+def test_map_from_fd_checks_sizes(native):
+    """PinnedMap.from_fd reads a loaded program's map and refuses key/value types whose sizes differ from it."""
+    with native.map("cilium_ct4_global", CtKey4, CtEntry) as m:
         assert m.items() == []
+        assert m.command() == "bpftool map dump name cilium_ct4_glob"  # the kernel keeps 15 bytes of a name
     with pytest.raises(DatapathError):
-        LoadedMap(native.build.map_fd("cilium_ct4_global"), CtEntry, CtKey4, "cilium_ct4_global")
+        PinnedMap.from_fd(native.build.map_fd("cilium_ct4_global"), CtEntry, CtKey4, "cilium_ct4_global")
