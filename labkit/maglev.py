@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 from typing import Iterable
 
+from labkit.addr import be32
 from labkit.errors import ConfigError
 from labkit.release import profile
 
@@ -396,7 +396,7 @@ def flow_hash(src: str, sport: int, dport: int, proto: int, seed: int = FLOW_HAS
     >>> flow_hash("198.51.100.100", 40000, 80, 6) == flow_hash("198.51.100.100", 40000, 80, 6)
     True
     """
-    saddr = int.from_bytes(ipaddress.IPv4Address(src).packed, "little")
+    saddr = be32(src)
     return jhash_3words(saddr, (_reg16(sport) << 16) | _reg16(dport), proto, seed)
 
 

@@ -16,16 +16,16 @@ per node, so a node's programs and maps come from one compilation:
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.addr import be32
 from labkit.config import VXLAN_PORT, DatapathConfig
 from labkit.errors import ConfigError
 from labkit.maglev import FLOW_HASH_SEED
-from labkit.net.topology import LOOPBACK_SNAT_ADDR, Topology
+from labkit.net.topology import DEVICE_HOOKS, LOOPBACK_SNAT_ADDR, Topology
 
 __all__ = ["BPF_DIR", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES"]
 
@@ -65,13 +65,15 @@ class Program:
         return f"labkit-{self.hook}"
 
 
+_LXC, _NETDEV, _OVERLAY = DEVICE_HOOKS["lxc"], DEVICE_HOOKS["eth0"], DEVICE_HOOKS["cilium_vxlan"]
+
 PROGRAMS = (
-    Program("cil_from_container", "bpf_lxc.c", "lxc", "ingress", "from-container"),
-    Program("cil_to_container", "bpf_lxc.c", "lxc", "egress", "to-container"),
-    Program("cil_from_netdev", "bpf_host.c", "netdev", "ingress", "from-netdev"),
-    Program("cil_to_netdev", "bpf_host.c", "netdev", "egress", "to-netdev"),
-    Program("cil_from_overlay", "bpf_overlay.c", "overlay", "ingress", "from-overlay"),
-    Program("cil_to_overlay", "bpf_overlay.c", "overlay", "egress", "to-overlay"),
+    Program("cil_from_container", "bpf_lxc.c", "lxc", "ingress", _LXC[0]),
+    Program("cil_to_container", "bpf_lxc.c", "lxc", "egress", _LXC[1]),
+    Program("cil_from_netdev", "bpf_host.c", "netdev", "ingress", _NETDEV[0]),
+    Program("cil_to_netdev", "bpf_host.c", "netdev", "egress", _NETDEV[1]),
+    Program("cil_from_overlay", "bpf_overlay.c", "overlay", "ingress", _OVERLAY[0]),
+    Program("cil_to_overlay", "bpf_overlay.c", "overlay", "egress", _OVERLAY[1]),
     Program("cil_sock4_connect", "bpf_sock.c", "cgroup", "connect4", "sock4-connect"),
     Program("cil_sock4_sendmsg", "bpf_sock.c", "cgroup", "sendmsg4", "sock4-sendmsg"),
     Program("cil_sock4_recvmsg", "bpf_sock.c", "cgroup", "recvmsg4", "sock4-recvmsg"),
@@ -132,11 +134,6 @@ def _expand(path: Path, seen: set[Path]) -> list[str]:
 LB_MODE_MACROS = {"snat": 0, "dsr": 1, "hybrid": 2}
 
 
-def _be32(ip: str) -> int:
-    """An IPv4 address as the program sees a __be32 in a register (network bytes, read little-endian)."""
-    return int.from_bytes(ipaddress.IPv4Address(ip).packed, "little")
-
-
 def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex: int = 0,
                netdev_ifindex: int = 0) -> NodeBuild:
     """The build of ``node``: which files, which programs, which macros."""
@@ -144,7 +141,7 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
     tunnel = config.routing == "tunnel"
     macros: dict[str, int] = {
         "NODE_ID": n.node_id,
-        "NODE_IP": _be32(n.ip),
+        "NODE_IP": be32(n.ip),
         "NATIVE_DEV_IFINDEX": netdev_ifindex,
         "LB_MODE": LB_MODE_MACROS[config.lb_mode],
         "LB_MAGLEV_LUT_SIZE": config.maglev_table_size,
@@ -153,7 +150,7 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
         "CT_MAP_SIZE_ANY": config.ct_any_size,
         "LB_MAP_SIZE": config.lb_map_size,
         "VXLAN_PORT": VXLAN_PORT,
-        "LB_LOOPBACK_IPV4": _be32(LOOPBACK_SNAT_ADDR),
+        "LB_LOOPBACK_IPV4": be32(LOOPBACK_SNAT_ADDR),
         **config.timeouts.macros(),
         **config.profile.macros(),
     }

@@ -23,10 +23,10 @@ from __future__ import annotations
 import ctypes
 import enum
 import socket
-import struct
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
+from labkit.addr import be32, ipv4
 from labkit.release import DEFAULT_RELEASE, profile
 
 __all__ = [
@@ -57,14 +57,6 @@ def proto_name(proto: int) -> str:
     ('TCP', '47')
     """
     return _PROTO_NAMES.get(proto, str(proto))
-
-
-def _ip(be32: int) -> str:
-    return socket.inet_ntoa(struct.pack("=I", be32))
-
-
-def _be32(ip: str) -> int:
-    return struct.unpack("=I", socket.inet_aton(ip))[0]
 
 
 def _ntohs(v: int) -> int:
@@ -186,7 +178,7 @@ class CtKey4(ctypes.LittleEndianStructure):
     def make(cls, src: str, dst: str, sport: int, dport: int, proto: int, flags: int) -> "CtKey4":
         """The stored key of a flow ``src:sport -> dst:dport`` (initiator first), for
         OUT/IN rows: daddr=src, saddr=dst, dport field=dst port, sport field=src port."""
-        return cls(_be32(src), _be32(dst), socket.htons(dport), socket.htons(sport), proto, flags)
+        return cls(be32(src), be32(dst), socket.htons(dport), socket.htons(sport), proto, flags)
 
     def raw(self) -> bytes:
         """The 14 key bytes."""
@@ -260,9 +252,9 @@ class CtRow:
             proto=key.nexthdr,
             dir=direction,
             related=bool(flags & TupleFlags.RELATED),
-            src=_ip(src),
+            src=ipv4(src),
             sport=_ntohs(sport),
-            dst=_ip(dst),
+            dst=ipv4(dst),
             dport=_ntohs(dport),
             lifetime=entry.lifetime,
             flags=entry.flags,

@@ -10,8 +10,8 @@ Keep in sync with bpf/lib/eps_types.h.
 from __future__ import annotations
 
 import ctypes
-import socket
-import struct
+
+from labkit.addr import be32, ipv4
 
 __all__ = [
     "EndpointKey",
@@ -29,14 +29,6 @@ __all__ = [
 ENDPOINT_KEY_IPV4 = 1
 IDENTITY_HOST, IDENTITY_WORLD, IDENTITY_REMOTE_NODE = 1, 2, 6
 IPCACHE_F_SKIP_TUNNEL, IPCACHE_F_HAS_TUNNEL_EP = 0x01, 0x02
-
-
-def _be32(ip: str) -> int:
-    return struct.unpack("=I", socket.inet_aton(ip))[0]
-
-
-def _ip(be32: int) -> str:
-    return socket.inet_ntoa(struct.pack("=I", be32))
 
 
 def _mac_t(mac: str) -> int:
@@ -61,12 +53,12 @@ class EndpointKey(ctypes.LittleEndianStructure):
     @classmethod
     def for_ip(cls, ip: str) -> "EndpointKey":
         """The key of a pod address."""
-        return cls(ip4=_be32(ip), family=ENDPOINT_KEY_IPV4)
+        return cls(ip4=be32(ip), family=ENDPOINT_KEY_IPV4)
 
     @property
     def ip(self) -> str:
         """Dotted address."""
-        return _ip(self.ip4)
+        return ipv4(self.ip4)
 
 
 class EndpointInfo(ctypes.LittleEndianStructure):
@@ -112,10 +104,10 @@ class IpcacheKey(ctypes.LittleEndianStructure):
     @classmethod
     def for_ip(cls, ip: str, prefix: int = 32) -> "IpcacheKey":
         """The key of ``ip/prefix``."""
-        return cls(prefixlen=32 + prefix, family=ENDPOINT_KEY_IPV4, ip4=_be32(ip))
+        return cls(prefixlen=32 + prefix, family=ENDPOINT_KEY_IPV4, ip4=be32(ip))
 
     def __str__(self) -> str:
-        return f"{_ip(self.ip4)}/{self.prefixlen - 32}"
+        return f"{ipv4(self.ip4)}/{self.prefixlen - 32}"
 
 
 class RemoteEndpointInfo(ctypes.LittleEndianStructure):
@@ -137,11 +129,11 @@ class RemoteEndpointInfo(ctypes.LittleEndianStructure):
             flags |= IPCACHE_F_HAS_TUNNEL_EP
         return cls(
             sec_identity=identity,
-            tunnel_endpoint=_be32(tunnel_endpoint) if tunnel_endpoint else 0,
+            tunnel_endpoint=be32(tunnel_endpoint) if tunnel_endpoint else 0,
             flags=flags,
         )
 
     def __str__(self) -> str:
         return (
-            f"identity={self.sec_identity} tunnelendpoint={_ip(self.tunnel_endpoint)} flags={self.flags:#04x}"
+            f"identity={self.sec_identity} tunnelendpoint={ipv4(self.tunnel_endpoint)} flags={self.flags:#04x}"
         )

@@ -36,6 +36,7 @@ from typing import Iterable
 
 from labkit._tabwriter import CILIUM as _CILIUM_TABWRITER
 from labkit._tabwriter import tabwrite
+from labkit.addr import be32, ipv4
 from labkit.errors import ConfigError
 from labkit.datapath import bpf as _bpf
 from labkit.maps.base import open_pinned
@@ -102,14 +103,6 @@ def proto_number(proto: str | int) -> int:
 
 def _proto_name(proto: int) -> str:
     return _PROTO_NAMES.get(proto, str(proto))
-
-
-def _be32(ip: str) -> int:
-    return struct.unpack("=I", socket.inet_aton(ip))[0]
-
-
-def _ip(be32: int) -> str:
-    return socket.inet_ntoa(struct.pack("=I", be32))
 
 
 # -- flags -----------------------------------------------------------------------
@@ -263,7 +256,7 @@ class Lb4Key(ctypes.LittleEndianStructure):
         >>> (k.vip, k.port, k.backend_slot, k.proto)
         ('198.19.0.10', 80, 2, 17)
         """
-        return cls(address=_be32(vip), dport=socket.htons(port), backend_slot=slot, proto=proto_number(proto),
+        return cls(address=be32(vip), dport=socket.htons(port), backend_slot=slot, proto=proto_number(proto),
                    scope=scope)
 
     def with_slot(self, slot: int) -> "Lb4Key":
@@ -273,7 +266,7 @@ class Lb4Key(ctypes.LittleEndianStructure):
 
     @property
     def vip(self) -> str:
-        return _ip(self.address)
+        return ipv4(self.address)
 
     @property
     def port(self) -> int:
@@ -378,11 +371,11 @@ class Lb4Backend(ctypes.LittleEndianStructure):
     @classmethod
     def make(cls, ip: str, port: int, proto: str | int = "TCP", state: int = BackendState.ACTIVE) -> "Lb4Backend":
         """A backend at ``ip:port`` (network order stored); v1.16's agent gives ``proto`` 0."""
-        return cls(address=_be32(ip), port=socket.htons(port), proto=proto_number(proto), flags=state)
+        return cls(address=be32(ip), port=socket.htons(port), proto=proto_number(proto), flags=state)
 
     @property
     def ip(self) -> str:
-        return _ip(self.address)
+        return ipv4(self.address)
 
     @property
     def host_port(self) -> int:
@@ -435,11 +428,11 @@ class Lb4ReverseNat(ctypes.LittleEndianStructure):
 
     @classmethod
     def make(cls, vip: str, port: int) -> "Lb4ReverseNat":
-        return cls(address=_be32(vip), port=socket.htons(port))
+        return cls(address=be32(vip), port=socket.htons(port))
 
     @property
     def ip(self) -> str:
-        return _ip(self.address)
+        return ipv4(self.address)
 
     @property
     def host_port(self) -> int:
@@ -471,14 +464,14 @@ class Lb4AffinityKey(ctypes.LittleEndianStructure):
 
     @classmethod
     def make(cls, client_ip: str, service_id: int) -> "Lb4AffinityKey":
-        return cls(client_id=_be32(client_ip), rev_nat_id=socket.htons(service_id))
+        return cls(client_id=be32(client_ip), rev_nat_id=socket.htons(service_id))
 
     @property
     def rev_nat(self) -> int:
         return socket.ntohs(self.rev_nat_id)
 
     def __str__(self) -> str:
-        client = f"cookie {self.client_id}" if self.netns_cookie else _ip(self.client_id & 0xFFFFFFFF)
+        client = f"cookie {self.client_id}" if self.netns_cookie else ipv4(self.client_id & 0xFFFFFFFF)
         return f"client {client} rev_nat {self.rev_nat}"
 
 
@@ -509,10 +502,10 @@ class Ipv4RevnatTuple(ctypes.LittleEndianStructure):
 
     @classmethod
     def make(cls, cookie: int, ip: str, port: int) -> "Ipv4RevnatTuple":
-        return cls(cookie=cookie, address=_be32(ip), port=socket.htons(port))
+        return cls(cookie=cookie, address=be32(ip), port=socket.htons(port))
 
     def __str__(self) -> str:
-        return f"cookie {self.cookie} {_ip(self.address)}:{socket.ntohs(self.port)}"
+        return f"cookie {self.cookie} {ipv4(self.address)}:{socket.ntohs(self.port)}"
 
 
 class Ipv4RevnatEntry(ctypes.LittleEndianStructure):
@@ -528,10 +521,10 @@ class Ipv4RevnatEntry(ctypes.LittleEndianStructure):
 
     @classmethod
     def make(cls, vip: str, port: int, service_id: int) -> "Ipv4RevnatEntry":
-        return cls(address=_be32(vip), port=socket.htons(port), rev_nat_index=socket.htons(service_id))
+        return cls(address=be32(vip), port=socket.htons(port), rev_nat_index=socket.htons(service_id))
 
     def __str__(self) -> str:
-        return f"{_ip(self.address)}:{socket.ntohs(self.port)} rev_nat {socket.ntohs(self.rev_nat_index)}"
+        return f"{ipv4(self.address)}:{socket.ntohs(self.port)} rev_nat {socket.ntohs(self.rev_nat_index)}"
 
 
 #: Every LB map a node pins: name → (key type, value type).

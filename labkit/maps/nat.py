@@ -30,10 +30,10 @@ from __future__ import annotations
 import ctypes
 import enum
 import socket
-import struct
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
+from labkit.addr import be32, ipv4
 from labkit.maps.ct import CtDiff, CtKey4, TupleFlags, diff_rows, proto_name
 
 __all__ = [
@@ -50,14 +50,6 @@ __all__ = [
 NAT_MAP = "cilium_snat_v4_external"
 #: Its max entries: Cilium's ``--bpf-nat-global-max`` default (NAT_MAP_SIZE in nat_types.h).
 NAT_MAP_SIZE = 524288
-
-
-def _ip(be32: int) -> str:
-    return socket.inet_ntoa(struct.pack("=I", be32))
-
-
-def _be32(ip: str) -> int:
-    return struct.unpack("=I", socket.inet_aton(ip))[0]
 
 
 class NatDir(enum.IntEnum):
@@ -89,7 +81,7 @@ class NatKey4(ctypes.LittleEndianStructure):
              flags: int = TupleFlags.OUT) -> "NatKey4":
         """The key of a packet ``src:sport -> dst:dport`` as it is stored:
         saddr=src, daddr=dst, sport=sport, dport=dport (no swap)."""
-        return cls(daddr=_be32(dst), saddr=_be32(src), dport=socket.htons(dport), sport=socket.htons(sport),
+        return cls(daddr=be32(dst), saddr=be32(src), dport=socket.htons(dport), sport=socket.htons(sport),
                    nexthdr=proto, flags=flags)
 
     def raw(self) -> bytes:
@@ -114,7 +106,7 @@ class NatEntry(ctypes.LittleEndianStructure):
     @classmethod
     def make(cls, to_addr: str, to_port: int, created: int = 0, needs_ct: int = 0) -> "NatEntry":
         """An entry rewriting to ``to_addr:to_port`` (the source for OUT keys, the destination for IN)."""
-        return cls(created=created, needs_ct=needs_ct, to_addr=_be32(to_addr), to_port=socket.htons(to_port))
+        return cls(created=created, needs_ct=needs_ct, to_addr=be32(to_addr), to_port=socket.htons(to_port))
 
 
 @dataclass(frozen=True)
@@ -145,11 +137,11 @@ class NatRow:
         return cls(
             proto=key.nexthdr,
             dir="IN" if key.flags & TupleFlags.IN else "OUT",
-            src=_ip(key.saddr),
+            src=ipv4(key.saddr),
             sport=socket.ntohs(key.sport),
-            dst=_ip(key.daddr),
+            dst=ipv4(key.daddr),
             dport=socket.ntohs(key.dport),
-            to_addr=_ip(entry.to_addr),
+            to_addr=ipv4(entry.to_addr),
             to_port=socket.ntohs(entry.to_port),
             created=entry.created,
             needs_ct=entry.needs_ct,

@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
+from labkit.constants import Hook
 from labkit.errors import NotFoundError, TopologyError
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "LB_RANGE",
     "LOOPBACK_SNAT_ADDR",
     "IFNAMSIZ",
+    "DEVICE_HOOKS",
 ]
 
 IFNAMSIZ = 15  # longest interface name the kernel accepts (16 bytes with NUL)
@@ -62,6 +64,14 @@ _PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "19
 _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 _LAB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 _RESERVED_NAMES = {"fabric"}
+
+#: The tc hooks on each kind of device, (ingress, egress), in Cilium's program names; ``lxc`` stands
+#: for every ``lxc-<pod>``. The datapath attaches by it, the graph and the path view draw it.
+DEVICE_HOOKS: dict[str, tuple[str, str]] = {
+    "lxc": (Hook.FROM_CONTAINER.label, Hook.TO_CONTAINER.label),
+    "eth0": (Hook.FROM_NETDEV.label, Hook.TO_NETDEV.label),
+    "cilium_vxlan": (Hook.FROM_OVERLAY.label, Hook.TO_OVERLAY.label),
+}
 
 
 @dataclass(frozen=True)
@@ -357,13 +367,13 @@ class Topology:
         for n in self.nodes:
             g.add_node(n.name, kind="node", ip=n.ip, pod_cidr=n.pod_cidr)
             eth0 = f"{n.name}/eth0"
-            g.add_node(eth0, kind="device", netns=self.netns(n.name), hooks=["from-netdev", "to-netdev"])
+            g.add_node(eth0, kind="device", netns=self.netns(n.name), hooks=list(DEVICE_HOOKS["eth0"]))
             g.add_edge(n.name, eth0)
             g.add_edge(eth0, "fabric")
         for p in self.pods:
             g.add_node(p.name, kind="pod", ip=p.ip, node=p.node)
             lxc = f"{p.node}/{self.host_veth(p.name)}"
-            g.add_node(lxc, kind="device", netns=self.netns(p.node), hooks=["from-container", "to-container"])
+            g.add_node(lxc, kind="device", netns=self.netns(p.node), hooks=list(DEVICE_HOOKS["lxc"]))
             g.add_edge(p.name, lxc)
             g.add_edge(lxc, p.node)
         for e in self.externals:

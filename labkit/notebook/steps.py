@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from labkit.addr import be32
 from labkit.constants import Hook, Verdict
 from labkit.errors import LabkitError, LabTimeoutError, NotFoundError
 from labkit.maps.ct import CtDiff, CtRow, TcpFlags, diff_rows
@@ -39,10 +40,6 @@ __all__ = ["Journey", "Step", "TcpConn", "run_step", "STEP_TIMEOUT"]
 STEP_TIMEOUT = 5.0
 _TCP, _UDP, _ICMP = socket.IPPROTO_TCP, socket.IPPROTO_UDP, socket.IPPROTO_ICMP
 _ids = itertools.count(1)
-
-
-def _be32(ip: str) -> int:
-    return int.from_bytes(socket.inet_aton(ip), "little")
 
 
 def _port_ok(want: int | frozenset | None, port: int) -> bool:
@@ -83,9 +80,9 @@ class Journey:
     def matches(self, t) -> bool:
         if t.proto != self.proto:
             return False
-        if self.src is not None and t.saddr != _be32(self.src):
+        if self.src is not None and t.saddr != be32(self.src):
             return False
-        if self.dst is not None and t.daddr != _be32(self.dst):
+        if self.dst is not None and t.daddr != be32(self.dst):
             return False
         if not _port_ok(self.sport, socket.ntohs(t.sport)) or not _port_ok(self.dport, socket.ntohs(t.dport)):
             return False
@@ -207,8 +204,8 @@ def run_step(lab: LabView, title: str, action: Callable[[], dict], journeys: Cal
     t0 = time.monotonic()
     result = action()
     waiting = list(journeys(result))
-    pod_ips = {_be32(p.ip) for p in lab.topology.pods}
-    node_ips = {n.node_id: _be32(n.ip) for n in lab.topology.nodes}
+    pod_ips = {be32(p.ip) for p in lab.topology.pods}
+    node_ips = {n.node_id: be32(n.ip) for n in lab.topology.nodes}
     flows: list[Flow] = []
     deadline = time.monotonic() + timeout
     while True:

@@ -61,17 +61,16 @@ from __future__ import annotations
 
 import html
 import io
-import socket
-import struct
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from labkit.addr import ipv4
 from labkit.config import ROUTING_MODES, VXLAN_PORT
 from labkit.constants import DropReason, Hook, Verdict
 from labkit.errors import ConfigError
 from labkit.maps.ct import CtDir, CtFlags, CtResult
-from labkit.net.topology import Topology
+from labkit.net.topology import DEVICE_HOOKS, Topology
 from labkit.observe.trace import Flow
 
 # A venv that also sees the distribution's matplotlib imports its mpl_toolkits and warns that
@@ -95,13 +94,6 @@ __all__ = [
     "VERDICT_COLOURS",
     "DEVICE_HOOKS",
 ]
-
-#: Hooks of each kind of device, in Cilium's names (``lxc`` stands for every ``lxc-<pod>``).
-DEVICE_HOOKS: dict[str, list[str]] = {
-    "lxc": [Hook.FROM_CONTAINER.label, Hook.TO_CONTAINER.label],
-    "eth0": [Hook.FROM_NETDEV.label, Hook.TO_NETDEV.label],
-    "cilium_vxlan": [Hook.FROM_OVERLAY.label, Hook.TO_OVERLAY.label],
-}
 
 #: Colour of a hop badge and of the arrow leaving it, by verdict name.
 VERDICT_COLOURS: dict[str, str] = {
@@ -313,10 +305,6 @@ class Hop:
         return f"{self.index}. {self.node} {self.device} {self.hook} {self.verdict}: {self.summary}"
 
 
-def _ip(be32: int) -> str:
-    return socket.inet_ntoa(struct.pack("=I", be32))
-
-
 def _hook_label(value: int) -> str:
     try:
         return Hook(value).label
@@ -352,7 +340,7 @@ def _summary(flow: "Flow", topology: Topology | None) -> str:
     if ev.verdict == Verdict.DROPPED:
         parts.append(f"dropped: {DropReason.text(ev.drop_reason)}")
     elif ev.tunnel_endpoint and ev.hook in (Hook.FROM_CONTAINER, Hook.TO_OVERLAY):
-        endpoint = _ip(ev.tunnel_endpoint)
+        endpoint = ipv4(ev.tunnel_endpoint)
         owner = topology.owner_of(endpoint) if topology is not None else None
         parts.append(f"→ tunnel {endpoint}" + (f" ({owner})" if owner else ""))
     return "; ".join(parts)
@@ -364,12 +352,12 @@ def hops(flows: Iterable["Flow"], topology: Topology | None = None) -> list[Hop]
     ``topology`` names the node behind a tunnel endpoint (``→ tunnel
     198.51.100.12 (node-b)``); without it only the address is shown.
 
-    >>> import socket, struct
+    >>> import socket
+    >>> from labkit.addr import be32
     >>> from labkit.observe.trace import Flow, TraceEvent, TraceTuple
-    >>> ip = lambda s: struct.unpack("=I", socket.inet_aton(s))[0]
-    >>> ping = TraceTuple(ip("198.18.1.11"), ip("198.18.2.11"), socket.htons(7), 0, 1, 0, 8, 0)
+    >>> ping = TraceTuple(be32("198.18.1.11"), be32("198.18.2.11"), socket.htons(7), 0, 1, 0, 8, 0)
     >>> ev = TraceEvent(ts_ns=1, node_id=1, hook=1, verdict=2, ct_result=0, ct_dir=0,
-    ...                 tunnel_endpoint=ip("198.51.100.12"), before=ping, after=ping)
+    ...                 tunnel_endpoint=be32("198.51.100.12"), before=ping, after=ping)
     >>> [hop] = hops([Flow(ev, "node-a", "lxc-a1")], Topology.default())
     >>> hop.index, hop.id, hop.hook, hop.verdict
     (1, 'node-a/lxc-a1', 'from-container', 'REDIRECTED')
@@ -641,9 +629,9 @@ def _external_legs(graph, pos, shown: Sequence[Hop], badge: dict) -> list[tuple[
         ev = hop.flow.event if hop.flow is not None else None
         if ev is None or hop.index not in badge or ev.inner.proto:
             continue
-        if hop.hook == "from-netdev" and (client := clients.get(_ip(ev.before.saddr))):
+        if hop.hook == "from-netdev" and (client := clients.get(ipv4(ev.before.saddr))):
             legs.append((hop, pos[client], badge[hop.index]))
-        elif hop.hook == "to-netdev" and hop.verdict != "DROPPED" and (client := clients.get(_ip(ev.after.daddr))):
+        elif hop.hook == "to-netdev" and hop.verdict != "DROPPED" and (client := clients.get(ipv4(ev.after.daddr))):
             legs.append((hop, badge[hop.index], pos[client]))
     return legs
 

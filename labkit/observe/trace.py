@@ -15,12 +15,12 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
-import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from labkit.addr import ipv4
 from labkit.constants import DropReason, Hook, TraceFlags, Verdict
 from labkit.maps.ct import CtFlags, CtResult, TcpFlags, proto_name
 
@@ -43,7 +43,7 @@ class TraceTuple(ctypes.LittleEndianStructure):
 
     def text(self) -> str:
         """``198.18.1.11:40000 -> 198.18.2.11:8080 TCP SYN``"""
-        src, dst = _ip(self.saddr), _ip(self.daddr)
+        src, dst = ipv4(self.saddr), ipv4(self.daddr)
         name = proto_name(self.proto)
         if self.proto == socket.IPPROTO_TCP:
             return f"{src}:{socket.ntohs(self.sport)} -> {dst}:{socket.ntohs(self.dport)} TCP {TcpFlags.text(self.tcp_flags)}"
@@ -94,10 +94,6 @@ class TraceEvent(ctypes.LittleEndianStructure):
 
 
 EVENT_SIZE = ctypes.sizeof(TraceEvent)
-
-
-def _ip(be32: int) -> str:
-    return socket.inet_ntoa(struct.pack("=I", be32))
 
 
 @dataclass(frozen=True)
@@ -156,7 +152,7 @@ class Flow:
         if ev.verdict == Verdict.DROPPED:
             verdict += f" ({DropReason.text(ev.drop_reason)})"
         elif ev.tunnel_endpoint and self.hook in (Hook.FROM_CONTAINER, Hook.TO_OVERLAY):
-            verdict += f" -> tunnel {_ip(ev.tunnel_endpoint)}"
+            verdict += f" -> tunnel {ipv4(ev.tunnel_endpoint)}"
         parts.append(verdict)
         return " ".join(p for p in parts if p != "") 
 
@@ -166,8 +162,8 @@ class Flow:
 
         def tup(t: TraceTuple) -> dict:
             return {
-                "src": _ip(t.saddr),
-                "dst": _ip(t.daddr),
+                "src": ipv4(t.saddr),
+                "dst": ipv4(t.daddr),
                 "sport": socket.ntohs(t.sport),
                 "dport": socket.ntohs(t.dport),
                 "proto": proto_name(t.proto),
@@ -189,7 +185,7 @@ class Flow:
             "ct_result": self.ct_result.name,
             "ct_flags": CtFlags.names(ev.ct_flags),
             "ct_lifetime": ev.ct_lifetime,
-            "tunnel_endpoint": _ip(ev.tunnel_endpoint) if ev.tunnel_endpoint else None,
+            "tunnel_endpoint": ipv4(ev.tunnel_endpoint) if ev.tunnel_endpoint else None,
             "flags": TraceFlags.names(ev.flags),
         }
         if ev.inner.proto:

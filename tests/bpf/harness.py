@@ -14,6 +14,7 @@ import ctypes
 import socket
 from dataclasses import dataclass, replace
 
+from labkit.addr import ipv4 as ip_of  # the tests' name for it
 from labkit.datapath import bpf as _bpf
 from labkit.agent.endpoints import ipcache_entries
 from labkit.clock import mono_seconds
@@ -60,11 +61,6 @@ _STATE_MAPS = CT_MAPS + ("cilium_snat_v4_external", "cilium_lb4_affinity", "cili
 
 class _U32(ctypes.Structure):
     _fields_ = [("value", ctypes.c_uint32)]
-
-
-def ip_of(be32: int) -> str:
-    """Dotted address of a __be32 as read from a map or trace record."""
-    return socket.inet_ntoa(be32.to_bytes(4, "little"))
 
 
 def pod_mac(pod) -> str:

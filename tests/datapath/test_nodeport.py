@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from labkit.addr import be32 as _be32
 from labkit.config import DatapathConfig
 from labkit.constants import DropReason, Hook
 from labkit.maglev import backend_name, cilium_seed, flow_slot, lookup_table
@@ -21,10 +22,6 @@ EXT = "198.51.100.100"
 NODE_A, NODE_B = "198.51.100.11", "198.51.100.12"
 B1, A1 = "198.18.2.11", "198.18.1.11"
 TCP, UDP = 6, 17
-
-
-def _be32(ip: str) -> int:
-    return int.from_bytes(socket.inet_aton(ip), "little")
 
 
 def _lab(name: str, **options):

@@ -23,6 +23,7 @@ MODULES = [
     "labkit.maps.base",
     "labkit.clock",
     "labkit.constants",
+    "labkit.addr",
     "labkit.datapath.source",
     "labkit.agent.endpoints",
     "labkit.net.podserver",

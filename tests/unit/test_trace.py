@@ -7,6 +7,7 @@ import struct
 
 import pytest
 
+from labkit.addr import be32
 from labkit.constants import DropReason
 from labkit.observe.trace import EVENT_SIZE, EventLog, Flow, TraceEvent, TraceTuple
 
@@ -32,11 +33,6 @@ HUBBLE_DROP_TEXT = {
     167: "No mapping for NAT masquerade",
     169: "FIB lookup failed",
 }
-
-
-def be32(ip: str) -> int:
-    """The value a little-endian u32 field must hold for its bytes to be ``ip`` in network order."""
-    return int.from_bytes(socket.inet_aton(ip), "little")
 
 
 def be16(port: int) -> int:

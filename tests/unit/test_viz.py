@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import math
 import random
-import socket
 
 import pytest
 
+from labkit.addr import be32
 from labkit.notebook import viz
 from labkit.errors import LabkitError
 from labkit.net.topology import Topology
@@ -14,11 +14,6 @@ from labkit.observe.trace import Flow, TraceEvent, TraceTuple
 
 CT_NONE = 0xFF
 POD_NAMES = ("a1", "a2", "b1", "b2")
-
-
-def be32(ip: str) -> int:
-    """The u32 field value whose bytes are ``ip`` in network order."""
-    return int.from_bytes(socket.inet_aton(ip), "little")
 
 
 def be16(port: int) -> int:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import re
 import socket
-import struct
 from typing import Any, Iterable
 
+from labkit.addr import ipv4
 from labkit.grading.checks import Outcome
 from labkit.maps.ct import CtRow
 
-__all__ = ["NO_ANSWER", "unanswered", "words", "row_kind", "norm_kind", "kinds_answer", "addr", "hook_name",
+__all__ = ["NO_ANSWER", "unanswered", "words", "row_kind", "norm_kind", "kinds_answer", "hook_name",
            "step_rows", "conn_rows", "unhealthy", "broken_step", "flag_list", "touched", "src", "dst", "is_syn", "addr_port",
            "ab_answer", "flatten"]
 
@@ -74,11 +74,6 @@ def flag_list(answer: Any, names: Iterable[str]) -> list[str] | None:
     return out
 
 
-def addr(be32: int) -> str:
-    """Dotted address of a trace record's field."""
-    return socket.inet_ntoa(struct.pack("=I", be32))
-
-
 def hook_name(text: Any) -> str:
     """A hook as the learner wrote it, in Cilium's form: ``from-container``."""
     name = str(text).strip().lower().replace("_", "-").replace(" ", "-")
@@ -132,12 +127,12 @@ def touched(step, node: str) -> list[CtRow]:
 
 def src(t) -> tuple[str, int]:
     """(address, port) of a trace tuple's source (``flow.event.before`` / ``.after`` / ``.inner``)."""
-    return addr(t.saddr), socket.ntohs(t.sport)
+    return ipv4(t.saddr), socket.ntohs(t.sport)
 
 
 def dst(t) -> tuple[str, int]:
     """(address, port) of a trace tuple's destination."""
-    return addr(t.daddr), socket.ntohs(t.dport)
+    return ipv4(t.daddr), socket.ntohs(t.dport)
 
 
 def is_syn(t, ack: bool = False) -> bool:

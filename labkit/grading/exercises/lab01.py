@@ -13,6 +13,7 @@ import os
 import socket
 
 from labkit.grading.checks import Outcome, exercise
+from labkit.addr import ipv4
 from labkit.constants import Hook
 from labkit.maps.ct import CT_MAPS, CtResult, CtRow
 from labkit.grading.exercises import common
@@ -70,7 +71,7 @@ def hook_creating_out_row(answer, ev) -> Outcome:
     a1, b1 = ev.topology.pod("a1").ip, ev.topology.pod("b1").ip
     created = [f for f in step.flows if f.node == "node-a" and f.ct_result == CtResult.NEW
                and f.event.before.proto == _ICMP and f.event.before.icmp_type == _ECHO_REQUEST
-               and (common.addr(f.event.before.saddr), common.addr(f.event.before.daddr)) == (a1, b1)]
+               and (ipv4(f.event.before.saddr), ipv4(f.event.before.daddr)) == (a1, b1)]
     if not step.ok or not created or not _out_rows(step, a1, b1):
         rows = [common.row_kind(r) for r in common.touched(step, "node-a")]
         return common.unhealthy(PING, f"a ping that left node-a with {rows or 'no new rows'} "

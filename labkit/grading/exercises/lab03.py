@@ -13,9 +13,10 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from labkit.addr import ipv4
 from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.maps.ct import CtResult
-from labkit.grading.exercises.common import addr, broken_step, hook_name, kinds_answer, row_kind, step_rows, touched, unanswered, unhealthy
+from labkit.grading.exercises.common import broken_step, hook_name, kinds_answer, row_kind, step_rows, touched, unanswered, unhealthy
 
 ACROSS, RELATED, SAME, TUNNEL, NATIVE, BREAK = (
     "1. Across nodes: OUT here, IN there", "2. The RELATED twins at work", "3. Both ends on one node",
@@ -68,7 +69,7 @@ def _request_path(step, node: str, a: str, b: str):
     """The records on ``node`` of the step's echo request from address ``a`` to ``b`` (inner packet too), in order."""
 
     def is_request(t) -> bool:
-        return t.proto == _ICMP and t.icmp_type == _ECHO_REQUEST and (addr(t.saddr), addr(t.daddr)) == (a, b)
+        return t.proto == _ICMP and t.icmp_type == _ECHO_REQUEST and (ipv4(t.saddr), ipv4(t.daddr)) == (a, b)
 
     flows = [f for f in step.flows if f.node == node and (is_request(f.event.before) or is_request(f.event.inner))]
     starts = [i for i, f in enumerate(flows) if f.hook.label == "from-container"]
@@ -160,7 +161,7 @@ def icmp_error_verdict(answer, ev) -> Outcome:
     twin = [r for r in step_rows(step, "node-a", "ICMP", "OUT", related=True) if (r.src, r.dst) == (a1, b1)]
     errors = [f for f in step.flows if f.node == "node-a" and f.hook.label == "to-container"
               and f.event.before.proto == _ICMP and f.event.before.icmp_type == _DEST_UNREACH
-              and (addr(f.event.before.saddr), addr(f.event.before.daddr)) == (b1, a1)]
+              and (ipv4(f.event.before.saddr), ipv4(f.event.before.daddr)) == (b1, a1)]
     if not flow or not twin or not errors:
         saw = ("no UDP OUT row on node-a for the datagram" if not flow else "no RELATED twin on node-a" if not twin
                else "no ICMP error from b1 reaching node-a's to-container")
