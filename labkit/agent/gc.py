@@ -30,10 +30,8 @@ GC uses its release's way (:func:`default_mode`) unless told otherwise.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -45,7 +43,7 @@ from labkit.datapath import bpf as _bpf
 from labkit.maps.base import batch_chunk, open_pinned
 from labkit.maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4, TupleFlags
 from labkit.maps.nat import NAT_MAP, NatEntry, NatKey4
-from labkit.net.ledger import Ledger, lab_dir
+from labkit.net.ledger import Ledger, dir_lock, lab_dir
 from labkit.observe.evidence import JOURNAL
 from labkit.release import profile
 
@@ -369,18 +367,6 @@ class LabGc:
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.path)
 
-    def _locked(self):
-        @contextlib.contextmanager
-        def lock():
-            fd = os.open(lab_dir(self.lab.name), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)
-
-        return lock()
-
     def due(self) -> bool:
         """True when the timer is on and the lab clock has reached the last run plus the interval."""
         st = self.state()
@@ -388,7 +374,7 @@ class LabGc:
             return False
         last = st["last_run"] if st["last_run"] is not None else st.get("started")
         if last is None:  # the first look: the interval counts from now
-            with self._locked():
+            with dir_lock(self.lab.name):
                 st = self.state()
                 st["started"] = last = self.lab.clock.now()
                 self._save(st)
@@ -398,7 +384,7 @@ class LabGc:
         """Collect every node now: delete what expired before the lab clock's now, then adapt the interval.
         ``mode``: 'per-entry' or 'batch'; by default the lab's release's (:func:`default_mode`)."""
         mode = mode or default_mode(self.lab.config.cilium)
-        with self._locked():
+        with dir_lock(self.lab.name):
             st = self.state()
             now = self.lab.clock.now()
             t0 = time.perf_counter()
@@ -420,7 +406,7 @@ class LabGc:
     def restart(self) -> None:
         """Forget past runs and start again at 5 minutes, counted from now (``lab.reset()`` calls this);
         the timer stays as it is."""
-        with self._locked():
+        with dir_lock(self.lab.name):
             st = self.state()
             timer = st["timer"]
             self._save({"interval": START_INTERVAL, "last_run": None, "timer": timer, "runs": [],
@@ -428,7 +414,7 @@ class LabGc:
 
     def set_timer(self, on: bool) -> None:
         """Switch the timer on or off (the lab's GC process keeps running and checks every second)."""
-        with self._locked():
+        with dir_lock(self.lab.name):
             st = self.state()
             st["timer"] = bool(on)
             if on and st["last_run"] is None:

@@ -13,10 +13,13 @@ Everything under ``/run/labkit/<lab>/``:
 ``down`` and ``cleanup`` remove exactly what the ledger lists, newest first,
 then check that nothing is left. The lock (``/run/labkit/<lab>.lock``) is
 held while a process builds or tears the lab down; another process gets
-:class:`~labkit.errors.LabBusyError` naming the holder.
+:class:`~labkit.errors.LabBusyError` naming the holder. The state files other
+processes share while the lab runs (``services.json``, ``gc.json``) are
+read and written under :func:`dir_lock`, a flock of the lab's directory.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -24,10 +27,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
-from labkit.errors import LabBusyError, LabStateError
+from labkit.errors import LabBusyError, LabStateError, NotFoundError
 
-__all__ = ["RUN_DIR", "Ledger", "LabLock", "lab_dir", "process_start_time", "list_labs"]
+__all__ = ["RUN_DIR", "Ledger", "LabLock", "lab_dir", "dir_lock", "process_start_time", "list_labs"]
 
 RUN_DIR = Path(os.environ.get("LABKIT_RUN_DIR", "/run/labkit"))
 
@@ -35,6 +39,28 @@ RUN_DIR = Path(os.environ.get("LABKIT_RUN_DIR", "/run/labkit"))
 def lab_dir(lab: str) -> Path:
     """``/run/labkit/<lab>``."""
     return RUN_DIR / lab
+
+
+@contextlib.contextmanager
+def dir_lock(lab: str, shared: bool = False) -> Iterator[None]:
+    """Hold a flock of ``/run/labkit/<lab>``: exclusive for a writer of the lab's shared state files,
+    ``shared`` for a reader, so no reader sees half a file. Blocks until granted.
+
+    >>> with dir_lock("no-such-lab"):  # doctest: +SKIP
+    ...     pass
+    Traceback (most recent call last):
+    labkit.errors.NotFoundError: lab 'no-such-lab' is not up (no /run/labkit/no-such-lab)
+    """
+    path = lab_dir(lab)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise NotFoundError(f"lab '{lab}' is not up (no {path})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def list_labs() -> list[str]:

@@ -4,13 +4,12 @@ lab directory (:class:`JsonStore`), or a dictionary (:class:`MemoryStore`, no ke
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 from typing import Iterator, Protocol
 
-from labkit.errors import ConfigError, NotFoundError
-from labkit.net.ledger import Ledger, lab_dir
+from labkit.errors import ConfigError
+from labkit.net.ledger import Ledger, dir_lock, lab_dir
 
 __all__ = ["ServiceStore", "JsonStore", "MemoryStore"]
 
@@ -45,7 +44,7 @@ class JsonStore:
         try:
             if self._held:
                 return self._read()
-            with self._flock(fcntl.LOCK_SH):
+            with dir_lock(self.lab, shared=True):
                 return self._read()
         except FileNotFoundError:
             return {}
@@ -65,7 +64,7 @@ class JsonStore:
         raw = json.dumps(data, separators=(",", ":")).encode()  # compact: the C encoder, fast
         with contextlib.ExitStack() as stack:
             if not self._held:
-                stack.enter_context(self._flock(fcntl.LOCK_EX))
+                stack.enter_context(dir_lock(self.lab))
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 os.write(fd, raw)
@@ -74,20 +73,8 @@ class JsonStore:
                 os.close(fd)
 
     @contextlib.contextmanager
-    def _flock(self, how: int) -> Iterator[None]:
-        try:
-            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise NotFoundError(f"lab '{self.lab}' is not up (no {self.dir})") from None
-        try:
-            fcntl.flock(fd, how)
-            yield
-        finally:
-            os.close(fd)
-
-    @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        with self._flock(fcntl.LOCK_EX):
+        with dir_lock(self.lab):
             self._held = True
             try:
                 yield
