@@ -37,6 +37,7 @@ from typing import Callable, Iterable
 from labkit.grading.jobs import JobResult, run_jobs
 from labkit.grading.answers import canonical, rhs
 from labkit.grading.checks import CHECK_MIME, exercises_for
+from labkit.grading.headless import error_outputs, run_notebook
 from labkit.errors import ConfigError, LabBusyError
 from labkit.lab import Lab
 from labkit.lab.session import VARIANTS
@@ -353,7 +354,6 @@ def execute(job: dict) -> dict:
     stopped. The grade log (``job["log"]``) gets every check result as it happens."""
     _quiet(job["workdir"])
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     nb = nbformat.read(job["notebook"], as_version=4)
@@ -363,21 +363,13 @@ def execute(job: dict) -> dict:
     def limit(cell) -> int:  # a cell's limit, and no later than the notebook's
         return max(1, int(min(job["cell_timeout"], deadline - time.monotonic()) + 0.999))
 
-    client = NotebookClient(nb, timeout=job["cell_timeout"], timeout_func=limit, kernel_name="python3",
-                            allow_errors=True, shutdown_kernel="immediate",
-                            resources={"metadata": {"path": job["workdir"]}})
+    def started(pid: int) -> None:  # the kernel's pid, for the parent to kill if all else fails
+        Path(job["pidfile"]).write_text(str(pid))
 
-    def started(notebook=None, **_) -> None:  # the kernel's pid, for the parent to kill if all else fails
-        pid = getattr(getattr(client.km, "provisioner", None), "pid", None)
-        if pid:
-            Path(job["pidfile"]).write_text(str(pid))
-
-    client.on_notebook_start = started
-    client.on_cell_start = lambda cell=None, cell_index=None, **_: at.update(cell=cell_index)
-    env = {**os.environ, "LABKIT_LAB": job["lab"], "LABKIT_GRADE_LOG": job["log"]}
     stopped = None
     try:
-        client.execute(env=env)
+        run_notebook(nb, job["lab"], job["log"], job["workdir"], job["cell_timeout"], timeout_func=limit,
+                     shutdown_kernel="immediate", on_kernel=started, on_cell=lambda index: at.update(cell=index))
     except CellTimeoutError:
         if time.monotonic() >= deadline - 1:
             stopped = f"stopped at cell {at['cell']}: the notebook ran over its time limit ({job['notebook_timeout']:g} s)"
@@ -391,8 +383,7 @@ def execute(job: dict) -> dict:
         left = take_down(job["lab"])
     if job.get("executed"):
         nbformat.write(nb, job["executed"])
-    errors = [{"cell": i, "ename": o.get("ename", ""), "evalue": o.get("evalue", "")}
-              for i, cell in enumerate(nb.cells) for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [{"cell": i, "ename": o.get("ename", ""), "evalue": o.get("evalue", "")} for i, o in error_outputs(nb)]
     return {"cell_errors": errors, "stopped": stopped, "stopped_at": at["cell"] if stopped else None,
             "teardown": left}
 

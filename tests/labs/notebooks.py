@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
 
 import nbformat
 
+from labkit.grading.headless import error_outputs, run_notebook
 from labtag import tagged
 
 __all__ = [
@@ -54,27 +54,21 @@ def answer_cells(nb) -> dict[str, nbformat.NotebookNode]:
 
 
 def execute(nb, lab: str, grade_log: Path, cwd: Path | None = None, timeout: int = CELL_TIMEOUT):
-    """Run ``nb`` (a copy) top to bottom in a python3 kernel with ``LABKIT_LAB=lab`` and
-    ``LABKIT_GRADE_LOG=grade_log``; cell errors are kept as outputs. Returns (notebook, seconds)."""
-    from nbclient import NotebookClient
-
+    """Run ``nb`` (a copy) as grading runs it (:func:`labkit.grading.headless.run_notebook`), with
+    ``LABKIT_LAB=lab`` and ``LABKIT_GRADE_LOG=grade_log``. Returns (notebook, seconds)."""
     ran = copy.deepcopy(nb)
-    env = {**os.environ, "LABKIT_LAB": lab, "LABKIT_GRADE_LOG": str(grade_log)}
-    client = NotebookClient(ran, timeout=timeout, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(cwd or grade_log.parent)}})
     t0 = time.monotonic()
-    client.execute(env=env)
+    run_notebook(ran, lab, grade_log, cwd or grade_log.parent, timeout)
     return ran, time.monotonic() - t0
 
 
 def cell_errors(nb) -> list[str]:
     """``cell N: Ename: value`` for every cell that raised."""
     out = []
-    for i, cell in enumerate(nb.cells):
-        for o in cell.get("outputs", []):
-            if o.get("output_type") == "error":
-                first = cell.source.splitlines()[0] if cell.source else ""
-                out.append(f"cell {i} ({first!r}): {o.get('ename')}: {o.get('evalue')}")
+    for i, o in error_outputs(nb):
+        source = nb.cells[i].source
+        first = source.splitlines()[0] if source else ""
+        out.append(f"cell {i} ({first!r}): {o.get('ename')}: {o.get('evalue')}")
     return out
 
 
