@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import html as _html
 import socket
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from typing import Any, Iterable, Sequence
 
 from labkit.maps.ct import CT_MAPS, CtFlags, CtRow, TcpFlags, diff_rows
 
-__all__ = ["Filters", "render_table", "CtTable", "watch", "time_render", "PROTO_CHOICES", "TABLE_HEIGHT"]
+__all__ = ["Filters", "render_table", "CtTable", "watch", "PROTO_CHOICES", "TABLE_HEIGHT"]
 
 #: Choices of the protocol filter: (label, value) pairs, value None for all.
 PROTO_CHOICES = (("All", None), ("TCP", "TCP"), ("UDP", "UDP"), ("ICMP", "ICMP"))
@@ -542,48 +541,3 @@ def watch(lab: Any, node: str, interval: float | None = None) -> CtTable:
     if interval is not None:
         table.start(interval)
     return table
-
-
-# -- speed ----------------------------------------------------------------------------------
-
-def _fabricate(n: int, lifetime: int = 1100, packets: int = 1) -> list[CtRow]:
-    """``n`` rows of both maps: TCP OUT/IN pairs, UDP and ICMP flows, some RELATED twins."""
-    from labkit.maps.ct import CtEntry, CtKey4, TupleFlags
-
-    rows = []
-    for i in range(n):
-        kind = i % 4
-        proto = (6, 6, 17, 1)[kind]
-        flags = TupleFlags.IN if kind == 1 else TupleFlags.OUT
-        if kind == 2 and i % 8 == 2:
-            flags |= TupleFlags.RELATED
-        src = f"198.18.{1 + i % 2}.{10 + i % 200}"
-        key = CtKey4.make(src, "198.18.3.11", 30000 + i, 8080 if proto != 1 else 0, proto, flags)
-        entry = CtEntry(lifetime=lifetime + i % 300 - 150, flags=0x10 if proto == 6 else 0, packets=packets + i,
-                        bytes=(packets + i) * 66, tx_flags_seen=0x1A if proto == 6 else 0,
-                        rx_flags_seen=0x12 if proto == 6 else 0, rev_nat_index=socket.htons(i % 5))
-        rows.append(CtRow.of(key, entry))
-    return rows
-
-
-def time_render(n: int = 1000, runs: int = 7) -> float:
-    """Median seconds :func:`render_table` takes for ``n`` fabricated rows against a previous
-    dump (a tenth of them changed, a few added and removed), over ``runs`` runs. For ``make bench``.
-
-    >>> time_render(20, runs=1) < 1
-    True
-    """
-    previous = _fabricate(n + n // 50)[n // 100:]  # some rows only before, some only now
-    rows = [r if i % 10 else _fabricate_changed(r) for i, r in enumerate(_fabricate(n))]
-    samples = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        render_table(rows, previous=previous, now=1000)
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
-
-
-def _fabricate_changed(row: CtRow) -> CtRow:
-    from dataclasses import replace
-
-    return replace(row, packets=row.packets + 1, bytes=row.bytes + 66, lifetime=row.lifetime + 60)

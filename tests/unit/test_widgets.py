@@ -3,7 +3,10 @@ and the ipywidgets CtTable around it (refresh, filters, timer thread, errors).""
 from __future__ import annotations
 
 import random
+import socket
+import statistics
 import threading
+import time
 from dataclasses import replace
 from html.parser import HTMLParser
 from types import SimpleNamespace
@@ -15,7 +18,7 @@ pytest.importorskip("ipywidgets")
 import labkit.notebook.widgets as widgets  # noqa: E402
 from labkit.errors import LabStateError, NotFoundError  # noqa: E402
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow, TupleFlags  # noqa: E402
-from labkit.notebook.widgets import CtTable, Filters, render_table, time_render, watch  # noqa: E402
+from labkit.notebook.widgets import CtTable, Filters, render_table, watch  # noqa: E402
 
 C, S = "198.18.1.11", "198.18.2.11"
 NOW = 1000
@@ -241,6 +244,43 @@ def test_empty_dump():
     """No rows: only the header row and a note."""
     html = render_table([], now=NOW)
     assert html.count("<tr") == 1 and "no CT entries" in html
+
+
+# -- speed: fabricated rows, render_table's timing ------------------------------------------
+
+def _fabricate(n: int, lifetime: int = 1100, packets: int = 1) -> list[CtRow]:
+    """``n`` rows of both maps: TCP OUT/IN pairs, UDP and ICMP flows, some RELATED twins."""
+    rows = []
+    for i in range(n):
+        kind = i % 4
+        proto = (6, 6, 17, 1)[kind]
+        flags = TupleFlags.IN if kind == 1 else TupleFlags.OUT
+        if kind == 2 and i % 8 == 2:
+            flags |= TupleFlags.RELATED
+        src = f"198.18.{1 + i % 2}.{10 + i % 200}"
+        key = CtKey4.make(src, "198.18.3.11", 30000 + i, 8080 if proto != 1 else 0, proto, flags)
+        entry = CtEntry(lifetime=lifetime + i % 300 - 150, flags=0x10 if proto == 6 else 0, packets=packets + i,
+                        bytes=(packets + i) * 66, tx_flags_seen=0x1A if proto == 6 else 0,
+                        rx_flags_seen=0x12 if proto == 6 else 0, rev_nat_index=socket.htons(i % 5))
+        rows.append(CtRow.of(key, entry))
+    return rows
+
+
+def time_render(n: int = 1000, runs: int = 7) -> float:
+    """Median seconds :func:`render_table` takes for ``n`` fabricated rows against a previous
+    dump (a tenth of them changed, a few added and removed), over ``runs`` runs."""
+    previous = _fabricate(n + n // 50)[n // 100:]  # some rows only before, some only now
+    rows = [r if i % 10 else _fabricate_changed(r) for i, r in enumerate(_fabricate(n))]
+    samples = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        render_table(rows, previous=previous, now=1000)
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+def _fabricate_changed(row: CtRow) -> CtRow:
+    return replace(row, packets=row.packets + 1, bytes=row.bytes + 66, lifetime=row.lifetime + 60)
 
 
 def test_time_render_measures():
