@@ -31,16 +31,15 @@ GC uses its release's way (:func:`default_mode`) unless told otherwise.
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import os
-import socket
 import struct
 import time
 from dataclasses import asdict, dataclass
 
+from labkit.addr import be32
 from labkit.datapath import bpf as _bpf
-from labkit.maps.base import batch_chunk, open_pinned
+from labkit.maps.base import PinnedMap, open_pinned
 from labkit.maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4, TupleFlags
 from labkit.maps.nat import NAT_MAP, NatEntry, NatKey4
 from labkit.net.ledger import Ledger, dir_lock, lab_dir
@@ -58,7 +57,6 @@ SCAN_MODES = ("batch", "per-entry")
 _KEY = ctypes.sizeof(CtKey4)  # 14 bytes, packed
 _VALUE = ctypes.sizeof(CtEntry)  # 56 bytes
 _LIFETIME = struct.Struct("<32xIH18x")  # lifetime and flags of a ct_entry
-_NO_BATCH = (errno.EINVAL, 524)
 _NOT_OUT = TupleFlags.IN | TupleFlags.RELATED | TupleFlags.SERVICE  # key flags of entries that own no NAT entry
 
 
@@ -162,37 +160,26 @@ def _snat_out_key(key: bytes) -> NatKey4:
     return nat
 
 
-def _delete_nat_of(nat_fd: int, key: bytes, dsr: bool) -> int:
+def _delete_nat_of(nat: PinnedMap, key: bytes, dsr: bool) -> int:
     """Delete what an expired OUT entry stood for in the NAT map; how many NAT entries went."""
     if dsr:
-        return int(_bpf.delete(nat_fd, _dsr_nat_key(key)))
+        return int(nat.delete(_dsr_nat_key(key)))
     out = _snat_out_key(key)
-    value = NatEntry()
-    if not _bpf.lookup(nat_fd, out, value):
+    value = nat.get(out)
+    if value is None:
         return 0
     # The reverse entry, keyed by the reply: {saddr=backend, sport=its port, daddr=to_addr, dport=to_port, IN}.
     back = NatKey4(daddr=value.to_addr, saddr=out.daddr, dport=value.to_port, sport=out.dport,
                    nexthdr=out.nexthdr, flags=TupleFlags.IN)
-    return int(_bpf.delete(nat_fd, out)) + int(_bpf.delete(nat_fd, back))
+    return int(nat.delete(out)) + int(nat.delete(back))
 
 
-def _scan_batch(fd: int, max_entries: int, now: int) -> tuple[int, list[bytes], list[bytes]]:
-    """(entries read, keys to delete, (key, is DSRInternal) of the deleted OUT entries), one syscall per chunk."""
-    chunk = batch_chunk(max_entries)
-    token_size = 8
-    in_batch, out_batch = None, ctypes.create_string_buffer(token_size)
+def _scan_batch(ct: PinnedMap, now: int) -> tuple[int, list[bytes], list[tuple[bytes, bool]]]:
+    """(entries read, keys to delete, (key, is DSRInternal) of the deleted OUT entries), one syscall per
+    chunk (:meth:`PinnedMap.lookup_batches`); each chunk is read as bytes, no object per entry."""
     scanned, expired, outs = 0, [], []
-    while True:
-        keys = ctypes.create_string_buffer(_KEY * chunk)
-        values = ctypes.create_string_buffer(_VALUE * chunk)
-        try:
-            n, done = _bpf.lookup_batch(fd, keys, values, chunk, in_batch, out_batch)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:  # a bucket holds more than a chunk: Cilium doubles it
-                chunk *= 2
-                continue
-            raise
-        raw_keys, raw_values = keys.raw, values.raw
+    for keys, values, n in ct.lookup_batches():
+        raw_keys, raw_values = bytes(keys), bytes(values)
         for i, (lifetime, flags) in enumerate(_LIFETIME.iter_unpack(raw_values[: n * _VALUE])):
             if lifetime < now:
                 key = raw_keys[i * _KEY:(i + 1) * _KEY]
@@ -200,42 +187,23 @@ def _scan_batch(fd: int, max_entries: int, now: int) -> tuple[int, list[bytes], 
                 if key[13] & _NOT_OUT == 0:  # an OUT entry: not IN, RELATED or SVC
                     outs.append((key, bool(flags & CtFlags.DSR_INTERNAL)))
         scanned += n
-        if done:
-            return scanned, expired, outs
-        in_batch = ctypes.create_string_buffer(out_batch.raw, token_size)
-
-
-def _delete_batch(fd: int, keys: list[bytes]) -> int:
-    if not keys:
-        return 0
-    buf = ctypes.create_string_buffer(b"".join(keys), _KEY * len(keys))
-    try:
-        return _bpf.delete_batch(fd, buf, len(keys))
-    except OSError as exc:
-        if exc.errno not in _NO_BATCH:
-            raise
-    return sum(_bpf.delete(fd, ctypes.create_string_buffer(k, _KEY)) for k in keys)
-
-
-def _scan_per_entry(fd: int, now: int) -> tuple[int, list[bytes], list[bytes]]:
-    """The same, one BPF_MAP_GET_NEXT_KEY and one lookup per entry."""
-    scanned, expired, outs = 0, [], []
-    prev, cur, value = None, ctypes.create_string_buffer(_KEY), ctypes.create_string_buffer(_VALUE)
-    while _bpf.next_key(fd, prev, cur):
-        if _bpf.lookup(fd, cur, value):
-            scanned += 1
-            lifetime, flags = _LIFETIME.unpack(value.raw)
-            if lifetime < now:
-                key = cur.raw
-                expired.append(key)
-                if key[13] & _NOT_OUT == 0:
-                    outs.append((key, bool(flags & CtFlags.DSR_INTERNAL)))
-        prev, cur = cur, ctypes.create_string_buffer(_KEY)
     return scanned, expired, outs
 
 
-def _delete_per_entry(fd: int, keys: list[bytes]) -> int:
-    return sum(_bpf.delete(fd, ctypes.create_string_buffer(k, _KEY)) for k in keys)
+def _scan_per_entry(ct: PinnedMap, now: int) -> tuple[int, list[bytes], list[tuple[bytes, bool]]]:
+    """The same, one BPF_MAP_GET_NEXT_KEY and one lookup per entry."""
+    scanned, expired, outs = 0, [], []
+    for key in ct:
+        value = ct.get(key)
+        if value is None:
+            continue
+        scanned += 1
+        if value.lifetime < now:
+            raw = bytes(key)
+            expired.append(raw)
+            if key.flags & _NOT_OUT == 0:
+                outs.append((raw, bool(value.flags & CtFlags.DSR_INTERNAL)))
+    return scanned, expired, outs
 
 
 def collect_node(node: str, pin_dir: str, now: int, mode: str = "per-entry",
@@ -246,32 +214,31 @@ def collect_node(node: str, pin_dir: str, now: int, mode: str = "per-entry",
     if mode not in SCAN_MODES:
         raise ValueError(f"GC scan mode {mode!r}: expected one of {', '.join(SCAN_MODES)}")
     out = []
-    nat_fd = None
+    nat = None
     try:
         for map_name in map_names:
-            fd = open_pinned(f"{pin_dir}/{map_name}")
-            try:
-                max_entries = _bpf.map_info(fd).max_entries
+            with PinnedMap(f"{pin_dir}/{map_name}", CtKey4, CtEntry) as ct:
                 t0 = time.perf_counter()
                 if mode == "batch":
-                    scanned, expired, outs = _scan_batch(fd, max_entries, now)
+                    scanned, expired, outs = _scan_batch(ct, now)
                 else:
-                    scanned, expired, outs = _scan_per_entry(fd, now)
+                    scanned, expired, outs = _scan_per_entry(ct, now)
                 if not delete:
                     expired, outs = [], []
-                deleted = _delete_batch(fd, expired) if mode == "batch" else _delete_per_entry(fd, expired)
+                if mode == "batch":
+                    deleted = ct.items_delete_batch(expired)
+                else:
+                    deleted = sum(ct.delete(CtKey4.from_buffer_copy(k)) for k in expired)
                 nat_deleted = 0
                 if outs:
-                    if nat_fd is None:
-                        nat_fd = open_pinned(f"{pin_dir}/{NAT_MAP}")
-                    nat_deleted = sum(_delete_nat_of(nat_fd, k, dsr) for k, dsr in outs)
-                out.append(MapScan(node, map_name, max_entries, scanned, deleted,
+                    if nat is None:
+                        nat = PinnedMap(f"{pin_dir}/{NAT_MAP}", NatKey4, NatEntry)
+                    nat_deleted = sum(_delete_nat_of(nat, k, dsr) for k, dsr in outs)
+                out.append(MapScan(node, map_name, ct.max_entries, scanned, deleted,
                                    round(time.perf_counter() - t0, 6), nat_deleted))
-            finally:
-                os.close(fd)
     finally:
-        if nat_fd is not None:
-            os.close(nat_fd)
+        if nat is not None:
+            nat.close()
     return out
 
 
@@ -279,26 +246,15 @@ def flush_address(pin_dir: str, ip: str) -> tuple[int, int]:
     """Delete every CT entry with ``ip`` as either address, and every NAT entry with it as an address or
     translation, from the maps pinned under ``pin_dir``: Cilium's GC of a removed endpoint.
     Returns (CT entries, NAT entries) deleted."""
-    raw = socket.inet_aton(ip)
-    ct_deleted = nat_deleted = 0
+    addr = be32(ip)
+    ct_deleted = 0
     for map_name in CT_MAPS:
-        fd = open_pinned(f"{pin_dir}/{map_name}")
-        try:
-            doomed = [k for k in _bpf.all_keys(fd, _KEY) if raw in (k[0:4], k[4:8])]
-            ct_deleted += _delete_batch(fd, doomed)
-        finally:
-            os.close(fd)
-    fd = open_pinned(f"{pin_dir}/{NAT_MAP}")
-    try:
-        value = ctypes.create_string_buffer(40)
-        doomed = []
-        for k in _bpf.all_keys(fd, _KEY):
-            if raw in (k[0:4], k[4:8]) or (_bpf.lookup(fd, ctypes.create_string_buffer(k, _KEY), value)
-                                           and value.raw[32:36] == raw):
-                doomed.append(k)
-        nat_deleted = _delete_per_entry(fd, doomed)
-    finally:
-        os.close(fd)
+        with PinnedMap(f"{pin_dir}/{map_name}", CtKey4, CtEntry) as ct:
+            ct_deleted += ct.items_delete_batch([k for k in ct if addr in (k.daddr, k.saddr)])
+    with PinnedMap(f"{pin_dir}/{NAT_MAP}", NatKey4, NatEntry) as nat:
+        doomed = [k for k in nat
+                  if addr in (k.daddr, k.saddr) or ((v := nat.get(k)) is not None and v.to_addr == addr)]
+        nat_deleted = sum(nat.delete(k) for k in doomed)
     return ct_deleted, nat_deleted
 
 

@@ -1,19 +1,26 @@
 """Pinned BPF maps as Python mappings of typed keys and values.
 
+:class:`PinnedMap` is a :class:`collections.abc.MutableMapping` (``m[key]``,
+``del m[key]``, ``key in m``, ``len(m)``, iteration over keys) with BCC's batch
+verbs besides (``bcc/table.py``): :meth:`~PinnedMap.items_lookup_batch` and
+:meth:`~PinnedMap.items_delete_batch`.
+
     >>> from labkit.maps.ct import CtKey4, CtEntry
     >>> m = PinnedMap("/sys/fs/bpf/labkit/demo/node-a/cilium_ct4_global", CtKey4, CtEntry)  # doctest: +SKIP
     >>> for key, entry in m.items(): ...                                                 # doctest: +SKIP
 
 The same map on the command line: ``bpftool map dump pinned <path>``.
-Reading uses ``BPF_MAP_LOOKUP_BATCH`` (one syscall per chunk, as Cilium 1.18
-does) and falls back to one lookup per key where batches are not supported.
+:meth:`~PinnedMap.items` reads with ``BPF_MAP_LOOKUP_BATCH`` (one syscall per
+chunk, as Cilium 1.18 does) and falls back to one lookup per key where batches
+are not supported.
 """
 from __future__ import annotations
 
 import ctypes
 import errno
 import os
-from typing import Generic, Iterator, TypeVar
+from collections.abc import MutableMapping
+from typing import Generic, Iterable, Iterator, TypeVar
 
 from labkit.datapath import bpf as _bpf
 from labkit.errors import DatapathError, NotFoundError
@@ -47,8 +54,8 @@ def open_pinned(path: str) -> int:
         raise DatapathError(f"pinned map {path}: cannot open ({exc.strerror})") from None
 
 
-class PinnedMap(Generic[K, V]):
-    """A pinned map whose keys and values are the given ctypes structures."""
+class PinnedMap(MutableMapping, Generic[K, V]):
+    """A pinned map whose keys and values are the given ctypes structures (or ctypes scalars)."""
 
     _by_name = False  # opened from an fd (from_fd), not a pin
 
@@ -83,10 +90,10 @@ class PinnedMap(Generic[K, V]):
             )
 
     # -- the mapping verbs ---------------------------------------------------
-    def get(self, key: K) -> V | None:
-        """The value for ``key``, or None."""
+    def get(self, key: K, default: V | None = None) -> V | None:
+        """The value for ``key`` (one ``BPF_MAP_LOOKUP_ELEM``), or ``default``."""
         value = self.value_type()
-        return value if _bpf.lookup(self.fd, key, value) else None
+        return value if _bpf.lookup(self.fd, key, value) else default
 
     def __getitem__(self, key: K) -> V:
         value = self.get(key)
@@ -105,17 +112,23 @@ class PinnedMap(Generic[K, V]):
         """Delete ``key``; False if it was not there."""
         return _bpf.delete(self.fd, key)
 
-    def keys(self) -> Iterator[K]:
+    def __iter__(self) -> Iterator[K]:
         """Keys one ``BPF_MAP_GET_NEXT_KEY`` at a time."""
         prev, cur = None, self.key_type()
         while _bpf.next_key(self.fd, prev, cur):
             yield cur
             prev, cur = cur, self.key_type()
 
+    def __len__(self) -> int:
+        return len(self.items())
+
+    __eq__ = object.__eq__  # a map handle is equal only to itself, as before it was a Mapping
+    __hash__ = object.__hash__
+
     def items(self) -> list[tuple[K, V]]:
         """Every entry, read in batches (per key where batches are unsupported)."""
         try:
-            return list(self._items_batch())
+            return list(self.items_lookup_batch())
         except OSError as exc:
             if exc.errno not in _NO_BATCH:
                 raise
@@ -123,9 +136,15 @@ class PinnedMap(Generic[K, V]):
 
     def items_per_key(self) -> list[tuple[K, V]]:
         """Every entry with one lookup syscall per key (the pre-1.18 way)."""
-        return [(k, v) for k in list(self.keys()) if (v := self.get(k)) is not None]
+        return [(k, v) for k in list(self) if (v := self.get(k)) is not None]
 
-    def _items_batch(self) -> Iterator[tuple[K, V]]:
+    # -- BCC's batch verbs ---------------------------------------------------
+    def lookup_batches(self) -> Iterator[tuple[ctypes.Array, ctypes.Array, int]]:
+        """The map chunk by chunk, one ``BPF_MAP_LOOKUP_BATCH`` each: (keys, values, how many are filled).
+
+        Chunks are Cilium's size (:func:`batch_chunk`), doubled when one hash bucket holds more
+        (ENOSPC). Where batches are unsupported the kernel's EINVAL/ENOTSUPP is raised.
+        """
         chunk = batch_chunk(self.max_entries)
         token_size = max(ctypes.sizeof(self.key_type), 8)
         in_batch, out_batch = None, ctypes.create_string_buffer(token_size)
@@ -139,27 +158,35 @@ class PinnedMap(Generic[K, V]):
                     chunk *= 2
                     continue
                 raise
-            for i in range(n):
-                yield keys[i], values[i]
+            yield keys, values, n
             if done:
                 return
             in_batch = ctypes.create_string_buffer(out_batch.raw, token_size)
 
-    def clear(self) -> int:
-        """Delete every entry; returns how many were deleted."""
-        keys = [k for k, _ in self.items()]
-        if not keys:
+    def items_lookup_batch(self) -> Iterator[tuple[K, V]]:
+        """Every entry, read with ``BPF_MAP_LOOKUP_BATCH`` (BCC's name)."""
+        for keys, values, n in self.lookup_batches():
+            for i in range(n):
+                yield keys[i], values[i]
+
+    def items_delete_batch(self, keys: Iterable[K | bytes] | None = None) -> int:
+        """Delete ``keys`` (every key when None) with one ``BPF_MAP_DELETE_BATCH`` (BCC's name), one
+        delete per key where batches are unsupported; returns how many were deleted. A key may be
+        given as its raw bytes."""
+        raw = [bytes(k) for k in (self if keys is None else keys)]
+        if not raw:
             return 0
-        arr = (self.key_type * len(keys))(*keys)
+        size = ctypes.sizeof(self.key_type)
         try:
-            return _bpf.delete_batch(self.fd, arr, len(keys))
+            return _bpf.delete_batch(self.fd, ctypes.create_string_buffer(b"".join(raw), size * len(raw)), len(raw))
         except OSError as exc:
             if exc.errno not in _NO_BATCH:
                 raise
-        return sum(self.delete(k) for k in keys)
+        return sum(_bpf.delete(self.fd, ctypes.create_string_buffer(k, size)) for k in raw)
 
-    def __len__(self) -> int:
-        return len(self.items())
+    def clear(self) -> int:
+        """Delete every entry; returns how many were deleted."""
+        return self.items_delete_batch([k for k, _ in self.items()])
 
     def close(self) -> None:
         """Close the map's fd."""

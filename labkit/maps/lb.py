@@ -39,7 +39,7 @@ from labkit._tabwriter import tabwrite
 from labkit.addr import be32, ipv4
 from labkit.errors import ConfigError
 from labkit.datapath import bpf as _bpf
-from labkit.maps.base import open_pinned
+from labkit.maps.base import PinnedMap
 from labkit.release import DEFAULT_RELEASE, profile
 
 __all__ = [
@@ -574,11 +574,11 @@ class PinnedMaglev:
     def __init__(self, path: str, table_size: int):
         self.path = path
         self.table_size = table_size
-        self.fd = open_pinned(path)
+        self.outer = PinnedMap(path, Lb4RevNatKey, ctypes.c_uint32)  #: service id → inner map (id read, fd written)
 
     def get(self, key: Lb4RevNatKey) -> MaglevLut | None:
-        inner_id = ctypes.c_uint32()
-        if not _bpf.lookup(self.fd, key, inner_id):
+        inner_id = self.outer.get(key)
+        if inner_id is None:
             return None
         fd = _bpf.map_fd_by_id(inner_id.value)
         try:
@@ -597,27 +597,24 @@ class PinnedMaglev:
         try:
             raw = ctypes.create_string_buffer(bytes(lut), len(bytes(lut)))
             _bpf.update(fd, ctypes.c_uint32(0), raw)
-            _bpf.update(self.fd, key, ctypes.c_uint32(fd))
+            self.outer[key] = ctypes.c_uint32(fd)
         finally:
             os.close(fd)
 
     def delete(self, key: Lb4RevNatKey) -> bool:
-        return _bpf.delete(self.fd, key)
+        return self.outer.delete(key)
 
     def items(self) -> list[tuple[Lb4RevNatKey, MaglevLut]]:
-        keys = [Lb4RevNatKey.from_buffer_copy(k) for k in _bpf.all_keys(self.fd, ctypes.sizeof(Lb4RevNatKey))]
-        return [(k, v) for k in keys if (v := self.get(k)) is not None]
+        return [(k, v) for k in list(self.outer) if (v := self.get(k)) is not None]
 
     def clear(self) -> int:
         return sum(self.delete(k) for k, _ in self.items())
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.outer.close()
 
     def command(self) -> str:
-        return f"bpftool map dump pinned {self.path}"
+        return self.outer.command()
 
 
 LB_MAPS: dict[str, tuple[type, type]] = {
