@@ -108,8 +108,7 @@ def cmd_up(args) -> int:
     t0 = time.time()
     lab = Lab.up(args.lab, config=config)
     took = time.time() - t0
-    created = getattr(lab, "_state", {}).get("created")
-    reused = isinstance(created, (int, float)) and created < t0
+    reused = lab.state.created < t0
     topo = lab.topology
     print(f"lab {lab.name} is up: {lab.config.routing} routing, LB mode {lab.config.lb_mode}, "
           f"{'already running, attached' if reused else 'built'} in {took:.1f} s")

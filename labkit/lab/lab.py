@@ -45,7 +45,7 @@ from labkit.clock import LabClock, mono_seconds
 from labkit.config import LAB_DIFFERENCES, DatapathConfig
 from labkit.release import BEHAVIOURS
 from labkit.errors import ConfigError, DatapathError, LabStateError, LabTimeoutError, NotFoundError
-from labkit.net.ledger import RUN_DIR, LabLock, Ledger, lab_dir
+from labkit.net.ledger import RUN_DIR, STATE_VERSION, LabLock, LabState, Ledger, lab_dir
 from labkit.maps.base import PinnedMap
 from labkit.maps.config import AGENT_FAULTS, IMPLEMENTED_FAULTS, ConfigMaps, Fault, LabConfig, TraceMode
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
@@ -57,7 +57,6 @@ from labkit.observe.trace import EVENT_SIZE, EventLog
 __all__ = ["Lab", "PodHandle", "NodeHandle", "BPFFS_ROOT"]
 
 BPFFS_ROOT = Path(os.environ.get("LABKIT_BPFFS_ROOT", "/sys/fs/bpf/labkit"))
-STATE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -161,11 +160,11 @@ class NodeHandle(_Member):
 class Lab:
     """A lab that is up. Build with :meth:`up`, find with :meth:`attach`."""
 
-    def __init__(self, name: str, topology: Topology, config: DatapathConfig, state: dict):
+    def __init__(self, name: str, topology: Topology, config: DatapathConfig, state: LabState):
         self.name = name
         self.topology = topology
         self.config = config
-        self._state = state
+        self.state = state  #: what lab.json holds (pin directories, devices, cgroups, status, timings)
         self.clock = LabClock(self._read_clock_offset, self._write_clock_offset, self._clock_moved)
         self._clients: dict = {}
         self._watchers: list = []
@@ -201,7 +200,7 @@ class Lab:
         try:
             ledger = Ledger(name)
             if ledger.exists():
-                existing = cls._existing(name, ledger, topology, config)
+                existing = cls._existing(name, topology, config)
                 if existing is not None:
                     return existing
                 teardown(ledger)
@@ -211,14 +210,14 @@ class Lab:
         return lab
 
     @classmethod
-    def _existing(cls, name: str, ledger: Ledger, topology: Topology, config: DatapathConfig) -> "Lab | None":
+    def _existing(cls, name: str, topology: Topology, config: DatapathConfig) -> "Lab | None":
         try:
-            state = ledger.read_state()
-        except (LabStateError, ValueError):
+            state = LabState.read(name)
+        except (LabStateError, ValueError, TypeError):
             return None
-        if state.get("version") != STATE_VERSION or state.get("status") != "up":
+        if state.version != STATE_VERSION or state.status != "up":
             return None
-        if state["topology"] != topology.to_dict() or state["config"] != config.to_dict():
+        if state.topology != topology.to_dict() or state.config != config.to_dict():
             return None
         lab = cls(name, topology, config, state)
         return lab if not lab.health() else None
@@ -227,21 +226,10 @@ class Lab:
     def _build(cls, name: str, topology: Topology, config: DatapathConfig, ledger: Ledger) -> "Lab":
         t0 = time.monotonic()
         ledger.start()
-        state = {
-            "version": STATE_VERSION,
-            "lab": name,
-            "status": "building",
-            "owner_pid": os.getpid(),
-            "created": time.time(),
-            "topology": topology.to_dict(),
-            "config": config.to_dict(),
-            "pin_dirs": {n.name: str(BPFFS_ROOT / name / n.name) for n in topology.nodes},
-            "devices": {},
-            "cgroups": {},
-            "faults": 0,
-            "timings": {},
-        }
-        ledger.write_state(state)
+        state = LabState(name, topology.to_dict(), config.to_dict(),
+                         pin_dirs={n.name: str(BPFFS_ROOT / name / n.name) for n in topology.nodes},
+                         owner_pid=os.getpid(), created=time.time())
+        state.write()
         try:
             cls._realise(name, topology, config, ledger, state)
         except BaseException as exc:
@@ -250,9 +238,9 @@ class Lab:
             except Exception as cleanup:  # report both: what failed, and what could not be undone
                 raise cleanup from exc
             raise
-        state["status"] = "up"
-        state["timings"]["up_seconds"] = round(time.monotonic() - t0, 3)
-        ledger.write_state(state)
+        state.status = "up"
+        state.timings["up_seconds"] = round(time.monotonic() - t0, 3)
+        state.write()
         cls._start_gc(name, ledger)  # its timer starts on or off as config.gc_timer says
         return cls(name, topology, config, state)
 
@@ -267,14 +255,14 @@ class Lab:
 
     @classmethod
     def _realise(cls, name, topology, config, ledger, state) -> None:
-        timings = state["timings"]
+        timings = state.timings
         t = time.monotonic()
         cgroups = cls._make_cgroups(name, topology, ledger)
-        state["cgroups"] = cgroups
+        state.cgroups = cgroups
         net = _build.build_network(topology, config, ledger)
-        state["devices"] = {node: {str(k): v for k, v in devs.items()} for node, devs in net["devices"].items()}
+        state.devices = {node: {str(k): v for k, v in devs.items()} for node, devs in net["devices"].items()}
         timings["network_seconds"] = round(time.monotonic() - t, 3)
-        ledger.write_state(state)
+        state.write()
 
         servers = _build.start_pod_servers(topology, ledger, cgroups)
         t = time.monotonic()
@@ -283,7 +271,7 @@ class Lab:
             for node, proc in loaders.items():
                 cls._loader_until(proc, ledger, node, "pinned")
             for node, proc in loaders.items():
-                pin_dir = state["pin_dirs"][node]
+                pin_dir = state.pin_dirs[node]
                 agent.program_node(topology, node, config.routing, pin_dir, net["endpoints"][node])
                 ConfigMaps([pin_dir]).write(LabConfig.initial())
                 proc.stdin.write("attach\n")
@@ -297,7 +285,7 @@ class Lab:
                     proc.kill()
                 proc.wait()
         timings["datapath_seconds"] = round(time.monotonic() - t, 3)
-        ledger.write_state(state)
+        state.write()
         cls._start_monitor(name, ledger)
         cls._wait_servers(name, topology, servers)
 
@@ -329,7 +317,7 @@ class Lab:
         lab_pins.mkdir()
         procs = {}
         for n in topology.nodes:
-            pin_dir = Path(state["pin_dirs"][n.name])
+            pin_dir = Path(state.pin_dirs[n.name])
             ledger.record("pindir", path=str(pin_dir))
             pin_dir.mkdir()
             # stderr to a file, not a pipe: a verifier log can be far larger than a pipe holds,
@@ -343,7 +331,7 @@ class Lab:
                 text=True,
             )
             proc.errfile = errfile
-            cgroups = state["cgroups"]
+            cgroups = state.cgroups
             sock_cgroups = []  # where socket LB applies: the node's own processes, and with "full" its pods
             if config.socket_lb != "off" and n.name in cgroups:
                 sock_cgroups.append(cgroups[n.name])
@@ -411,12 +399,12 @@ class Lab:
         ledger = Ledger(name)
         if not ledger.exists():
             raise NotFoundError(f"lab '{name}' is not up (no ledger in {lab_dir(name)}); start it with `labkit --lab {name} up`")
-        state = ledger.read_state()
-        if state.get("status") != "up":
+        state = LabState.read(name)
+        if state.status != "up":
             raise LabStateError(
-                f"lab '{name}' is {state.get('status')!r}, expected 'up'; `labkit --lab {name} up` rebuilds it"
+                f"lab '{name}' is {state.status!r}, expected 'up'; `labkit --lab {name} up` rebuilds it"
             )
-        return cls(name, Topology.from_dict(state["topology"]), DatapathConfig.from_dict(state["config"]), state)
+        return cls(name, Topology.from_dict(state.topology), DatapathConfig.from_dict(state.config), state)
 
     def down(self) -> None:
         """Remove everything the ledger recorded, then check nothing of the lab is left."""
@@ -545,7 +533,7 @@ class Lab:
             ledger = Ledger(name)
             entries = ledger.entries()
             try:
-                topo = Topology.from_dict(ledger.read_state()["topology"])
+                topo = Topology.from_dict(LabState.read(name).topology)
                 expected = topo.all_netns()
             except (LabStateError, ValueError, KeyError):
                 expected = []
@@ -591,7 +579,7 @@ class Lab:
         if client is not None:
             client.close()
         netns, veth = self.topology.netns(name), self.topology.host_veth(name)
-        cgroup = self._state.get("cgroups", {}).get(name)
+        cgroup = self.state.cgroups.get(name)
         logs = {str(lab_dir(self.name) / "pods" / f"{name}.{ext}") for ext in ("log", "err")}
 
         def of_pod(e: dict) -> bool:
@@ -605,9 +593,9 @@ class Lab:
             ct, nat = flush_address(self.pin_dir(node.name), pod.ip)
             flushed["ct"][node.name], flushed["nat"][node.name] = ct, nat
         self.topology = _replace(self.topology, pods=tuple(p for p in self.topology.pods if p.name != name))
-        self._state["topology"] = self.topology.to_dict()
-        self._state.get("cgroups", {}).pop(name, None)
-        Ledger(self.name).write_state(self._state)
+        self.state.topology = self.topology.to_dict()
+        self.state.cgroups.pop(name, None)
+        self.state.write()
         self._services = None  # the agent's next call sees the topology without the pod
         self.note_change()
         return {"pod": name, "ip": pod.ip, "backends": backends, **flushed, "removed": len(removed)}
@@ -677,7 +665,7 @@ class Lab:
         problems = []
         entries = Ledger(self.name).entries()
         for node in self.topology.nodes:  # a lab built by an older labkit may lack a map this one needs
-            pin = self._state["pin_dirs"][node.name]
+            pin = self.state.pin_dirs[node.name]
             problems += [f"pinned map {pin}/{m} is missing" for m in MAP_NAMES if not os.path.exists(f"{pin}/{m}")]
         for e in entries:
             if e["kind"] == "netns" and not _netns.exists(e["name"]):
@@ -711,7 +699,7 @@ class Lab:
     def exec(self, name: str, argv: Sequence[str], timeout: float = 30, check: bool = False, **kw):
         """Run ``argv`` in the namespace (and for pods the cgroup) of ``name``."""
         netns = self.topology.netns(name)
-        cgroup = self._state.get("cgroups", {}).get(name)
+        cgroup = self.state.cgroups.get(name)
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
         return subprocess.run(
@@ -721,14 +709,14 @@ class Lab:
     def popen(self, name: str, argv: Sequence[str], **kw) -> subprocess.Popen:
         """Start ``argv`` in ``name`` without waiting."""
         netns = self.topology.netns(name)
-        cgroup = self._state.get("cgroups", {}).get(name)
+        cgroup = self.state.cgroups.get(name)
         return subprocess.Popen(list(argv), preexec_fn=_netns.preexec(netns, cgroup, new_session=False), **kw)
 
     def cgroup(self, name: str) -> str | None:
         """The cgroup v2 directory of a pod or node (their processes run in it)."""
         if self.topology.kind_of(name) == "external":
             return None
-        return self._state.get("cgroups", {}).get(name)
+        return self.state.cgroups.get(name)
 
     # -- maps -------------------------------------------------------------------
     @property
@@ -750,12 +738,12 @@ class Lab:
     def pin_dir(self, node: str) -> str:
         """``/sys/fs/bpf/labkit/<lab>/<node>``"""
         self.topology.node(node)
-        return self._state["pin_dirs"][node]
+        return self.state.pin_dirs[node]
 
     @property
     def pin_dirs(self) -> dict[str, str]:
         """``{node: /sys/fs/bpf/labkit/<lab>/<node>}`` for every node."""
-        return dict(self._state["pin_dirs"])
+        return dict(self.state.pin_dirs)
 
     def ct(self, node: str) -> list[CtRow]:
         """Every row of ``node``'s two CT maps, TCP map first."""
@@ -834,7 +822,7 @@ class Lab:
         """Reader of this lab's trace records, from the last reset on (its trace epoch): what came before
         belongs to an earlier use of the lab."""
         nodes = {n.node_id: n.name for n in self.topology.nodes}
-        devices = {node: {int(k): v for k, v in devs.items()} for node, devs in self._state["devices"].items()}
+        devices = {node: {int(k): v for k, v in devs.items()} for node, devs in self.state.devices.items()}
         log = EventLog(lab_dir(self.name) / "events.bin", nodes, devices)
         try:
             epoch = json.loads((lab_dir(self.name) / "trace.epoch").read_text())
@@ -847,7 +835,7 @@ class Lab:
         """Nodes, pods and externals with addresses, datapath options, clock, faults."""
         return {
             "lab": self.name,
-            "status": self._state.get("status"),
+            "status": self.state.status,
             "routing": self.config.routing,
             "socket_lb": self.config.socket_lb,
             "datapath": self.config.to_dict(),

@@ -5,7 +5,7 @@ Everything under ``/run/labkit/<lab>/``:
 ==============  ==========================================================
 ``ledger.jsonl``  one JSON line per created object (namespace, pin, process,
                   cgroup, tc filter, file), appended before the next step
-``lab.json``      topology, datapath options, status (building / up)
+``lab.json``      :class:`LabState`: topology, datapath options, status (building / up)
 ``events.bin``    trace records written by the lab's monitor
 ``pods/``         pod server logs
 ==============  ==========================================================
@@ -25,15 +25,62 @@ import fcntl
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
 from labkit.errors import LabBusyError, LabStateError, NotFoundError
 
-__all__ = ["RUN_DIR", "Ledger", "LabLock", "lab_dir", "dir_lock", "process_start_time", "list_labs"]
+__all__ = ["RUN_DIR", "STATE_VERSION", "LabState", "Ledger", "LabLock", "lab_dir", "dir_lock", "process_start_time",
+           "list_labs"]
 
 RUN_DIR = Path(os.environ.get("LABKIT_RUN_DIR", "/run/labkit"))
+STATE_VERSION = 1  #: lab.json's layout; a lab whose state has another is rebuilt by ``up``
+
+
+@dataclass
+class LabState:
+    """What ``lab.json`` holds: what a lab is and where its parts are, for every process that attaches.
+
+    The file is :meth:`to_dict` as JSON; :meth:`from_dict` reads it back (a missing field takes its default):
+
+    >>> s = LabState("demo", topology={}, config={}, pin_dirs={"node-a": "/sys/fs/bpf/labkit/demo/node-a"})
+    >>> LabState.from_dict(s.to_dict()) == s, s.status, sorted(s.to_dict())[:4]
+    (True, 'building', ['cgroups', 'config', 'created', 'devices'])
+    """
+
+    lab: str
+    topology: dict  #: :meth:`Topology.to_dict` of the lab as built (pods removed since included)
+    config: dict  #: :meth:`DatapathConfig.to_dict`
+    pin_dirs: dict[str, str]  #: node → the bpffs directory its maps are pinned in
+    status: str = "building"  #: 'building', then 'up'
+    version: int = STATE_VERSION
+    owner_pid: int = 0  #: the process that built it
+    created: float = 0.0  #: wall-clock time the build started
+    devices: dict[str, dict[str, str]] = field(default_factory=dict)  #: node → {ifindex as text: device}
+    cgroups: dict[str, str] = field(default_factory=dict)  #: node or pod → its cgroup (none without cgroup v2)
+    faults: int = 0
+    timings: dict[str, float] = field(default_factory=dict)  #: seconds per build phase
+
+    def to_dict(self) -> dict:
+        """The JSON object of lab.json."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LabState":
+        """The state of a lab.json object; fields it lacks take their defaults, unknown keys are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{"topology": {}, "config": {}, "pin_dirs": {}, "lab": "",
+                      **{k: v for k, v in data.items() if k in known}})
+
+    @classmethod
+    def read(cls, lab: str) -> "LabState":
+        """The lab's lab.json; LabStateError when it has none or it is unreadable."""
+        return cls.from_dict({"lab": lab, **Ledger(lab).read_state()})
+
+    def write(self) -> None:
+        """Replace the lab's lab.json with this state."""
+        Ledger(self.lab).write_state(self.to_dict())
 
 
 def lab_dir(lab: str) -> Path:
@@ -159,7 +206,7 @@ class Ledger:
         return self.dir / "lab.json"
 
     def read_state(self) -> dict:
-        """lab.json, or LabStateError when the lab has none."""
+        """lab.json's object (:meth:`LabState.read` types it), or LabStateError when the lab has none."""
         try:
             return json.loads(self.state_path.read_text())
         except FileNotFoundError:

@@ -13,7 +13,6 @@ rings' producer positions (:func:`flushed_past`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import signal
@@ -23,7 +22,7 @@ import time
 
 from labkit.datapath import bpf as _bpf
 from labkit.errors import LabTimeoutError
-from labkit.net.ledger import Ledger, lab_dir
+from labkit.net.ledger import LabState, Ledger, lab_dir
 from labkit.observe.trace import EVENT_SIZE
 
 __all__ = ["main", "ROTATE_BYTES", "flushed_past"]
@@ -32,8 +31,8 @@ ROTATE_BYTES = 64 * 1024 * 1024  # keep at most two files of this size
 
 
 def run(lab: str) -> None:
-    state = json.loads((lab_dir(lab) / "lab.json").read_text())
-    rings = [_bpf.RingBuffer(_bpf.obj_get(f"{pin}/labkit_events")) for pin in state["pin_dirs"].values()]
+    state = LabState.read(lab)
+    rings = [_bpf.RingBuffer(_bpf.obj_get(f"{pin}/labkit_events")) for pin in state.pin_dirs.values()]
     pos_path = lab_dir(lab) / "monitor.pos"
     pos_fd = os.open(pos_path, os.O_RDWR | os.O_CREAT, 0o644)
     poller = select.epoll()

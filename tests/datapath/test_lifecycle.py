@@ -49,10 +49,10 @@ def assert_nothing_left(name: str, topo: Topology | None = None) -> None:
 
 def test_up_is_idempotent(lab):
     """Lab.up on a healthy lab attaches to it instead of rebuilding."""
-    created = lab._state["created"]
+    created = lab.state.created
     t = time.monotonic()
     again = Lab.up(lab.name, config=lab.config)
-    assert again._state["created"] == created
+    assert again.state.created == created
     assert time.monotonic() - t < 1.0
     assert again.health() == []
 
@@ -92,7 +92,7 @@ def test_broken_lab_is_rebuilt():
         wait_for(lambda: process_start_time(monitor["pid"]) is None, what="the monitor to die")
         assert any("monitor" in p for p in lab.health())
         rebuilt = Lab.up(name, routing="native")
-        assert rebuilt._state["created"] != lab._state["created"]
+        assert rebuilt.state.created != lab.state.created
         assert rebuilt.health() == []
         assert rebuilt.pod("a1").exec("ping", "-c", "1", "-W", "2", rebuilt.pod("b1").ip).returncode == 0
     finally:

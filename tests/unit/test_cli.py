@@ -18,6 +18,7 @@ from labkit.constants import Hook, Verdict
 from labkit.errors import CleanupError, NotFoundError
 from labkit.lab import Lab
 from labkit.maps.ct import CtEntry, CtFlags, CtKey4, CtResult, CtRow, TupleFlags
+from labkit.net.ledger import LabState
 from labkit.net.topology import Topology
 from labkit.observe.trace import EventLog, TraceEvent, TraceTuple
 
@@ -65,7 +66,7 @@ class FakeLab:
         self.topology = Topology.default(name)
         self.config = DatapathConfig()
         self.clock = FakeClock()
-        self._state = {"created": 0.0}
+        self.state = LabState(name, self.topology.to_dict(), self.config.to_dict(), pin_dirs={}, created=0.0)
         self._events_path = events_path
         self.ct_nodes: list[str] = []
 

@@ -21,6 +21,7 @@ MODULES = [
     "labkit.maps.eps",
     "labkit.maps.config",
     "labkit.maps.base",
+    "labkit.net.ledger",
     "labkit.clock",
     "labkit.constants",
     "labkit.addr",

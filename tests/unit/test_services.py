@@ -488,10 +488,11 @@ def test_json_store_in_ledger_once(run_dir):
 def test_lab_services_property(run_dir):
     """Lab.services is one lazily built agent on the lab's pins and services.json."""
     from labkit.lab import Lab
+    from labkit.net.ledger import LabState
 
     topo = Topology.default("demo")
     state = {"pin_dirs": {n.name: f"/sys/fs/bpf/labkit/demo/{n.name}" for n in topo.nodes}}
-    lab = Lab("demo", topo, DatapathConfig(), state)
+    lab = Lab("demo", topo, DatapathConfig(), LabState.from_dict(state))
     assert lab.services is lab.services
     assert isinstance(lab.services.store, JsonStore) and lab.services.store.path == run_dir / "demo" / "services.json"
     assert lab.services.lb_command("node-a")[0] == \
