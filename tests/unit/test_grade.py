@@ -1,11 +1,10 @@
 """Unit tests of ``labkit grade`` without a lab or a kernel: the learner's record read from a handed-in file,
-learner names, scoring from a grade log, the reports (table, CSV, JSON, HTML) from fabricated scores, and
-the job runner's time limits and crashes with fake executors. Re-execution on the datapath: tests/labs/test_grade.py.
+learner names, scoring from a grade log, and grading with fake executors. The reports: test_report.py; the job
+runner: test_jobs.py. Re-execution on the datapath: tests/labs/test_grade_notebooks.py.
 """
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import time
@@ -16,12 +15,11 @@ import pytest
 
 from gradefixtures import check_output, class_scores, handed_in
 from labkit import cli
-from labkit.grading.jobs import run_jobs
 from labkit.grading.checks import exercises_for
 from labkit.errors import ConfigError
+from labkit.grading.report import format_csv
 from labkit.grading.grade import (HandedIn, answer_cells, check_cells, grade, grade_lab_name, lab_of, learner_names,
                           read_handed_in, read_record, saved_checks, score)
-from labkit.grading.report import format_csv, format_html, format_json, format_table, summarize, warnings
 
 IDS = [e.id for e in exercises_for("02")]
 
@@ -120,147 +118,6 @@ def test_score_reads_the_last_logged_check_and_names_what_was_not_graded():
     stopped = score(item, logged[:2], {"stopped_at": checks["02.3"]}, error="stopped at cell 9: the kernel died")
     assert {e.id: e.message for e in stopped.exercises}["02.3"] == \
         "the run stopped before its check (stopped at cell 9: the kernel died)"
-
-
-# -- reports ------------------------------------------------------------------------------------------
-def _rows(text: str) -> dict[str, dict]:
-    return {r["learner"]: r for r in csv.DictReader(io.StringIO(text))}
-
-
-def test_csv_one_row_per_learner_with_answers_tries_and_totals():
-    """A row per learner (labs handed in several share it): passed, answer, tries per exercise; score/total
-    over every lab of the run (a lab not handed in is blank and scores 0)."""
-    scores = class_scores()
-    ids03 = [e.id for e in exercises_for("03")]
-    rows = _rows(format_csv(scores))
-    assert list(rows) == ["alice", "bob", "carol"]
-    total = str(len(IDS) + len(ids03))
-    assert (rows["alice"]["score"], rows["alice"]["total"]) == (str(len(IDS) - 1 + len(ids03)), total)
-    assert (rows["bob"]["score"], rows["bob"]["total"]) == (str(len(IDS) - 2), total)
-    assert rows["alice"]["02.2"] == "0" and rows["alice"]["02.2 answer"] == "(60, 60)"
-    assert rows["alice"]["02.2 tries"] == "3"
-    assert (rows["bob"]["02.2"], rows["bob"]["02.2 answer"], rows["bob"]["02.2 tries"]) == ("0", "", "0")
-    assert rows["bob"][ids03[0]] == rows["bob"][f"{ids03[0]} answer"] == rows["bob"][f"{ids03[0]} tries"] == ""
-    assert rows["alice"]["notebooks"] == "alice/02.ipynb;alice/03.ipynb"
-    header = format_csv(scores).splitlines()[0].split(",")
-    assert header[:5] == ["learner", "notebooks", "02.1", "02.1 answer", "02.1 tries"]
-    assert header[-2:] == ["score", "total"]
-
-
-def test_a_second_hand_in_of_one_lab_counts_and_is_warned_about():
-    """Two notebooks of one lab by one learner: the later counts in the CSV, and a warning says so."""
-    scores = class_scores()
-    again = scores[1].__class__(**{**scores[1].__dict__, "notebook": "bob/02-again.ipynb", "exercises": [
-        e.__class__(**{**e.__dict__, "passed": True, "status": "passed"}) for e in scores[1].exercises]})
-    rows = _rows(format_csv(scores + [again]))
-    assert rows["bob"]["score"] == str(len(IDS)) and rows["bob"]["notebooks"] == "bob/02-again.ipynb"
-    assert any("bob handed in lab 02 twice" in w for w in warnings(scores + [again]))
-
-
-def test_json_has_every_notebook_learner_and_exercise():
-    """JSON: every notebook's score (with exercises, answers, tries), learners' totals, and the per-exercise summary."""
-    data = json.loads(json.dumps(format_json(class_scores())))
-    assert [n["learner"] for n in data["notebooks"]] == ["alice", "bob", "alice", "carol"]
-    first = data["notebooks"][0]
-    assert (first["score"], first["total"]) == (len(IDS) - 1, len(IDS))
-    assert {"id", "status", "passed", "answer", "tries", "message"} <= set(first["exercises"][0])
-    assert [t["learner"] for t in data["learners"]] == ["alice", "bob", "carol"]
-    x1 = next(x for x in data["exercises"] if x["id"] == "02.1")
-    assert (x1["learners"], x1["passed"], x1["failed"], x1["pass_rate"]) == (3, 1, 2, 0.333)
-
-
-def test_summary_groups_equal_wrong_answers_commonest_first():
-    """Wrong answers of failed exercises group by their value (quotes and spaces do not matter), commonest first."""
-    x = {s.id: s for s in summarize(class_scores())}
-    assert x["02.1"].wrong[0]["answer"] == "['SYN']" and x["02.1"].wrong[0]["count"] == 2
-    assert (x["02.2"].failed, x["02.2"].unanswered, x["02.3"].other) == (1, 1, 1)
-    assert x["02.3"].wrong == []  # missing evidence is not a wrong answer
-
-
-def test_html_report_is_self_contained(monkeypatch, tmp_path):
-    """The HTML report shows pass rates, wrong answers with the key's misconception, learners' totals; it
-    escapes what learners wrote and loads nothing from elsewhere."""
-    key = {ex: {"answer": f"answer_{ex.replace('.', '_')} = 1", "wrong": []} for ex in IDS}
-    key["02.1"]["wrong"] = [{"answer": "answer_02_1 = ['SYN']", "misconception": "the last ACK is not sent",
-                             "message": "missing"}]
-    (tmp_path / "02.json").write_text(json.dumps(key))
-    monkeypatch.setenv("LABKIT_ANSWERS", str(tmp_path))
-    scores = class_scores()
-    scores[1].exercises[0].answer = "['<script>']"
-    page = format_html(scores)
-    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    assert "1/3 (33%)" in page and "the last ACK is not sent" in page
-    assert "<script" not in page and "&lt;script&gt;" in page
-    assert not any(s in page for s in ("http://", "https://", "<link", "src="))
-    assert "<td>alice</td>" in page and "<td>carol</td>" in page
-
-
-def test_table_shows_scores_statuses_and_totals():
-    """The table has a block per notebook with each exercise's status and tries, the message of what failed,
-    and the learners' totals."""
-    text = format_table(class_scores())
-    assert "alice  lab 02  alice/02.ipynb  score 5/6" in text
-    assert "  02.2   FAIL        tries 3   The lifetime jump" in text and "answer (60, 60): failed message" in text
-    assert "  02.2   unanswered  tries 0" in text and "  02.3   no evidence tries 0" in text
-    assert "totals: alice 11/12, bob 4/12, carol 4/12" in text
-
-
-# -- the job runner ------------------------------------------------------------------------------------
-def _sleep_then(job):
-    kind, seconds = job
-    if kind == "child":  # a process of its own that must die with the job
-        import subprocess
-
-        p = subprocess.Popen(["sleep", "300"])
-        Path(seconds).write_text(str(p.pid))
-        time.sleep(300)
-    time.sleep(seconds)
-    if kind == "raise":
-        raise RuntimeError("boom")
-    if kind == "die":
-        os._exit(3)
-    if kind == "hang":
-        time.sleep(300)
-    return kind
-
-
-def test_jobs_run_side_by_side_in_order():
-    """Four half-second jobs on two workers take about two rounds, and results keep the jobs' order."""
-    t = time.monotonic()
-    results = run_jobs([("ok", 0.5)] * 4, _sleep_then, workers=2)
-    assert [r.value for r in results] == ["ok"] * 4 and all(r.ok for r in results)
-    assert time.monotonic() - t < 1.9
-
-
-def test_a_job_that_raises_dies_or_hangs_never_stops_the_others(tmp_path):
-    """Raising, exiting and running over the limit are each reported; the other jobs finish; finish() runs
-    for every job; a timed-out job's own child processes are killed with it."""
-    pidfile = tmp_path / "child.pid"
-    jobs = [("raise", 0), ("ok", 0.2), ("die", 0), ("hang", 0), ("child", str(pidfile)), ("ok", 0.1)]
-    finished, progress = [], []
-    t = time.monotonic()
-    results = run_jobs(jobs, _sleep_then, workers=3, timeout=1.5,
-                       finish=lambda job, r: finished.append(job[0]), progress=lambda d, n, r: progress.append((d, n)))
-    assert time.monotonic() - t < 6
-    assert results[0].error.startswith("RuntimeError: boom")
-    assert results[1].value == "ok" and results[5].value == "ok"
-    assert results[2].error == "its process died (exit status 3)"
-    assert results[3].timed_out and "time limit (1.5 s)" in results[3].error
-    assert results[4].timed_out
-    pid = int(pidfile.read_text())
-    time.sleep(0.2)
-    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
-    assert sorted(finished) == sorted(j[0] for j in jobs)
-    assert progress == [(k, 6) for k in range(1, 7)]
-
-
-def test_a_finish_that_raises_is_reported_on_its_job():
-    """An error in finish() (a lab not taken down) is kept on the job's result; the run goes on."""
-    def finish(job, result):
-        raise RuntimeError("lab 'g1n0' left behind")
-
-    results = run_jobs([("ok", 0), ("ok", 0)], _sleep_then, workers=2, finish=finish)
-    assert [r.finish_error for r in results] == ["RuntimeError: lab 'g1n0' left behind"] * 2
 
 
 def _fake_execute(job):

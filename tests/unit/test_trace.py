@@ -7,9 +7,9 @@ import struct
 
 import pytest
 
-from labkit.addr import be32
 from labkit.constants import DropReason
 from labkit.observe.trace import EVENT_SIZE, EventLog, Flow, TraceEvent, TraceTuple
+from tracefixtures import syn_event, tup
 
 NODES = {1: "node-a", 2: "node-b"}
 DEVICES = {"node-a": {5: "lxc-a1", 2: "eth0"}, "node-b": {2: "eth0"}}
@@ -33,41 +33,6 @@ HUBBLE_DROP_TEXT = {
     167: "No mapping for NAT masquerade",
     169: "FIB lookup failed",
 }
-
-
-def be16(port: int) -> int:
-    return int.from_bytes(port.to_bytes(2, "big"), "little")
-
-
-def tup(src, sport, dst, dport, proto=6, tcp_flags=0, icmp_type=0) -> TraceTuple:
-    return TraceTuple(be32(src), be32(dst), be16(sport), be16(dport), proto, tcp_flags, icmp_type, 0)
-
-
-def syn_event(**over) -> TraceEvent:
-    """TCP SYN 198.18.1.11:40000 -> 198.18.2.11:8080 at node-a's from-container, CT new/egress, tunnelled."""
-    t = tup("198.18.1.11", 40000, "198.18.2.11", 8080, 6, 0x02)
-    ev = TraceEvent(
-        ts_ns=123,
-        ifindex=5,
-        len=74,
-        node_id=1,
-        hook=1,  # HOOK_FROM_CONTAINER
-        verdict=1,  # VERDICT_FORWARDED
-        ct_result=0,  # CT_NEW
-        drop_reason=0,
-        ct_flags=0,
-        ct_lifetime=160,
-        ct_dir=0,  # CT_EGRESS
-        ct_tx_seen=0x02,
-        ct_rx_seen=0,
-        tunnel_endpoint=be32("198.51.100.12"),
-        identity=256,
-        before=t,
-        after=t,
-    )
-    for k, v in over.items():
-        setattr(ev, k, v)
-    return ev
 
 
 def test_event_size():
@@ -235,22 +200,3 @@ def test_trace_flags_print_in_the_line():
     flow = Flow(syn_event(flags=0x05), "node-a", "eth0")
     assert "[dsr-opt-added] [snat]" in flow.line()
     assert flow.to_json()["flags"] == ["dsr-opt-added", "snat"]
-
-
-def test_journey_ends_at_a_node_or_outside_the_cluster():
-    """A packet's journey ends at from-netdev when it is delivered to that node's own address, and at
-    to-netdev only when it leaves for an address that is neither a pod nor a node."""
-    from labkit.notebook.steps import Journey
-
-    nodes = {1: be32("198.51.100.11"), 2: be32("198.51.100.12")}
-    pods = {be32("198.18.2.11")}
-    j = Journey("reply", None, None, 6, None, 40000)
-    to_node = tup("198.18.2.11", 8080, "198.51.100.11", 40000, 6, 0x12)
-    leaving = Flow(syn_event(hook=4, node_id=2, before=to_node, after=to_node), "node-b", "eth0")
-    assert not j.ended_by(leaving, pods, nodes)  # towards node-a: not yet
-    arriving = Flow(syn_event(hook=3, node_id=1, before=to_node, after=to_node), "node-a", "eth0")
-    assert j.ended_by(arriving, pods, nodes)  # delivered to node-a itself
-    to_ext = tup("203.0.113.10", 80, "198.51.100.100", 40000, 6, 0x12)
-    translated = Flow(syn_event(hook=3, node_id=1, before=to_node, after=to_ext), "node-a", "eth0")
-    assert not j.ended_by(translated, pods, nodes)  # rewritten for ext: it goes on
-    assert j.ended_by(Flow(syn_event(hook=4, node_id=1, before=to_ext, after=to_ext), "node-a", "eth0"), pods, nodes)

@@ -10,18 +10,11 @@ from labkit.addr import be32
 from labkit.notebook import viz
 from labkit.errors import LabkitError
 from labkit.net.topology import Topology
-from labkit.observe.trace import Flow, TraceEvent, TraceTuple
+from labkit.observe.trace import Flow, TraceEvent
+from tracefixtures import tup
 
 CT_NONE = 0xFF
 POD_NAMES = ("a1", "a2", "b1", "b2")
-
-
-def be16(port: int) -> int:
-    return int.from_bytes(port.to_bytes(2, "big"), "little")
-
-
-def tup(src, sport, dst, dport, proto=6, tcp_flags=0, icmp_type=0) -> TraceTuple:
-    return TraceTuple(be32(src), be32(dst), be16(sport), be16(dport), proto, tcp_flags, icmp_type, 0)
 
 
 def event(ts, node_id, hook, verdict, before, after=None, inner=None, ct_result=CT_NONE, ct_dir=CT_NONE,

@@ -1,0 +1,46 @@
+"""Fabricated trace records for the tests of the trace reader, the path view and steps (no lab, no kernel).
+
+    t = tup("198.18.1.11", 40000, "198.18.2.11", 8080, 6, 0x02)    # a TCP SYN's tuple, fields in network order
+    ev = syn_event(hook=4, node_id=2, before=t, after=t)           # node-a's SYN at from-container, fields replaced
+"""
+from __future__ import annotations
+
+from labkit.addr import be32
+from labkit.observe.trace import TraceEvent, TraceTuple
+
+__all__ = ["be16", "tup", "syn_event"]
+
+
+def be16(port: int) -> int:
+    return int.from_bytes(port.to_bytes(2, "big"), "little")
+
+
+def tup(src, sport, dst, dport, proto=6, tcp_flags=0, icmp_type=0) -> TraceTuple:
+    return TraceTuple(be32(src), be32(dst), be16(sport), be16(dport), proto, tcp_flags, icmp_type, 0)
+
+
+def syn_event(**over) -> TraceEvent:
+    """TCP SYN 198.18.1.11:40000 -> 198.18.2.11:8080 at node-a's from-container, CT new/egress, tunnelled."""
+    t = tup("198.18.1.11", 40000, "198.18.2.11", 8080, 6, 0x02)
+    ev = TraceEvent(
+        ts_ns=123,
+        ifindex=5,
+        len=74,
+        node_id=1,
+        hook=1,  # HOOK_FROM_CONTAINER
+        verdict=1,  # VERDICT_FORWARDED
+        ct_result=0,  # CT_NEW
+        drop_reason=0,
+        ct_flags=0,
+        ct_lifetime=160,
+        ct_dir=0,  # CT_EGRESS
+        ct_tx_seen=0x02,
+        ct_rx_seen=0,
+        tunnel_endpoint=be32("198.51.100.12"),
+        identity=256,
+        before=t,
+        after=t,
+    )
+    for k, v in over.items():
+        setattr(ev, k, v)
+    return ev
