@@ -24,6 +24,7 @@ instructor's tree.
 """
 from __future__ import annotations
 
+import functools
 import html
 import importlib
 import inspect
@@ -38,7 +39,7 @@ from labkit.lab.session import current_lab
 from labkit.observe.evidence import Evidence
 
 __all__ = ["Outcome", "CheckResult", "Exercise", "exercise", "check", "exercises_for", "registry",
-           "compare_rows", "reset_attempts", "CHECK_MIME", "attempts"]
+           "compare_rows", "reset_attempts", "CHECK_MIME", "attempts", "NO_ANSWER", "unanswered"]
 
 #: The MIME type of a check result's machine-readable part (kept in a saved notebook's outputs).
 CHECK_MIME = "application/vnd.labkit.check+json"
@@ -68,6 +69,21 @@ class Outcome:
                    missing=cell)
 
 
+#: What a check says while the answer cell still holds its placeholder.
+NO_ANSWER = "no answer yet: replace None in the answer cell with your answer, run it, then run this check again."
+
+
+def unanswered(answer: Any) -> Outcome | None:
+    """A failed Outcome while the answer is still a placeholder (``...``, an empty string), else None.
+
+    >>> unanswered("  ").missing, unanswered(0)
+    ('the answer cell', None)
+    """
+    if answer is None or answer is Ellipsis or (isinstance(answer, str) and not answer.strip()):
+        return Outcome(False, NO_ANSWER, missing="the answer cell")
+    return None
+
+
 @dataclass(frozen=True)
 class Exercise:
     """One graded question."""
@@ -94,14 +110,20 @@ def exercise(id: str, title: str, hints: Iterable[str] = (), break_it: bool = Fa
     """Register ``fn(answer, ev) -> Outcome`` as exercise ``id``.
 
     ``fault`` names the datapath fault (:class:`labkit.maps.config.Fault`) that, switched on while the
-    exercise's cells run, must make the right answer fail; ``cells`` the titles of those cells.
+    exercise's cells run, must make the right answer fail; ``cells`` the titles of those cells. ``fn`` sees
+    only real answers: a placeholder (:func:`unanswered`) is answered before it is called.
     """
 
     def register(fn: Callable[[Any, Any], Outcome]) -> Callable[[Any, Any], Outcome]:
-        if id in _REGISTRY and _REGISTRY[id].grade is not fn:
+        if id in _REGISTRY and getattr(_REGISTRY[id].grade, "__wrapped__", None) is not fn:
             raise ValueError(f"exercise '{id}' is registered twice")
-        _REGISTRY[id] = Exercise(id, title, fn, tuple(hints), break_it, fault, tuple(cells))
-        return fn
+
+        @functools.wraps(fn)
+        def grade(answer: Any, ev: Any) -> Outcome:
+            return unanswered(answer) or fn(answer, ev)
+
+        _REGISTRY[id] = Exercise(id, title, grade, tuple(hints), break_it, fault, tuple(cells))
+        return grade
 
     return register
 

@@ -18,20 +18,9 @@ from labkit.addr import ipv4
 from labkit.grading.checks import Outcome
 from labkit.maps.ct import CtRow
 
-__all__ = ["NO_ANSWER", "unanswered", "words", "row_kind", "norm_kind", "kinds_answer", "hook_name",
+__all__ = ["words", "row_kind", "norm_kind", "kinds_answer", "hook_name",
            "step_rows", "conn_rows", "unhealthy", "broken_step", "flag_list", "touched", "src", "dst", "is_syn", "addr_port",
            "ab_answer", "flatten"]
-
-#: What a check says while the answer cell still holds its placeholder.
-NO_ANSWER = "no answer yet: replace None in the answer cell with your answer, run it, then run this check again."
-
-
-def unanswered(answer: Any) -> Outcome | None:
-    """A failed Outcome while the answer is still a placeholder (``...``, an empty string), else None."""
-    if answer is None or answer is Ellipsis or (isinstance(answer, str) and not answer.strip()):
-        return Outcome(False, NO_ANSWER, missing="the answer cell")
-    return None
-
 
 def words(answer: Any) -> list[str]:
     """The lower-case words of a text answer (or of every item of a list answer)."""

@@ -63,8 +63,6 @@ def _pair_rows(step, node: str, a1: str, b1: str) -> list[CtRow]:
 )
 def hook_creating_out_row(answer, ev) -> Outcome:
     """The hook whose CT lookup created node-a's ICMP OUT row, read from the first ping's trace and rows."""
-    if (blank := common.unanswered(answer)) is not None:
-        return blank
     step = _ping(ev, count=1)
     if step is None:
         return Outcome.needs(PING, "the ping records each hook's line and the rows it wrote")
@@ -112,8 +110,6 @@ def hook_creating_out_row(answer, ev) -> Outcome:
 )
 def packets_after_ping3(answer, ev) -> Outcome:
     """Packets= of the OUT row the ping ×3 made on node-a: 2 × 3 with CT accounting on, and the answer."""
-    if (blank := common.unanswered(answer)) is not None:
-        return blank
     if not ev.config.ct_accounting:
         return Outcome(False, "this lab counts no packets: like a default Cilium v1.16 node it was built without CT "
                               "accounting, so every row says Packets=0. Run the setup cell as the notebook has it "
@@ -171,8 +167,6 @@ _NOT_CT = {
 )
 def map_of_icmp_rows(answer, ev) -> Outcome:
     """The pinned map that holds node-a's ICMP rows in section 7's snapshot, with the ping ×3's row among them."""
-    if (blank := common.unanswered(answer)) is not None:
-        return blank
     snap_rec = ev.latest("snapshot", title=ROWS)
     if snap_rec is None:
         return Outcome.needs(LINE, "it keeps node-a's rows as it prints them")
@@ -223,8 +217,6 @@ def map_of_icmp_rows(answer, ev) -> Outcome:
 )
 def missing_related(answer, ev) -> Outcome:
     """With no-related on: the word that marks the rows the ping no longer made, checked on its rows."""
-    if (blank := common.unanswered(answer)) is not None:
-        return blank
     step, missing = common.broken_step(ev, "no-related", BREAK, "it switches the fault on, empties the CT maps "
                                        "and pings", op="ping", actor="a1", target="b1")
     if missing:

@@ -13,7 +13,7 @@ from typing import Any
 
 from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.maps.ct import CtFlags, CtResult, CtRow, TcpFlags
-from labkit.grading.exercises.common import conn_rows, flag_list, kinds_answer, row_kind, step_rows, unanswered, unhealthy
+from labkit.grading.exercises.common import conn_rows, flag_list, kinds_answer, row_kind, step_rows, unhealthy
 
 _CLOSING = CtFlags.RX_CLOSING | CtFlags.TX_CLOSING
 OPEN, CLOSE, REFUSED, CLOCK, BREAK = ("1. Open: SYN, SYN-ACK, ACK", "4. Close: FIN both ways",
@@ -53,8 +53,6 @@ def _tcp_flags(answer: Any) -> set[str] | None:
 )
 def tx_flags_after_open(answer, ev) -> Outcome:
     """TxFlagsSeen of node-a's OUT row right after the open step, against the handshake rule SYN|ACK."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = _step(ev, "tcp-open", ok=True)
     if step is None:
         return Outcome.needs(OPEN, "conn.open() records the handshake")
@@ -97,8 +95,6 @@ def tx_flags_after_open(answer, ev) -> Outcome:
 )
 def lifetime_jump(answer, ev) -> Outcome:
     """(lifetime after the SYN, after the ACK) in seconds, read from the open step's own trace records."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = _step(ev, "tcp-open", ok=True)
     if step is None:
         return Outcome.needs(OPEN, "conn.open() records the handshake's trace")
@@ -151,8 +147,6 @@ def lifetime_jump(answer, ev) -> Outcome:
 )
 def flags_after_close(answer, ev) -> Outcome:
     """Flag names of node-a's OUT row after the close step, live and by the rule."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = _step(ev, "tcp-close", ok=True)
     if step is None:
         return Outcome.needs(CLOSE, "conn.close() records both FINs")
@@ -194,8 +188,6 @@ def flags_after_close(answer, ev) -> Outcome:
 )
 def rst_lifetime(answer, ev) -> Outcome:
     """Seconds node-b's IN row of the refused connection lives: the close timeout, row closed both ways."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = _step(ev, "tcp-open", port=9999)
     if step is None:
         return Outcome.needs(REFUSED, "the connection to port 9999 records the RST")
@@ -236,8 +228,6 @@ def rst_lifetime(answer, ev) -> Outcome:
 )
 def expired_rows(answer, ev) -> Outcome:
     """Kinds of node-a's expired rows in the snapshot taken after the clock moved."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     snap = ev.snapshot("after the clock moved")
     if snap is None:
         return Outcome.needs(CLOCK, "it moves the clock and records node-a's rows")
@@ -277,8 +267,6 @@ def expired_rows(answer, ev) -> Outcome:
 )
 def wrong_lifetime(answer, ev) -> Outcome:
     """With wrong-lifetime on: the missing flag and the kept lifetime of conn2's established row."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = ev.step(op="tcp-send", actor="a1", target="b1", port=8080, faults=lambda f: "wrong-lifetime" in f)
     if step is None:
         return Outcome.needs(BREAK, "it switches the fault on, then opens and uses conn2")

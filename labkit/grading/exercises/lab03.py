@@ -16,7 +16,7 @@ from typing import Any
 from labkit.addr import ipv4
 from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.maps.ct import CtResult
-from labkit.grading.exercises.common import broken_step, hook_name, kinds_answer, row_kind, step_rows, touched, unanswered, unhealthy
+from labkit.grading.exercises.common import broken_step, hook_name, kinds_answer, row_kind, step_rows, touched, unhealthy
 
 ACROSS, RELATED, SAME, TUNNEL, NATIVE, BREAK = (
     "1. Across nodes: OUT here, IN there", "2. The RELATED twins at work", "3. Both ends on one node",
@@ -118,8 +118,6 @@ def _path_outcome(answer: Any, live: list[str], where: str, messages: dict[tuple
 )
 def rows_on_node_b(answer, ev) -> Outcome:
     """Kinds of node-b's ICMP rows after the cross-node ping, recorded and by the rule."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     out = _ping_kinds(ev, answer, "b1", "node-b", ["ICMP IN", "ICMP IN related"], ACROSS, {
         frozenset({"ICMP OUT", "ICMP OUT related"}):
             "OUT and IN are not the direction on the wire: each node names a row from its own pod's side, and b1 "
@@ -150,8 +148,6 @@ def rows_on_node_b(answer, ev) -> Outcome:
 def icmp_error_verdict(answer, ev) -> Outcome:
     """The CT result node-a's to-container gave b1's ICMP error, from the UDP step's trace, with the UDP row and
     its twin on node-a."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = ev.step(op="udp", actor="a1", target="b1", port=9999)
     if step is None:
         return Outcome.needs(RELATED, "the datagram to b1's port 9999 records the ICMP error it draws")
@@ -203,8 +199,6 @@ def icmp_error_verdict(answer, ev) -> Outcome:
 )
 def same_node_rows(answer, ev) -> Outcome:
     """Kinds of node-a's rows after the ping a1 → a2, recorded and by the rule."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     out = _ping_kinds(ev, answer, "a2", "node-a", ["ICMP OUT", "ICMP OUT related", "ICMP IN", "ICMP IN related"],
                       SAME, {
                           frozenset({"ICMP OUT", "ICMP OUT related"}):
@@ -234,8 +228,6 @@ def same_node_rows(answer, ev) -> Outcome:
 )
 def tunnel_path(answer, ev) -> Outcome:
     """Hooks of the cross-node ping's echo request on node-a, from its trace, in tunnel mode."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     if ev.config.routing != "tunnel":
         return Outcome(False, f"this lab routes {ev.config.routing}; this question is about the tunnel lab: run the "
                               "setup cell as the notebook has it (start()).", missing="Run this cell")
@@ -275,8 +267,6 @@ def tunnel_path(answer, ev) -> Outcome:
 )
 def native_path(answer, ev) -> Outcome:
     """Hooks of the echo request on node-a of the native lab, from the native ping's trace."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = ev.variant("native").step(op="ping", actor="a1", target="b1")
     if step is None or step.lab.config.routing != "native":
         return Outcome.needs(NATIVE, "it starts the native lab and pings from a1 to b1 in it")
@@ -309,8 +299,6 @@ def native_path(answer, ev) -> Outcome:
 )
 def no_in_entry(answer, ev) -> Outcome:
     """With no-in-entry on: the kinds of node-b's rows for the a1 ↔ b1 ping, recorded, with no IN row."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step, missing = broken_step(ev, "no-in-entry", BREAK, "it switches the fault on, empties the CT maps and pings "
                                 "twice", op="ping", actor="a1", target="b1")
     if missing:

@@ -17,7 +17,7 @@ from typing import Any
 from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.maps.ct import CtRow, TcpFlags
 from labkit.grading.exercises import common
-from labkit.grading.exercises.common import ab_answer, addr_port, dst, flatten, hook_name, is_syn, kinds_answer, row_kind, src, unanswered
+from labkit.grading.exercises.common import ab_answer, addr_port, dst, flatten, hook_name, is_syn, kinds_answer, row_kind, src
 
 MAPS, CONN, PICK, TERM, BREAK = ("1. A Service in the maps", "2. One connection, two nodes", "4. Picking a backend",
                                  "5. A terminating backend", "6. Break it")
@@ -65,8 +65,6 @@ def _pod(ev, ip: str) -> str:
 )
 def head_of_web(answer, ev) -> Outcome:
     """(count, rev_nat) of web's slot 0 in node-a's maps as recorded when web was added, against web's backends."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     snap = ev.snapshot(WEB_MAPS)
     web = getattr(snap, "extra", None)
     if snap is None or not hasattr(web, "active") or "node-a" not in snap.lb:
@@ -125,8 +123,6 @@ def head_of_web(answer, ev) -> Outcome:
 )
 def rows_by_node(answer, ev) -> Outcome:
     """Kinds of the TCP rows of a1's connection to web on node-a and node-b, recorded and by the rule."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = _open(ev)
     if step is None:
         return Outcome.needs(CONN, "conn.open() records the rows of both nodes")
@@ -173,8 +169,6 @@ def rows_by_node(answer, ev) -> Outcome:
 )
 def reverse_nat(answer, ev) -> Outcome:
     """(hook, source a1 receives) of the SYN|ACK of a1's connection to web, from its trace."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = _open(ev)
     if step is None:
         return Outcome.needs(CONN, "conn.open() records the handshake's trace")
@@ -231,8 +225,6 @@ def reverse_nat(answer, ev) -> Outcome:
 def choice_remembered(answer, ev) -> Outcome:
     """The row kind and field that keep a connection's backend, checked on the SVC and OUT rows of every connection
     a1 opened to web."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     steps = [r.data for r in _opens(ev)]
     if len(steps) < 2:
         return Outcome.needs(PICK, "the loop opens connections until both backends were picked")
@@ -304,8 +296,6 @@ def _pods(answer: Any) -> list[str] | None:
 def terminating(answer, ev) -> Outcome:
     """(pod that echoed on keep, pods of the new connections) after b1 turned terminating, from the steps recorded
     after the snapshot of the maps."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     snap_rec = ev.latest("snapshot", title=TERMINATING)
     sends = ev.after(snap_rec, "step", op="tcp-send", actor="a1", target="web") if snap_rec else []
     if snap_rec is None or not sends:
@@ -384,8 +374,6 @@ def terminating(answer, ev) -> Outcome:
 )
 def skip_rev_nat(answer, ev) -> Outcome:
     """With skip-rev-nat on: (source of the SYN|ACK a1 got, flags of a1's answer), from the connection's trace."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step, missing = common.broken_step(ev, "skip-rev-nat", BREAK, "it switches the fault on, recreates web with b1 "
                                        "alone and connects", op="tcp-open", actor="a1", target="web")
     if missing:

@@ -15,7 +15,7 @@ from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.constants import Hook, Verdict
 from labkit.maps.ct import CtFlags
 from labkit.net.topology import LOOPBACK_SNAT_ADDR
-from labkit.grading.exercises.common import dst, hook_name, is_syn, kinds_answer, row_kind, src, step_rows, unanswered, unhealthy
+from labkit.grading.exercises.common import dst, hook_name, is_syn, kinds_answer, row_kind, src, step_rows, unhealthy
 
 GET, PATH, BREAK = "1. GET your own Service", "2. The path and the rows", "4. Break it"
 _FAULT = "no-loopback-snat"  #: section 4's fault, which breaks what sections 1-3 ask about on purpose
@@ -52,8 +52,6 @@ def _ip(answer: Any) -> str:
 )
 def server_view(answer, ev) -> Outcome:
     """The client address a1's server logged for section 1's GET, tied to that connection's OUT row."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     gets = [s for s in ev.steps(op="tcp-send", actor="a1", target="self", port=80, ok=True,
                                 faults=lambda f: _FAULT not in f)
             if any(" http " in f" {line}" for line in s.server_log.get("a1", []))]
@@ -100,8 +98,6 @@ def server_view(answer, ev) -> Outcome:
 )
 def loopback_rows(answer, ev) -> Outcome:
     """Kinds of node-a's rows of section 2's connection that carry LBLoopback after its close, by the rule."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = _step(ev, "tcp-close", ok=True)
     if step is None:
         return Outcome.needs(PATH, "conn.open(), send() and close() record the connection's rows")
@@ -149,8 +145,6 @@ def loopback_rows(answer, ev) -> Outcome:
 )
 def hairpin_reply_hook(answer, ev) -> Outcome:
     """The hook that rewrote the SYN|ACK of section 2's connection back to the VIP, from its open step's trace."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     closed = _step(ev, "tcp-close")
     opened = closed and _step(ev, "tcp-open", conn=closed.attrs["conn"])
     if opened is None:
@@ -195,8 +189,6 @@ def hairpin_reply_hook(answer, ev) -> Outcome:
 )
 def no_loopback_snat(answer, ev) -> Outcome:
     """With no-loopback-snat on: (source of the SYN delivered into a1, SYN|ACKs a1 sent), from the step's trace."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = ev.step(op="tcp-open", actor="a1", target="self", port=80)  # section 4's is the last
     if step is None or not ev.steps(op="tcp-open", actor="a1", target="self", faults=lambda f: _FAULT in f):
         return Outcome.needs(BREAK, "it switches the fault on, then tries to connect to self")

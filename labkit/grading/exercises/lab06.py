@@ -15,7 +15,7 @@ from typing import Any
 
 from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.constants import DropReason, Hook
-from labkit.grading.exercises.common import (ab_answer, addr_port, dst, flatten, is_syn, kinds_answer, row_kind, src, step_rows, unanswered,
+from labkit.grading.exercises.common import (ab_answer, addr_port, dst, flatten, is_syn, kinds_answer, row_kind, src, step_rows,
                      unhealthy, words)
 
 SAME, EMPTY, BREAK = "2. The same connection, two ways", "4. A Service without backends", "5. Break it"
@@ -75,8 +75,6 @@ def _pair_diff(live: dict, got: dict) -> tuple:
 )
 def rows_each_way(answer, ev) -> Outcome:
     """Kinds of node-a's TCP rows of a1's connection to web in both labs, right after each open."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     steps = _steps(ev)
     if steps is None:
         return Outcome.needs(SAME, "it opens a connection to web in both labs")
@@ -133,8 +131,6 @@ def _vip_or_backend(value: Any, vip: str, pods: dict[str, str]) -> str:
 )
 def first_syn(answer, ev) -> Outcome:
     """Whether a1's first SYN to web met from-container addressed to the VIP or a backend, in both labs."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     steps = _steps(ev)
     if steps is None:
         return Outcome.needs(SAME, "it opens a connection to web in both labs")
@@ -186,8 +182,6 @@ def first_syn(answer, ev) -> Outcome:
 def peer_name(answer, ev) -> Outcome:
     """The peer a1's socket reported in each lab's open step, against the reverse-NATed reply (per packet) and
     the backend the socket really reached (socket LB)."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     steps = _steps(ev)
     if steps is None:
         return Outcome.needs(SAME, "it opens a connection to web in both labs; each step keeps getpeername()")
@@ -257,8 +251,6 @@ def _failure(value: Any) -> str:
 def no_backends(answer, ev) -> Outcome:
     """How a1's connection to a Service without backends failed in each lab: the drop reason in the
     per-packet trace, the error connect() returned with socket LB."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     steps = _steps(ev, "empty")
     if steps is None:
         return Outcome.needs(EMPTY, "it connects to 'empty' in both labs")
@@ -322,8 +314,6 @@ def no_backends(answer, ev) -> Outcome:
 )
 def skip_rev_nat_both(answer, ev) -> Outcome:
     """With skip-rev-nat on in both labs: which lab's connection opened, from the two steps."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     steps = {which: e.step(op="tcp-open", actor="a1", target="web", port=80)  # section 5's are the last
              for which, e in (("per-packet", ev), ("socket", ev.variant("socklb")))}
     if _steps(ev, broken=True) is None or not all(steps.values()):

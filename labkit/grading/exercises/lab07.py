@@ -17,7 +17,7 @@ from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.constants import Hook
 from labkit.maglev import backend_name, flow_slot, lookup_table
 from labkit.maps.ct import TcpFlags
-from labkit.grading.exercises.common import (ab_answer, addr_port, dst, flatten, kinds_answer, row_kind, src, step_rows, unanswered,
+from labkit.grading.exercises.common import (ab_answer, addr_port, dst, flatten, kinds_answer, row_kind, src, step_rows,
                      unhealthy)
 
 __all__ = ["PREDICT_PORT", "MAGLEV_SNAPSHOT"]
@@ -73,8 +73,6 @@ def _addr_port(ev, value: Any) -> str:
 def reply_source(answer, ev) -> Outcome:
     """(node, address:port) of the NAT row that rewrote the replies of ext's connection, from the open step's
     NAT rows and its SYN|ACK leaving node-b."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = _web(ev)
     if step is None:
         return Outcome.needs(DSR, "conn.open() records ext's connection and both nodes' NAT rows")
@@ -127,8 +125,6 @@ def reply_source(answer, ev) -> Outcome:
 def dsr_rows(answer, ev) -> Outcome:
     """Kinds of the TCP rows of ext's connection to web on node-a and node-b right after its open, by the dsr
     rule."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = _web(ev)
     if step is None:
         return Outcome.needs(DSR, "conn.open() records ext's connection and both nodes' rows")
@@ -182,8 +178,6 @@ def _main_faults_during(ev, rec) -> tuple:
 def snat_client(answer, ev) -> Outcome:
     """The client address b1 saw in the snat lab: the SYN's source at node-b's to-container, tied to node-a's
     NAT row there and to b1's server log."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     snat = ev.variant("snat")
     rec = snat.journal.latest(snat.lab_name, "step", op="tcp-open", actor="ext", target="web", port=80)
     if rec is None:
@@ -251,8 +245,6 @@ def _maglev_pick(names: dict[int, str], ids: dict[str, int], m: int, src: str, s
 def maglev_prediction(answer, ev) -> Outcome:
     """The pod node-a chose for ext's datagram from port 40001 to dns (its SVC row), and the same pod from the
     Maglev table of dns's backends as the snapshot of section 4 holds them and the flow hash."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     snap = ev.snapshot(MAGLEV_SNAPSHOT)
     step = ev.step(op="udp", actor="ext", target="dns", sport=PREDICT_PORT)
     if snap is None or step is None:
@@ -308,8 +300,6 @@ def maglev_prediction(answer, ev) -> Outcome:
 )
 def no_dsr_snat(answer, ev) -> Outcome:
     """With no-dsr-snat on: the source the SYN|ACK to ext carried when it left node-b, from the step's trace."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = ev.step(op="tcp-open", actor="ext", target="web", port=80)  # section 6's is the last
     if step is None or _web(ev, broken=True) is None:
         return Outcome.needs(BREAK, "it switches the fault on, then ext connects to web")

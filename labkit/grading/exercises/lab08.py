@@ -15,7 +15,7 @@ from typing import Any
 from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.agent.gc import MIN_INTERVAL, next_interval
 from labkit.maps.ct import CT_MAPS, CtRow
-from labkit.grading.exercises.common import conn_rows, kinds_answer, row_kind, unanswered, unhealthy
+from labkit.grading.exercises.common import conn_rows, kinds_answer, row_kind, unhealthy
 
 ONE_RUN, INTERVAL, FULL, BREAK = ("1. Rows with three lifetimes, and one GC run", "3. The interval, on a small map",
                                   "5. A full table", "6. Break it")
@@ -57,8 +57,6 @@ def _seen_non_syn(row: CtRow) -> bool:
 )
 def survivors(answer, ev) -> Outcome:
     """Kinds of node-a's rows in the snapshot taken right after section 1's GC run."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     rec = ev.latest("snapshot", title="after the GC run")
     gc = _before(ev, rec, "gc") if rec is not None else None
     if rec is None or gc is None:
@@ -113,8 +111,6 @@ def survivors(answer, ev) -> Outcome:
 )
 def interval_after(answer, ev) -> Outcome:
     """The small lab's interval after its first GC run (section 3), as the run recorded it and by the rule."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     runs = ev.variant("small").records("gc")
     if not runs:
         return Outcome.needs(INTERVAL, "it starts the small lab, churns and runs its GC once")
@@ -167,8 +163,6 @@ def interval_after(answer, ev) -> Outcome:
 def evicted(answer, ev) -> Outcome:
     """How many of the flood's OUT rows node-a's 16-entry TCP map of the small lab no longer held, from the
     snapshot the flood cell took."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     small = ev.variant("small")
     rec = small.latest("snapshot", title="after the flood")
     if rec is None:
@@ -226,8 +220,6 @@ def evicted(answer, ev) -> Outcome:
 )
 def gc_takes_live(answer, ev) -> Outcome:
     """With wrong-lifetime on: idle's TCP rows (as its last step left them) that the GC run after it deleted."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     recs = ev.records("step", actor="a1", target="b1", ok=True, faults=lambda f: "wrong-lifetime" in f)
     if not recs:
         return Outcome.needs(BREAK, "it opens idle with the fault on, lets it sit and runs the GC")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from labkit.grading.checks import Outcome, exercise
-from labkit.grading.exercises.common import addr_port, conn_rows, is_syn, src, unanswered, unhealthy
+from labkit.grading.exercises.common import addr_port, conn_rows, is_syn, src, unhealthy
 
 ONE_SVC, HAIRPIN, BREAK = "1. One ClusterIP, two ways", "2. Hairpin, both ways", "4. Break it"
 REMEMBERS = "what each side remembers"  #: the title of section 1's snapshot of the iptables lab
@@ -55,8 +55,6 @@ def _open(ev, target: str, port: int, before=None):
 def bpf_row_in_iptables_mode(answer, ev) -> Outcome:
     """The destination of node-a's BPF OUT row of a1's connection to web in the iptables lab, as the open step
     left it, and by the rule: the address a1 connected to (the VIP)."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     rec = _open(ev.variant("ipt"), "web", 80)
     if rec is None:
         return Outcome.needs(ONE_SVC, "it opens a1's connection to web in both labs")
@@ -105,8 +103,6 @@ def bpf_row_in_iptables_mode(answer, ev) -> Outcome:
 def conntrack_backend(answer, ev) -> Outcome:
     """The backend in the reply tuple of node-a's Linux conntrack entry of a1's connection to web, from the
     snapshot that recorded conntrack and the nat table, and by the rule: one of web's DNAT targets."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     ipt = ev.variant("ipt")
     snap_rec = ipt.latest("snapshot", title=REMEMBERS)
     rec = _open(ipt, "web", 80, before=snap_rec) if snap_rec is not None else None
@@ -164,8 +160,6 @@ def conntrack_backend(answer, ev) -> Outcome:
 def hairpin_masq(answer, ev) -> Outcome:
     """The client address a1's server logged during a1's hairpin connection to self in the iptables lab, and by
     the rule: an address of node-a (masquerade), not a1's own and not 169.254.42.1."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     ipt = ev.variant("ipt")
     rec = _open(ipt, "self", 81)
     if rec is None:
@@ -226,8 +220,6 @@ def hairpin_masq(answer, ev) -> Outcome:
 def no_rev_nat(answer, ev) -> Outcome:
     """With skip-rev-nat on in the eBPF lab: the source of the SYN|ACK to-container delivered into a1 during the
     broken open step, from its trace records."""
-    if (blank := unanswered(answer)) is not None:
-        return blank
     step = ev.step(op="tcp-open", actor="a1", target="web", faults=lambda f: "skip-rev-nat" in f)
     if step is None:
         return Outcome.needs(BREAK, "it switches the fault on and connects from a1 to web")
