@@ -3,12 +3,12 @@ entry, the same set in batch and per-entry mode, the NAT twin of a DSR entry, an
 from __future__ import annotations
 
 import socket
-import struct
 import subprocess
 import time
 
 import pytest
 
+from labkit.addr import be32
 from labkit.maps.base import PinnedMap
 from labkit.maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4
 
@@ -80,8 +80,8 @@ def _fill(lab, node: str, n: int, now: int) -> set[bytes]:
     with PinnedMap(f"{lab.pin_dir(node)}/{CT_MAPS[0]}", CtKey4, CtEntry) as m:
         for i in range(n):
             key = CtKey4()
-            key.daddr = struct.unpack("=I", socket.inet_aton(f"198.18.200.{i % 250 + 1}"))[0]
-            key.saddr = struct.unpack("=I", socket.inet_aton("198.18.1.11"))[0]
+            key.daddr = be32(f"198.18.200.{i % 250 + 1}")
+            key.saddr = be32("198.18.1.11")
             key.dport, key.sport, key.nexthdr, key.flags = socket.htons(10000 + i), socket.htons(80), 6, 0
             entry = CtEntry()
             entry.lifetime = now - 1 if i % 2 else now + 100

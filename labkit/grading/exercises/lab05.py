@@ -32,7 +32,7 @@ def _conn(step, node: str = "node-a") -> list:
     return [r for r in step_rows(step, node, "TCP") if r.sport == step.attrs.get("sport")]
 
 
-def _ip(answer: Any) -> str:
+def _address_of(answer: Any) -> str:
     """The address part of ``'1.2.3.4'`` or ``'1.2.3.4:5'``."""
     text = str(answer).strip()
     return text.rpartition(":")[0] if ":" in text else text
@@ -65,7 +65,7 @@ def server_view(answer, ev) -> Outcome:
         return unhealthy(GET, f"a1's server logging the GET from {ip or 'nobody'}, "
                               f"{'with' if outs else 'and no'} LBLoopback OUT row on node-a", step)
     a1, vip = ev.topology.pod("a1").ip, step.attrs["dst"]
-    got = _ip(answer)
+    got = _address_of(answer)
     diff = (("-", ip, got),)
     if got == ip:
         return Outcome(True, f"{ip}: node-a rewrote the source of a1's request to the loopback address, so a1's "
@@ -206,7 +206,7 @@ def no_loopback_snat(answer, ev) -> Outcome:
     live_src, live_n = a1, len(synacks)
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         return Outcome(False, f"expected a pair ('address', number of SYN|ACKs), got {answer!r}.")
-    got_src, got_n = _ip(answer[0]), answer[1]
+    got_src, got_n = _address_of(answer[0]), answer[1]
     src_ok = got_src == live_src
     n_ok = isinstance(got_n, int) and not isinstance(got_n, bool) and got_n == live_n
     diff = (("=" if src_ok else "-", live_src, got_src), ("=" if n_ok else "-", f"{live_n} SYN|ACK", str(got_n)))
