@@ -50,10 +50,10 @@ class LabState:
     """
 
     lab: str
-    topology: dict  #: :meth:`Topology.to_dict` of the lab as built (pods removed since included)
+    topology: dict  #: :meth:`Topology.to_dict` of the lab (rewritten when a pod is removed)
     config: dict  #: :meth:`DatapathConfig.to_dict`
     pin_dirs: dict[str, str]  #: node → the bpffs directory its maps are pinned in
-    status: str = "building"  #: 'building', then 'up'
+    status: str | None = "building"  #: 'building', then 'up' (None: a lab.json that does not say)
     version: int = STATE_VERSION
     owner_pid: int = 0  #: the process that built it
     created: float = 0.0  #: wall-clock time the build started
@@ -68,9 +68,10 @@ class LabState:
 
     @classmethod
     def from_dict(cls, data: dict) -> "LabState":
-        """The state of a lab.json object; fields it lacks take their defaults, unknown keys are ignored."""
+        """The state of a lab.json object; fields it lacks take their defaults (no version or status: none,
+        so such a lab is neither reused nor attached), unknown keys are ignored."""
         known = {f.name for f in fields(cls)}
-        return cls(**{"topology": {}, "config": {}, "pin_dirs": {}, "lab": "",
+        return cls(**{"topology": {}, "config": {}, "pin_dirs": {}, "lab": "", "version": 0, "status": None,
                       **{k: v for k, v in data.items() if k in known}})
 
     @classmethod
