@@ -11,6 +11,8 @@ Services (``cilium_lb4_*``) are written by :mod:`labkit.agent.services`, the oth
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from labkit.maps.base import PinnedMap
 from labkit.maps.eps import (
     IDENTITY_HOST,
@@ -21,10 +23,12 @@ from labkit.maps.eps import (
     IpcacheKey,
     RemoteEndpointInfo,
 )
-from labkit.net.build import EndpointFacts
 from labkit.net.topology import Topology
 
-__all__ = ["EndpointFacts", "ipcache_entries", "program_node"]
+if TYPE_CHECKING:  # net.build drives pyroute2, which `labkit ct list` never loads
+    from labkit.net.build import EndpointFacts
+
+__all__ = ["ipcache_entries", "program_node"]
 
 
 def ipcache_entries(topo: Topology, node: str, routing: str) -> list[tuple[IpcacheKey, RemoteEndpointInfo]]:

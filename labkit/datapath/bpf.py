@@ -21,6 +21,7 @@ __all__ = [
     "MapInfo",
     "obj_get",
     "obj_pin",
+    "prog_attach",
     "prog_detach",
     "map_create",
     "map_fd_by_id",
@@ -48,7 +49,7 @@ BPF_MAP_CREATE = 0
 BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 2, 3, 4
 BPF_MAP_GET_FD_BY_ID = 14
 BPF_MAP_TYPE_ARRAY = 2
-BPF_PROG_DETACH = 9
+BPF_PROG_ATTACH, BPF_PROG_DETACH = 8, 9
 BPF_OBJ_PIN, BPF_OBJ_GET, BPF_OBJ_GET_INFO_BY_FD = 6, 7, 15
 BPF_MAP_LOOKUP_BATCH, BPF_MAP_UPDATE_BATCH, BPF_MAP_DELETE_BATCH = 24, 26, 27
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
@@ -95,6 +96,11 @@ def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, 
 def map_fd_by_id(map_id: int) -> int:
     """``BPF_MAP_GET_FD_BY_ID``: an fd for the map with kernel id ``map_id`` (an inner map, say)."""
     return _sys(BPF_MAP_GET_FD_BY_ID, _attr("=III", map_id, 0, 0), f"open map id {map_id}")
+
+
+def prog_attach(target_fd: int, prog_fd: int, attach_type: int, flags: int = 0) -> None:
+    """``BPF_PROG_ATTACH``: put program ``prog_fd`` on a cgroup (``target_fd``)."""
+    _sys(BPF_PROG_ATTACH, _attr("=IIIII", target_fd, prog_fd, attach_type, flags, 0), "prog attach")
 
 
 def prog_detach(target_fd: int, prog_fd: int, attach_type: int) -> None:

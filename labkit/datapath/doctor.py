@@ -134,7 +134,7 @@ def check_compile_and_attach() -> Check:
 import sys
 from bcc import BPF
 from pyroute2 import IPRoute, netns
-sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
 from labkit.net import netns as _netns
 b = BPF(text="int cls(struct __sk_buff *skb) {{ return 0; }}")
 fn = b.load_func("cls", BPF.SCHED_CLS)

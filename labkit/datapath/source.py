@@ -27,9 +27,12 @@ from labkit.errors import ConfigError
 from labkit.maglev import FLOW_HASH_SEED
 from labkit.net.topology import DEVICE_HOOKS, LOOPBACK_SNAT_ADDR, Topology
 
-__all__ = ["BPF_DIR", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES"]
+__all__ = ["BPF_DIR", "CGROUP_ATTACH", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES"]
 
 BPF_DIR = Path(os.environ.get("LABKIT_BPF_DIR") or Path(__file__).resolve().parents[2] / "bpf")
+
+#: cgroup attach types (enum bpf_attach_type) of the socket programs, by their Program.direction.
+CGROUP_ATTACH = {"connect4": 10, "sendmsg4": 14, "recvmsg4": 19, "getpeername4": 29}
 
 #: Every map a node pins, by its Cilium (or labkit_) name.
 MAP_NAMES = (

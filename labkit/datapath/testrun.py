@@ -10,15 +10,15 @@ programs the same way, and labkit's ``tests/bpf`` tier does too.
     >>> import ctypes; ctypes.sizeof(SkBuff)
     192
 
-Programs come from :class:`TestBuild`: the node's translation unit exactly as
-``labkit.datapath.loader`` compiles it (same text, same ``-D`` macros), loaded
-but never attached, with every map's fd reachable by name (wrap it in
-``labkit.maps.base.PinnedMap.from_fd`` to read and write it with labkit's
-map types)::
+Programs come from :class:`TestBuild`: the node's translation unit loaded
+exactly as ``labkit.datapath.loader`` loads it (same text, same ``-D`` macros,
+the same image), but never attached, with every map's fd reachable by name
+(wrap it in ``labkit.maps.base.PinnedMap.from_fd`` to read and write it with
+labkit's map types)::
 
     build = TestBuild.compile(node_build(topo, DatapathConfig(routing="native"), "node-a"))
     run = build.run("cil_from_container", packet)       # -> TestRun(retval, data, duration)
-    build.map("cilium_ct4_global", CtKey4, CtEntry).items()
+    PinnedMap.from_fd(build.map_fd("cilium_ct4_global"), CtKey4, CtEntry).items()
 
 The shell's nearest equivalent is ``bpftool prog run pinned PROG data_in FILE data_out FILE``.
 """
@@ -31,7 +31,8 @@ import struct
 from dataclasses import dataclass, field
 
 from . import bpf as _bpf
-from ..errors import DatapathError
+from . import image
+from ..errors import NotFoundError
 from .source import NodeBuild
 
 __all__ = [
@@ -147,41 +148,36 @@ def prog_test_run(prog_fd: int, data_in: bytes, repeat: int = 1, ctx: SkBuff | N
 
 
 class TestBuild:
-    """One node's datapath compiled by BCC and loaded, not attached: programs to test-run, maps to fill."""
+    """One node's datapath loaded as a lab loads it (:func:`labkit.datapath.image.load_build`), not attached:
+    programs to test-run, maps to fill."""
 
     __test__ = False
 
-    def __init__(self, build: NodeBuild, bpf):
+    def __init__(self, build: NodeBuild, loaded: image.LoadedImage, how: str):
         self.build = build
-        self.bpf = bpf
-        self._fds: dict[str, int] = {}
+        self.loaded = loaded
+        self.how = how  # "cached" or "compiled"
 
     @classmethod
     def compile(cls, build: NodeBuild) -> "TestBuild":
-        """Compile ``build`` as the loader does (same text and cflags). Needs root and BCC."""
-        from bcc import BPF
-
-        try:
-            bpf = BPF(text=build.text().encode(), cflags=build.cflags())
-        except Exception as exc:  # BCC raises bare Exception; the compiler's message went to stderr
-            raise DatapathError(f"node '{build.node}': BCC could not compile the datapath: {exc}") from None
-        return cls(build, bpf)
+        """Load ``build`` as the loader does (same text and cflags; the cached image or BCC). Needs root."""
+        return cls(build, *image.load_build(build))
 
     def prog_fd(self, function: str) -> int:
-        """The fd of tc program ``function``, loaded on first use (BPF_PROG_TYPE_SCHED_CLS)."""
-        if function not in self._fds:
-            from bcc import BPF
-
-            self._fds[function] = self.bpf.load_func(function.encode(), BPF.SCHED_CLS).fd
-        return self._fds[function]
+        """The fd of program ``function``."""
+        try:
+            return self.loaded.progs[function]
+        except KeyError:
+            raise NotFoundError(f"build of node '{self.build.node}': no program {function!r}, expected one of "
+                                f"{sorted(self.loaded.progs)}") from None
 
     def run(self, function: str, packet: bytes, ctx: SkBuff | None = None, repeat: int = 1) -> TestRun:
         """Test-run tc program ``function`` on ``packet``."""
         return prog_test_run(self.prog_fd(function), packet, repeat=repeat, ctx=ctx)
 
     def map_fd(self, name: str) -> int:
-        """The fd of map ``name`` (BCC's table)."""
-        return self.bpf[name.encode()].map_fd
+        """The fd of map ``name``."""
+        return self.loaded.maps[name]
 
     def clear_maps(self, names) -> None:
         """Empty the hash maps ``names`` (an array map cannot be emptied: write its entries instead)."""
@@ -193,7 +189,7 @@ class TestBuild:
 
     def close(self) -> None:
         """Unload the programs and free the maps."""
-        self.bpf.cleanup()
+        self.loaded.close()
 
 
 # A cgroup/connect4 program that returns 1 ("allow"): r0 = 1; exit.

@@ -32,7 +32,7 @@ from labkit.grading.checks import exercises_for
 __all__ = ["WrongAnswer", "KeyEntry", "answers_dirs", "key_path", "load_key", "lab_id", "rhs", "canonical",
            "format_key", "key_json"]
 
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]
 #: Where keys are looked for, in order: the instructor's tree, then the old place inside labs/.
 ANSWERS_DIR = _REPO / "instructor" / "answers"
 OLD_ANSWERS_DIR = _REPO / "labs" / "answers"
