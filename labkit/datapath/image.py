@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import ctypes
-import fcntl
 import hashlib
 import json
 import os
@@ -35,6 +34,7 @@ from typing import Iterator
 
 from labkit.datapath import bpf as _bpf
 from labkit.datapath.source import CGROUP_ATTACH, NodeBuild
+from labkit.net.ledger import file_lock
 from labkit.errors import DatapathError
 
 __all__ = ["MapSpec", "ProgSpec", "Image", "LoadedImage", "capture", "load", "load_build", "compile_build",
@@ -407,9 +407,5 @@ def cache_lock(key: str) -> Iterator[None]:
         yield
         return
     where.mkdir(parents=True, exist_ok=True)
-    fd = os.open(where / f".{key}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with file_lock(where / f".{key}.lock"):
         yield
-    finally:
-        os.close(fd)

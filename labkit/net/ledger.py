@@ -31,7 +31,7 @@ from typing import Iterator
 
 from labkit.errors import LabBusyError, LabStateError, NotFoundError
 
-__all__ = ["RUN_DIR", "STATE_VERSION", "LabState", "Ledger", "LabLock", "lab_dir", "dir_lock", "process_start_time",
+__all__ = ["RUN_DIR", "STATE_VERSION", "LabState", "Ledger", "LabLock", "lab_dir", "dir_lock", "file_lock", "process_start_time",
            "list_labs"]
 
 RUN_DIR = Path(os.environ.get("LABKIT_RUN_DIR", "/run/labkit"))
@@ -104,6 +104,20 @@ def dir_lock(lab: str, shared: bool = False) -> Iterator[None]:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise NotFoundError(f"lab '{lab}' is not up (no {path})") from None
+    with _flocked(fd, shared):
+        yield
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock of the file ``path`` (created if missing). Blocks until granted."""
+    with _flocked(os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600), False):
+        yield
+
+
+@contextlib.contextmanager
+def _flocked(fd: int, shared: bool) -> Iterator[None]:
+    """flock ``fd`` (shared or exclusive) until the block ends, then close it."""
     try:
         fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
