@@ -15,8 +15,6 @@ a clsact qdisc is removed only if labkit created it and nothing else is on it.
 """
 from __future__ import annotations
 
-from pyroute2.netlink.exceptions import NetlinkError
-
 __all__ = ["PARENTS", "ensure_clsact", "add_bpf_filter", "del_filter", "filter_names", "show_command", "PRIO"]
 
 PARENTS = {"ingress": "ffff:fff2", "egress": "ffff:fff3"}
@@ -54,6 +52,8 @@ def add_bpf_filter(ipr, index: int, direction: str, fd: int, name: str) -> dict:
 
 def del_filter(ipr, index: int, direction: str, prio: int, handle: int) -> bool:
     """Delete one filter by its exact place; False if it was already gone."""
+    from pyroute2.netlink.exceptions import NetlinkError  # with ``ipr``: only where pyroute2 is in use
+
     try:
         ipr.tc("del-filter", "bpf", index, handle, parent=PARENTS[direction], prio=prio, protocol=_ETH_P_ALL)
     except NetlinkError as exc:

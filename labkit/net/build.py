@@ -27,15 +27,16 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pyroute2 import IPRoute, netns
-from pyroute2.netlink.exceptions import NetlinkError
-
-from labkit.net import netns as _netns
 from labkit.config import VXLAN_PORT, DatapathConfig
 from labkit.errors import NetnsError
+from labkit.net import netns as _netns
 from labkit.net.ledger import Ledger
 from labkit.net.topology import LB_RANGE, Topology
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute
 
 __all__ = ["EndpointFacts", "build_network", "start_pod_servers", "cgroup_root", "POD_PORT"]
 
@@ -84,7 +85,11 @@ def cgroup_root() -> Path | None:
     return None
 
 
+# pyroute2 is imported where a lab is built, not when this module is: read-only commands
+# (`labkit ct list`, whose start-up `make bench` times) reach this module through Lab and never build.
 def _ns(topo: Topology, name: str) -> IPRoute:
+    from pyroute2 import IPRoute
+
     with _netns.entered(topo.netns(name)):
         return IPRoute()
 
@@ -113,6 +118,8 @@ def _nl(what: str):
             return self
 
         def __exit__(self, etype, exc, tb):
+            from pyroute2.netlink.exceptions import NetlinkError
+
             if isinstance(exc, NetlinkError):
                 raise NetnsError(exc.code, f"{what}: {os.strerror(exc.code)}") from None
             return False
@@ -123,12 +130,14 @@ def _nl(what: str):
 def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dict:
     """Create every namespace and link; returns per-node facts the datapath needs:
     ``{"endpoints": {node: [EndpointFacts]}, "devices": {node: {ifindex: name}}}``."""
+    from pyroute2 import netns as pyroute2_netns
+
     for name in topo.all_netns():
         if _netns.exists(name):
             raise NetnsError(17, f"network namespace '{name}' already exists; expected lab '{topo.lab}' to own it")
         ledger.record("netns", name=name)  # first: a kill between the two steps leaves nothing unlisted
         with _nl(f"ip netns add {name}"):
-            netns.create(name)
+            pyroute2_netns.create(name)
         _sysctls(name, _COMMON_SYSCTLS)
     for n in topo.nodes:
         _sysctls(topo.netns(n.name), _NODE_SYSCTLS)
