@@ -1,10 +1,9 @@
 """``labkit clock``: the lab clock that CT lifetimes are measured on."""
 from __future__ import annotations
 
-import json
-
 from labkit.cli import common
 from labkit.cli.common import output_options, print_json
+from labkit import clock as lab_clock
 
 __all__ = ["add_commands", "cmd_clock_advance", "cmd_clock_show"]
 
@@ -31,11 +30,9 @@ def cmd_clock_advance(args) -> int:
 
 
 def cmd_clock_show(args) -> int:
-    from labkit.clock import mono_seconds
-
     lab = common.attach(args)
     offset = lab.clock.offset
-    mono = mono_seconds()
+    mono = lab_clock.mono_seconds()
     if args.json:
         print_json({"now": mono + offset, "offset": offset, "mono": mono})
     else:

@@ -1,7 +1,6 @@
 """``labkit conntrack``: a node's Linux conntrack rows (kube-proxy's iptables mode)."""
 from __future__ import annotations
 
-import json
 import sys
 
 from labkit.cli import common

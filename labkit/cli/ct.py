@@ -1,7 +1,6 @@
 """``labkit ct list``: a node's CT maps in ``cilium-dbg bpf ct list global``'s grammar."""
 from __future__ import annotations
 
-import json
 import sys
 
 from labkit.cli import common

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from labkit.cli import common
+from labkit.maps import config
 from labkit.maps.config import AGENT_FAULTS, Fault
 
 __all__ = ["add_commands", "cmd_fault", "cmd_fault_list"]
@@ -46,7 +47,6 @@ def _fault_doc(fault) -> str:
     """The comment of a Fault member (its line in labkit/maps/config.py)."""
     import inspect
 
-    from labkit.maps import config
 
     for line in inspect.getsource(config.Fault).splitlines():
         if line.strip().startswith(f"{fault.name} =") and "#:" in line:

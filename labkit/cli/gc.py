@@ -1,9 +1,6 @@
 """``labkit gc``: run the CT garbage collector now, see its state, switch its timer."""
 from __future__ import annotations
 
-import json
-import time
-
 from labkit.agent.gc import SCAN_MODES
 from labkit.cli import common
 from labkit.cli.common import ON_OFF, output_options, print_json

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -15,7 +14,6 @@ from labkit.cli.common import (
     CliError,
     ON_OFF,
     TIMEOUT_NAMES,
-    count,
     ct_timeout,
     output_options,
     print_json,

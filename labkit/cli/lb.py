@@ -1,11 +1,11 @@
 """``labkit lb``: a node's load-balancing maps, and a service's Maglev tables."""
 from __future__ import annotations
 
-import json
 import sys
 
 from labkit.cli import common
-from labkit.cli.common import output_options, print_json, table
+from labkit.cli.common import output_options, print_json
+from labkit.maglev import shares
 
 __all__ = ["add_commands", "cmd_lb_list", "cmd_lb_maglev"]
 
@@ -56,7 +56,6 @@ def cmd_lb_list(args) -> int:
 
 
 def cmd_lb_maglev(args) -> int:
-    from labkit.maglev import shares
 
     lab = common.attach(args)
     node = args.node or lab.topology.nodes[0].name

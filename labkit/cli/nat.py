@@ -1,11 +1,10 @@
 """``labkit nat list``: a node's NAT map as ``cilium-dbg bpf nat list`` prints it."""
 from __future__ import annotations
 
-import json
 import sys
 
 from labkit.cli import common
-from labkit.cli.common import output_options, print_json, table
+from labkit.cli.common import output_options, print_json
 
 __all__ = ["add_commands", "cmd_nat_list"]
 

@@ -1,8 +1,6 @@
 """``labkit pod del``: delete a pod as Kubernetes and Cilium would."""
 from __future__ import annotations
 
-import json
-
 from labkit.cli import common
 from labkit.cli.common import output_options, print_json
 

@@ -1,8 +1,6 @@
 """``labkit service``: add, delete, list Services and set a backend's state (the agent writes them)."""
 from __future__ import annotations
 
-import json
-
 from labkit.agent.services.model import ALGORITHMS, PROTOCOLS, SERVICE_TYPES, STATES, TRAFFIC_POLICIES
 from labkit.cli import common
 from labkit.cli.common import count, output_options, port, print_json, table

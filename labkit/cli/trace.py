@@ -8,6 +8,7 @@ import time
 
 from labkit.cli import common
 from labkit.cli.common import CliError, POLL, count, output_options
+from labkit.observe.trace import EVENT_SIZE
 
 __all__ = ["add_commands", "cmd_trace"]
 
@@ -28,7 +29,6 @@ def add_commands(add) -> None:
 
 def _last_flows(log, n: int, node: str | None) -> list:
     """The last ``n`` flows (of ``node``) in time order, reading only the end of a long log."""
-    from labkit.observe.trace import EVENT_SIZE
 
     if n == 0:
         log.seek_end()

@@ -14,7 +14,6 @@ down (by its ledger) and rebuilt. Every object created goes into the ledger
 """
 from __future__ import annotations
 
-import ctypes
 import ipaddress
 import json
 import os

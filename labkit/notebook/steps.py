@@ -20,14 +20,13 @@ import html
 import itertools
 import json
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from labkit.addr import be32
 from labkit.constants import Hook, Verdict
-from labkit.errors import LabkitError, LabTimeoutError, NotFoundError
+from labkit.errors import LabkitError, LabTimeoutError
 from labkit.maps.ct import CtDiff, CtRow, TcpFlags, diff_rows
 from labkit.notebook import viz
 from labkit.observe.evidence import JOURNAL

@@ -35,12 +35,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import nbformat
+
+from labkit.agent.gc import collect_node, fill_synthetic
+from labkit.agent.kubeproxy import nat_table, restore
+from labkit.agent.services import Backend, Service
+from labkit.config import DatapathConfig
+from labkit.grading.answers import load_key
+from labkit.grading.grade import answer_cells, grade
+from labkit.lab import Lab
+from labkit.maps.base import PinnedMap
+from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4
+from labkit.maps.lb import Lb4Backend, Lb4BackendKey, Lb4Key, Lb4RevNatKey, Lb4ReverseNat, Lb4Service
+from labkit.net.ledger import Ledger
+from labkit.notebook.widgets import CtTable
 
 __all__ = ["main", "TARGETS", "compare_service_modes", "grade_side_by_side"]
 
@@ -89,10 +106,7 @@ def _timed(fn) -> float:
 
 def _cold_up(name: str) -> float:
     """One bring-up as on a machine that never built this datapath: the loaders find an empty image cache."""
-    import os
-    import tempfile
 
-    from labkit.lab import Lab
 
     before = os.environ.get("LABKIT_BPF_CACHE")
     with tempfile.TemporaryDirectory(prefix="labkit-bench-cache-") as empty:
@@ -108,7 +122,6 @@ def _cold_up(name: str) -> float:
 
 def measure(runs: int) -> dict:
     """Bring-up, down, reset and ct-list timings (seconds, medians) with their samples."""
-    from labkit.lab import Lab
 
     Lab.cleanup(LAB)
     ups, downs, cold = [], [], []
@@ -117,7 +130,6 @@ def measure(runs: int) -> dict:
         Lab.cleanup(LAB)
         ups.append(_timed(lambda: Lab.up(LAB)))
         downs.append(_timed(lambda: Lab.cleanup(LAB)))
-    from labkit.config import DatapathConfig
 
     lab = Lab.up(LAB, config=DatapathConfig(**BENCH_CONFIG))
     try:
@@ -188,9 +200,6 @@ def _step_times(lab) -> list[float]:
 
 def _refresh_times(lab) -> list[float]:
     """A live table's refresh (read the kernel map, diff, render) with 1,000 rows in node-a's CT map."""
-    from labkit.maps.base import PinnedMap
-    from labkit.maps.ct import CtEntry, CtKey4
-    from labkit.notebook.widgets import CtTable
 
     lab.reset()
     with PinnedMap(f"{lab.pin_dir('node-a')}/cilium_ct_any4_global", CtKey4, CtEntry) as m:
@@ -230,8 +239,6 @@ def _bulk_services(lab, count: int, write: bool) -> float:
     """Write (or delete) ``count`` one-backend services straight into every node's maps; returns seconds."""
     import ipaddress
 
-    from labkit.maps.base import PinnedMap
-    from labkit.maps.lb import Lb4Backend, Lb4BackendKey, Lb4Key, Lb4RevNatKey, Lb4ReverseNat, Lb4Service
 
     base = int(ipaddress.IPv4Address("198.19.1.1"))
     backend_id = 65000
@@ -262,8 +269,6 @@ def _bulk_services(lab, count: int, write: bool) -> float:
 def _lb_mode_rates(rounds: int) -> dict:
     """Requests per second from ext to a LoadBalancer VIP (backend b1 on node-b: the remote case) in a dsr
     lab and a snat lab, both up at once, rounds alternating; tracing off so only the datapath is measured."""
-    from labkit.config import DatapathConfig
-    from labkit.lab import Lab
 
     labs = {}
     try:
@@ -291,10 +296,6 @@ def _lb_mode_rates(rounds: int) -> dict:
 def _gc_scale(rounds: int) -> dict:
     """GC of a CT map holding GC_ENTRIES entries, half expired: batch and per-entry scans of the same
     fill, alternating, ``rounds`` each."""
-    from labkit.config import DatapathConfig
-    from labkit.agent.gc import collect_node, fill_synthetic
-    from labkit.lab import Lab
-    from labkit.maps.ct import CT_MAPS
 
     name = "bench-gc"
     Lab.cleanup(name)
@@ -323,12 +324,8 @@ def grade_side_by_side(rounds: int, copies: int | None = None) -> dict:
     """Wall time of ``labkit grade`` on the same ``copies`` copies of lab 02 (reference answers, a learner
     folder each) with ``--jobs GRADE_JOBS`` and with ``--jobs 1``, ``rounds`` runs of each, alternating;
     medians and their ratio. Every notebook runs in a fresh lab, as an instructor's grading does."""
-    import tempfile
 
-    import nbformat
 
-    from labkit.grading.answers import load_key
-    from labkit.grading.grade import answer_cells, grade
 
     copies = copies or GRADE_COPIES
     labs = Path(__file__).resolve().parents[2] / "labs"
@@ -400,8 +397,6 @@ def _first_packet_side_by_side(small: int, big: int, rounds: int) -> dict:
     """First-packet time to the last-added service with ``small`` and with ``big`` services loaded: two eBPF
     labs up at once, and one client process that takes turns between a1 of one and a1 of the other, connect()
     by connect(), so both see the same CPU and scheduling; ``rounds`` runs of 400 pairs, medians."""
-    from labkit.config import DatapathConfig
-    from labkit.lab import Lab
 
     names = {small: "bench-fp-small", big: "bench-fp-big"}
     labs, vips, times = {}, {}, {small: [], big: []}
@@ -431,7 +426,6 @@ def _synthetic_services(n: int) -> list:
     """``n`` one-endpoint ClusterIP services (b1:8080) on VIPs from 198.19.1.1, as Service objects."""
     import ipaddress
 
-    from labkit.agent.services import Backend, Service
 
     base = int(ipaddress.IPv4Address("198.19.1.1"))
     return [Service(f"s{i}", str(ipaddress.IPv4Address(base + i)), 80, "TCP", (Backend("b1", 8080),), id=i + 1)
@@ -456,10 +450,6 @@ def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "
 
     from dataclasses import replace as _replace
 
-    from labkit.config import DatapathConfig
-    from labkit.agent.kubeproxy import nat_table, restore
-    from labkit.lab import Lab
-    from labkit.agent.services import Backend
 
     names = {"iptables": f"{prefix}-bipt", "ebpf": f"{prefix}-bebpf"}
     out = {"sizes": list(sizes), "iptables": {}, "ebpf": {}}
@@ -533,9 +523,6 @@ def _throughput(seconds: int, rounds: int = 3) -> dict:
     alternating; medians."""
     import statistics as st
 
-    from labkit.config import DatapathConfig
-    from labkit.lab import Lab
-    from labkit.net.ledger import Ledger
 
     names = {"bpf": "bench-tput", "no_bpf": "bench-plain"}
     labs, samples = {}, {}
@@ -584,7 +571,6 @@ def _service_scale(lab) -> dict:
 
 
 def _cpus() -> int:
-    import os
 
     return os.cpu_count() or 0
 
