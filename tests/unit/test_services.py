@@ -468,12 +468,14 @@ def test_json_store_shared_between_agents(run_dir):
     one.add("web", 80, ["b1:8080"])
     assert two.get("web").vip == VIP
     assert two.add("api", 81).id == 2
-    data = json.loads((run_dir / "demo" / "services.json").read_text())
-    assert [s["name"] for s in data["services"]] == ["web", "api"]
+    assert [s.name for s in one.list()] == ["web", "api"]  # one caught up with two's journal line
+    lines = (run_dir / "demo" / "services.journal").read_text().splitlines()
+    assert [json.loads(line)["service"]["name"] for line in lines] == ["web", "api"]
+    assert [s["name"] for s in JsonStore("demo").data["services"]] == ["web", "api"]
 
 
 def test_json_store_in_ledger_once(run_dir):
-    """services.json is recorded in the ledger before the first write, once, and written in place (no twin)."""
+    """services.json and its journal are recorded in the ledger before their first write, once each."""
     topo = Topology.default("demo")
     s = Services("demo", topo, MemoryMaps(n.name for n in topo.nodes), JsonStore("demo"))
     s.add("web", 80)
@@ -481,7 +483,9 @@ def test_json_store_in_ledger_once(run_dir):
     s.flush()
     paths = [e["path"] for e in ledger.Ledger("demo").entries("file")]
     assert paths.count(str(run_dir / "demo" / "services.json")) == 1
-    assert not [p for p in paths if p.endswith(".tmp")]
+    assert paths.count(str(run_dir / "demo" / "services.journal")) == 1
+    assert not [p for p in paths if p.endswith((".tmp", ".new"))]
+    assert (run_dir / "demo" / "services.journal").read_text() == ""  # flush: an empty snapshot, no journal
     assert json.loads((run_dir / "demo" / "services.json").read_text())["services"] == []
 
 
@@ -593,13 +597,13 @@ def test_cli_errors(fake_lab, capsys):
 
 
 def test_failed_save_rolls_back_maps(svcs):
-    """If the service list cannot be saved, the maps written for the call are put back too."""
+    """If the change cannot be journaled, the maps written for the call are put back too."""
     before = snapshot(svcs)
 
-    def refuse(data):
+    def refuse(record):
         raise OSError(errno.ENOSPC, "No space left on device", "/run/labkit/demo/services.tmp")
 
-    svcs.store.save = refuse
+    svcs.store.append = refuse
     with pytest.raises(DatapathError, match=r"writing the service list \(/run/labkit/demo/services.tmp\) failed"):
         svcs.add("web", 80, ["b1:8080"])
     assert snapshot(svcs) == before

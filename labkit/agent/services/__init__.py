@@ -62,7 +62,7 @@ from dataclasses import replace
 from typing import Iterator, Sequence
 
 from labkit.agent.kubeproxy import NetnsIptables
-from labkit.agent.services.ids import AgentState, allocate, l4_key
+from labkit.agent.services.ids import AgentState, Change, _Either, allocate, l4_key
 from labkit.agent.services.iptables import IptablesWriter
 from labkit.agent.services.lbmaps import LbMapsWriter, MapWriter, MemoryMaps, PinnedMaps
 from labkit.agent.services.model import (
@@ -71,6 +71,7 @@ from labkit.agent.services.model import (
     FIRST_VIP,
     MAX_SERVICE_ID,
     NODE_PORT_RANGE,
+    PROTOCOLS,
     SERVICE_TYPES,
     STATES,
     TRAFFIC_POLICIES,
@@ -88,8 +89,8 @@ from labkit.agent.services.model import (
     check_type,
     check_vip,
 )
-from labkit.agent.services.plan import entries
-from labkit.agent.services.store import JsonStore, MemoryStore, ServiceStore
+from labkit.agent.services.plan import change_entries
+from labkit.agent.services.store import COMPACT_MIN, COMPACT_RATIO, JsonStore, Mark, MemoryStore, ServiceStore
 from labkit.errors import ConfigError, LabkitError, NotFoundError
 from labkit.maglev import LAB_DEFAULT_M
 from labkit.maps.lb import (AFFINITY_MAP, BACKENDS_MAP, LB_MAPS, MAGLEV_MAP, REVNAT_MAP, SERVICES_MAP, LbSnapshot,
@@ -128,6 +129,8 @@ class Services:
                        LbMapsWriter(maps, topology, maglev_m, self.cilium, self.faults))
         #: iptables mode: ``tables(node)`` is that node's iptables (:class:`labkit.agent.kubeproxy.Iptables`)
         self.tables = self.writer.tables if mode == "iptables" else tables
+        self._table: AgentState | None = None  # the services in memory, with their indexes
+        self._mark: Mark | None = None  # how far into the store they are
 
     @property
     def mode(self) -> str:
@@ -157,10 +160,20 @@ class Services:
 
     # -- reading -------------------------------------------------------------------
     def _state(self) -> AgentState:
+        """The services as the store has them now: the records other processes appended since this
+        agent last looked are replayed over its state in memory (all of it only when the snapshot changed)."""
         try:
-            return AgentState.from_json(self.store.load())
+            snap, records, mark = self.store.load(self._mark)
+            if snap is not None or self._table is None:
+                self._table = AgentState.from_json(snap or {}, records)
+            else:
+                for rec in records:
+                    self._table.apply(rec)
         except (KeyError, TypeError, ValueError) as exc:
+            self._table, self._mark = None, None
             raise ConfigError(f"lab '{self.lab}': the service list is unreadable ({type(exc).__name__}: {exc})") from None
+        self._mark = mark
+        return self._table
 
     def list(self) -> list[Service]:
         """Every service, in the order they were added."""
@@ -201,7 +214,7 @@ class Services:
         None: no table in the map, or none expected (random algorithm, no active backend)."""
         self.topology.node(node)
         svc = self.get(name)
-        want = entries(AgentState(services={svc.name: svc}), self.topology, node, self.maglev_m, self.cilium)[MAGLEV_MAP]
+        want = change_entries(svc, lambda bid: None, self.topology, node, self.maglev_m, self.cilium)[MAGLEV_MAP]
         try:
             out = {}
             for fe in svc.frontends:
@@ -269,12 +282,10 @@ class Services:
             if type != "ClusterIP":
                 if node_port is None:
                     node_port = self._free_node_port(state, protocol, profile(self.cilium).has("lb_proto_keys"))
-                else:
-                    for other in state.services.values():
-                        if other.node_port == node_port and other.protocol == protocol:
-                            raise ConfigError(f"service '{name}': node port {node_port}/{protocol} is already "
-                                              f"service '{other.name}'; expected a node port no other "
-                                              f"{protocol} service uses")
+                elif (protocol, node_port) in state.node_ports:
+                    other = state.first(state.node_ports[(protocol, node_port)])
+                    raise ConfigError(f"service '{name}': node port {node_port}/{protocol} is already "
+                                      f"service '{other}'; expected a node port no other {protocol} service uses")
             if type == "LoadBalancer" and lb_vip is None:
                 lb_vip = self._free_lb_vip(state)
             wanted = [("ClusterIP", vip, port)]
@@ -283,27 +294,25 @@ class Services:
             if type == "LoadBalancer":
                 wanted.append(("LoadBalancer", lb_vip, port))
             self._check_frontends_free(state, name, protocol, [(address, p) for _, address, p in wanted])
-            used = {i for s in state.services.values() for i in s.ids}
+            taken: set[int] = set()
             next_sid = state.next_service_id
             frontends = []
             for fe_type, address, p in wanted:
-                sid, next_sid = allocate(next_sid, used, MAX_SERVICE_ID, "service id")
-                used.add(sid)
+                sid, next_sid = allocate(next_sid, _Either(state.service_ids, taken), MAX_SERVICE_ID, "service id")
+                taken.add(sid)
                 frontends.append(Frontend(address, p, fe_type, sid))
             svc = Service(name, vip, port, protocol, tuple(parsed), affinity, frontends[0].id, type,
                           node_port or 0, lb_vip, tuple(frontends), etp, algorithm)
-            new, svc = state.with_service(svc, self.topology)
-            new = replace(new, next_service_id=next_sid)
-            self._commit(state, new, name, f"adding service '{name}'")
-        return svc
+            change = state.put(svc, self.topology, next_service_id=next_sid)
+            self._commit(change, f"adding service '{name}'")
+        return change.after
 
     def remove(self, name: str) -> None:
         """Remove service ``name`` from every node (head first, then slots, reverse NAT, backends)."""
         with self.store.lock():
             state = self._state()
             svc = self._find(state, name)
-            new, _ = state.with_service(svc, self.topology, drop=name)
-            self._commit(state, new, name, f"removing service '{name}'")
+            self._commit(state.drop(name), f"removing service '{name}'")
         self._forget_affinity(svc, {b.id for b in svc.backends})
 
     def add_backend(self, name: str, backend: "str | Backend", state: str = "active") -> Service:
@@ -347,11 +356,9 @@ class Services:
         In iptables mode every node gets ``kube-proxy --cleanup`` instead: the next sync is full."""
         with self.store.lock():
             state = self._state()
-            state = self.writer.reset(state)
-            for name in list(state.services):
-                new, _ = state.with_service(state.services[name], self.topology, drop=name)
-                self._commit(state, new, name, f"removing service '{name}'")
-                state = new
+            if not self.writer.reset():
+                for name in list(state.services):
+                    self._commit(state.drop(name), f"removing service '{name}'")
             try:
                 for node in self.topology.nodes:
                     for map_name in LB_MAPS:
@@ -361,18 +368,35 @@ class Services:
                             pass
             finally:
                 self.maps.close()
-            if self.store.load():
-                self.store.save(AgentState().to_json())
+            self._table = AgentState()
+            if self.store.exists():
+                self._mark = self.store.save(self._table.to_json())
 
     # -- internals -----------------------------------------------------------------
     def _change(self, state: AgentState, svc: Service, what: str) -> Service:
-        new, svc = state.with_service(svc, self.topology)
-        self._commit(state, new, svc.name, f"{what} of service '{svc.name}'")
-        return svc
+        change = state.put(svc, self.topology)
+        self._commit(change, f"{what} of service '{svc.name}'")
+        return change.after
 
-    def _commit(self, old: AgentState, new: AgentState, name: str, what: str) -> None:
-        """Write the difference between two states with this agent's writer, then save ``new``."""
-        self.writer.commit(old, new, name, what, self.store.save)
+    def _commit(self, change: Change, what: str) -> None:
+        """Write one service's change with this agent's writer, journal it, then apply it to the state
+        in memory (a refused write or journal line leaves all three as they were)."""
+        def save() -> None:
+            end = self.store.append(change.record)
+            self._mark = replace(self._mark, offset=end, records=self._mark.records + 1)
+
+        self.writer.commit(change, what, save)
+        change.state.apply(change.record, change.after)
+        if self._mark.records > max(COMPACT_MIN, COMPACT_RATIO * len(change.state.services)):
+            self._compact()
+
+    def _compact(self) -> None:
+        """A new snapshot of the state in memory, the journal emptied. The journal already holds every
+        change, so a snapshot that cannot be written is tried again at the next change."""
+        try:
+            self._mark = self.store.save(self._table.to_json())
+        except OSError:
+            pass
 
     def iptables(self, node: str, table: str = "nat") -> str:
         """``node``'s ``table`` as kube-proxy mode left it (``iptables-save -t nat`` in its namespace)."""
@@ -414,45 +438,50 @@ class Services:
         """ConfigError if one of ``wanted`` (address, port) would take another service's map key. On v1.16
         every key carries protocol 0, so a VIP:port is one key whatever the protocol."""
         proto_keys = profile(self.cilium).has("lb_proto_keys")
-        for other in state.services.values():
-            for fe in other.frontends:
-                for address, p in wanted:
-                    if (fe.address, fe.port) != (address, p):
-                        continue
-                    frontend = l4_key(address, p, protocol)
-                    if other.protocol == protocol:
-                        raise ConfigError(f"service '{name}': frontend {frontend} is already service "
-                                          f"'{other.name}'; expected a VIP:port/protocol no other service uses")
-                    if not proto_keys:
-                        raise ConfigError(
-                            f"service '{name}': frontend {frontend} would share its cilium_lb4_services_v2 key "
-                            f"with service '{other.name}' ({fe.l4(other.protocol)}): Cilium {self.cilium} writes "
-                            f"protocol 0 in every service key, so one VIP:port holds one service whatever its "
-                            f"protocol (keys per protocol came with 1.17, cilium/cilium#33434); expected another "
-                            f"VIP or port, or a lab of Cilium 1.20 (`labkit up --cilium 1.20`)")
+        clashes = []  # (the other's position, its frontend's, ours): the first a scan in creation order meets
+        for i, (address, p) in enumerate(wanted):
+            for other_name in state.by_frontend.get((address, p), ()):
+                other = state.services[other_name]
+                for j, fe in enumerate(other.frontends):
+                    if (fe.address, fe.port) == (address, p) and (other.protocol == protocol or not proto_keys):
+                        clashes.append((state.order[other_name], j, i, other, fe, address, p))
+        if not clashes:
+            return
+        _, _, _, other, fe, address, p = min(clashes, key=lambda c: c[:3])
+        frontend = l4_key(address, p, protocol)
+        if other.protocol == protocol:
+            raise ConfigError(f"service '{name}': frontend {frontend} is already service "
+                              f"'{other.name}'; expected a VIP:port/protocol no other service uses")
+        raise ConfigError(
+            f"service '{name}': frontend {frontend} would share its cilium_lb4_services_v2 key "
+            f"with service '{other.name}' ({fe.l4(other.protocol)}): Cilium {self.cilium} writes "
+            f"protocol 0 in every service key, so one VIP:port holds one service whatever its "
+            f"protocol (keys per protocol came with 1.17, cilium/cilium#33434); expected another "
+            f"VIP or port, or a lab of Cilium 1.20 (`labkit up --cilium 1.20`)")
 
     def _free_node_port(self, state: AgentState, protocol: str, proto_keys: bool = True) -> int:
         """The first node port no service of ``protocol`` uses (of any protocol without per-protocol keys)."""
-        used = {s.node_port for s in state.services.values() if s.protocol == protocol or not proto_keys}
+        protocols = (protocol,) if proto_keys else PROTOCOLS
         for p in NODE_PORT_RANGE:
-            if p not in used:
+            if not any((proto, p) in state.node_ports for proto in protocols):
                 return p
         raise ConfigError(f"no free {protocol} node port left in {NODE_PORT_RANGE.start}-{NODE_PORT_RANGE.stop - 1}")
 
     def _free_lb_vip(self, state: AgentState) -> str:
-        used = {s.lb_vip for s in state.services.values()}
         ip = FIRST_LB_VIP
         while ip in LB_RANGE and ip != LB_RANGE.broadcast_address:
-            if str(ip) not in used:
+            if str(ip) not in state.lb_vips:
                 return str(ip)
             ip += 1
         raise ConfigError(f"no free LoadBalancer VIP left in {LB_RANGE} from {FIRST_LB_VIP}")
 
     def _free_vip(self, state: AgentState) -> str:
-        used = {s.vip for s in state.services.values()}
-        ip = FIRST_VIP
+        """The first VIP from :data:`FIRST_VIP` no service has; ``state.vip_floor`` remembers how far
+        the addresses are all taken (lowered when one is freed), so the scan starts there."""
+        ip = FIRST_VIP + state.vip_floor
         while ip in CLUSTERIP_RANGE and ip != CLUSTERIP_RANGE.broadcast_address:
-            if str(ip) not in used:
+            if str(ip) not in state.vips:
+                state.vip_floor = int(ip) - int(FIRST_VIP)
                 return str(ip)
             ip += 1
         raise ConfigError(f"no free VIP left in the ClusterIP range {CLUSTERIP_RANGE} from {FIRST_VIP}")

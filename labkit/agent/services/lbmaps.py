@@ -2,15 +2,15 @@
 
 :class:`MapWriter` is where rows go (:class:`PinnedMaps` on a running lab, :class:`MemoryMaps`
 without a kernel); :class:`LbMapsWriter` turns a change of the agent's state into writes
-(:func:`labkit.agent.services.plan.plan`) and undoes them all if one fails (:class:`Txn`).
+(:func:`labkit.agent.services.plan.plan` of one service's rows before and after) and undoes them all if one fails (:class:`Txn`).
 """
 from __future__ import annotations
 
 import ctypes
 from typing import Callable, Iterable, Protocol
 
-from labkit.agent.services.ids import AgentState
-from labkit.agent.services.plan import Op, entries, plan
+from labkit.agent.services.ids import Change
+from labkit.agent.services.plan import Op, change_entries, plan
 from labkit.errors import DatapathError, LabkitError, NotFoundError
 from labkit.maglev import LAB_DEFAULT_M
 from labkit.maps.base import PinnedMap
@@ -184,30 +184,34 @@ class LbMapsWriter:
         self.cilium = cilium
         self.faults = faults
 
-    def reset(self, state: AgentState) -> AgentState:
-        """Before a flush: nothing to do; every service is then removed one by one."""
-        return state
+    def reset(self) -> bool:
+        """Before a flush: nothing to do (False: every service is then removed one by one)."""
+        return False
 
-    def commit(self, old: AgentState, new: AgentState, name: str, what: str, save: Callable[[dict], None]) -> None:
-        """Write the difference between two states to every node, then ``save`` ``new``."""
-        was, now = old.services.get(name), new.services.get(name)
+    def commit(self, change: Change, what: str, save: Callable[[], None]) -> None:
+        """Write one service's change to every node, then ``save`` it; undo every write if one fails.
+
+        Only the rows the service owns or shares are computed (:func:`change_entries`, before and
+        after): a change costs what it touches, whatever the number of services."""
+        was, now = change.before, change.after
         grow = now is not None and (was is None or len(now.active) >= len(was.active))
         txn = Txn(self.maps)
         node = op = None
         # Nodes differ only for externalTrafficPolicy=Local: otherwise one plan serves every node.
-        per_node = any(s.etp == "Local" for st in (old, new) for s in st.services.values())
+        per_node = any(s is not None and s.etp == "Local" for s in (was, now))
         plans: dict[str | None, list[Op]] = {}
         try:
             for node in (n.name for n in self.topology.nodes):
                 which = node if per_node else None
                 if which not in plans:
                     short = "lb-wrong-count" in self.faults()
-                    plans[which] = plan(entries(old, self.topology, node, self.maglev_m, self.cilium, short),
-                                        entries(new, self.topology, node, self.maglev_m, self.cilium, short), grow)
+                    rows = [change_entries(s, change.shared, self.topology, node, self.maglev_m, self.cilium, short, o)
+                            for s, o in ((was, now), (now, was))]
+                    plans[which] = plan(*rows, grow)
                 for op in plans[which]:
                     txn.apply(node, op)
             op = None
-            save(new.to_json())
+            save()
         except BaseException as exc:
             problems = txn.rollback()
             left = f"; could not undo: {'; '.join(problems)}" if problems else "; every map is as it was"

@@ -1,13 +1,16 @@
 """What to write, in which order: every row a node's LB maps should hold for a state
-(:func:`entries`), and the writes that turn one state's rows into another's without a
-packet ever seeing a count that points at a slot not yet written (:func:`plan`).
+(:func:`entries`), the rows one service's change can touch (:func:`change_entries`), and the
+writes that turn one set of rows into another without a packet ever seeing a count that points
+at a slot not yet written (:func:`plan`).
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable
 
 from labkit.agent.services.ids import AgentState
+from labkit.agent.services.model import Service
 from labkit.maglev import LAB_DEFAULT_M, MURMUR_SEED, backend_name, lookup_table
 from labkit.maps.lb import (
     BACKENDS_MAP,
@@ -30,7 +33,7 @@ from labkit.maps.lb import (
 from labkit.net.topology import Topology
 from labkit.release import DEFAULT_RELEASE, profile
 
-__all__ = ["Entries", "Op", "entries", "plan"]
+__all__ = ["Entries", "Op", "entries", "change_entries", "plan"]
 
 
 Entries = dict[str, dict[bytes, tuple]]  # map name -> raw key -> (key, value)
@@ -52,7 +55,7 @@ def _maglev_lut(names: tuple[tuple[str, int], ...], m: int) -> MaglevLut:
 
 
 def entries(state: AgentState, topo: Topology, node: str, maglev_m: int = LAB_DEFAULT_M,
-             cilium: str = DEFAULT_RELEASE, short_count: bool = False) -> Entries:
+            cilium: str = DEFAULT_RELEASE, short_count: bool = False) -> Entries:
     """Every row ``node``'s service maps should hold for ``state``, as release ``cilium``'s agent writes them.
 
     Keys and backends carry protocol 0 on v1.16 (pkg/maps/lbmap: ``u8proto.ANY``) and the
@@ -61,49 +64,89 @@ def entries(state: AgentState, topo: Topology, node: str, maglev_m: int = LAB_DE
     scope lists the node's own backends (flag Local); its internal scope, read by pods
     and node processes (flag TWO_SCOPES on the external head), lists them all.
     A Maglev service gets one table per frontend, over what the external scope lists,
-    built as Cilium builds it (:func:`labkit.maglev.backend_name`, Cilium's seed)."""
+    built as Cilium builds it (:func:`labkit.maglev.backend_name`, Cilium's seed).
+
+    This is the whole state's rows (O(services)): what a change writes is :func:`change_entries`,
+    the part of these rows one service owns."""
     out: Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}}
     proto_keys = profile(cilium).has("lb_proto_keys")
     backends: dict[int, tuple[str, int, int, bool]] = {}
     for svc in state.services.values():
+        _service_rows(out, svc, topo, node, maglev_m, cilium, short_count)
         wire = proto_number(svc.protocol) if proto_keys else 0
-        slots = svc.slots  # once per service: every frontend lists the same backends
-        n_active = sum(b.state == "active" for b in slots)
-        for fe in svc.frontends:  # each its own head, slots and reverse NAT; the same backends
-            flags, flags2 = int(fe.flags(svc.affinity_timeout)), 0
-            scopes = [(LookupScope.EXT, slots, n_active)]
-            if svc.local_scope(fe):
-                flags |= ServiceFlags.EXT_LOCAL_SCOPE
-                flags2 |= ServiceFlags2.TWO_SCOPES
-                here = tuple(b for b in slots if topo.pod(b.pod).node == node)
-                scopes = [(LookupScope.EXT, here, sum(b.state == "active" for b in here)),
-                          (LookupScope.INT, slots, n_active)]
-            for scope, listed, active in scopes:
-                head_key = Lb4Key.make(fe.address, fe.port, wire, scope=scope)
-                # short_count: the agent fault lb-wrong-count, one backend fewer in the head than listed
-                head = Lb4Service.head(max(0, active - short_count), fe.id, flags, flags2, svc.affinity_timeout)
-                out[SERVICES_MAP][bytes(head_key)] = (head_key, head)
-                for slot, b in enumerate(listed, start=1):
-                    key = head_key.with_slot(slot)
-                    out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, fe.id))
-            rn_key = Lb4RevNatKey.make(fe.id)
-            out[REVNAT_MAP][bytes(rn_key)] = (rn_key, Lb4ReverseNat.make(fe.address, fe.port))
-            if svc.algorithm == "maglev":
-                ext_active = [b for b in scopes[0][1] if b.state == "active"]
-                if ext_active:
-                    names = tuple(sorted((backend_name(topo.pod(b.pod).ip, b.port, svc.protocol, cilium), b.id)
-                                         for b in ext_active))
-                    out[MAGLEV_MAP][bytes(rn_key)] = (rn_key, _maglev_lut(names, maglev_m))
-        for b in slots:
+        for b in svc.slots:
             ip = topo.pod(b.pod).ip
             was_active = backends.get(b.id, (ip, b.port, wire, False))[3]
             backends[b.id] = (ip, b.port, wire, was_active or b.state == "active")
     for bid, (ip, port, proto, active) in backends.items():
-        # Shared by several services: active while any of them still counts it.
-        state_ = BackendState.ACTIVE if active else BackendState.TERMINATING
-        key = Lb4BackendKey(bid)
-        out[BACKENDS_MAP][bytes(key)] = (key, Lb4Backend.make(ip, port, proto, state_))
+        _backend_row(out, bid, ip, port, proto, active)
     return out
+
+
+def change_entries(svc: Service | None, shared: Callable[[int], bool | None], topo: Topology, node: str,
+                   maglev_m: int = LAB_DEFAULT_M, cilium: str = DEFAULT_RELEASE, short_count: bool = False,
+                   other: Service | None = None) -> Entries:
+    """The rows of :func:`entries` that service ``svc`` owns or shares: its heads, slots, reverse NAT and
+    Maglev tables, and its backends' rows. ``shared(id)`` says how the other services see a backend
+    (None: none uses it; True: one counts it active), since a shared backend is active while any
+    service counts it. ``other`` is the same service on the other side of the change: its backends'
+    rows are here too while another service keeps them. Two of these, before and after a change,
+    are what :func:`plan` needs: every other row is the same in both."""
+    out: Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}}
+    proto_keys = profile(cilium).has("lb_proto_keys")
+    mine = set()
+    if svc is not None:
+        _service_rows(out, svc, topo, node, maglev_m, cilium, short_count)
+        wire = proto_number(svc.protocol) if proto_keys else 0
+        for b in svc.slots:
+            mine.add(b.id)
+            _backend_row(out, b.id, topo.pod(b.pod).ip, b.port, wire, bool(shared(b.id)) or b.state == "active")
+    if other is not None:
+        wire = proto_number(other.protocol) if proto_keys else 0
+        for b in other.slots:
+            if b.id not in mine and (active := shared(b.id)) is not None:
+                _backend_row(out, b.id, topo.pod(b.pod).ip, b.port, wire, active)
+    return out
+
+
+def _service_rows(out: Entries, svc: Service, topo: Topology, node: str, maglev_m: int, cilium: str,
+                  short_count: bool) -> None:
+    """``svc``'s heads, slots, reverse NAT and Maglev rows into ``out``."""
+    wire = proto_number(svc.protocol) if profile(cilium).has("lb_proto_keys") else 0
+    slots = svc.slots  # once per service: every frontend lists the same backends
+    n_active = sum(b.state == "active" for b in slots)
+    for fe in svc.frontends:  # each its own head, slots and reverse NAT; the same backends
+        flags, flags2 = int(fe.flags(svc.affinity_timeout)), 0
+        scopes = [(LookupScope.EXT, slots, n_active)]
+        if svc.local_scope(fe):
+            flags |= ServiceFlags.EXT_LOCAL_SCOPE
+            flags2 |= ServiceFlags2.TWO_SCOPES
+            here = tuple(b for b in slots if topo.pod(b.pod).node == node)
+            scopes = [(LookupScope.EXT, here, sum(b.state == "active" for b in here)),
+                      (LookupScope.INT, slots, n_active)]
+        for scope, listed, active in scopes:
+            head_key = Lb4Key.make(fe.address, fe.port, wire, scope=scope)
+            # short_count: the agent fault lb-wrong-count, one backend fewer in the head than listed
+            head = Lb4Service.head(max(0, active - short_count), fe.id, flags, flags2, svc.affinity_timeout)
+            out[SERVICES_MAP][bytes(head_key)] = (head_key, head)
+            for slot, b in enumerate(listed, start=1):
+                key = head_key.with_slot(slot)
+                out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, fe.id))
+        rn_key = Lb4RevNatKey.make(fe.id)
+        out[REVNAT_MAP][bytes(rn_key)] = (rn_key, Lb4ReverseNat.make(fe.address, fe.port))
+        if svc.algorithm == "maglev":
+            ext_active = [b for b in scopes[0][1] if b.state == "active"]
+            if ext_active:
+                names = tuple(sorted((backend_name(topo.pod(b.pod).ip, b.port, svc.protocol, cilium), b.id)
+                                     for b in ext_active))
+                out[MAGLEV_MAP][bytes(rn_key)] = (rn_key, _maglev_lut(names, maglev_m))
+
+
+def _backend_row(out: Entries, bid: int, ip: str, port: int, proto: int, active: bool) -> None:
+    # Shared by several services: active while any of them still counts it.
+    state_ = BackendState.ACTIVE if active else BackendState.TERMINATING
+    key = Lb4BackendKey(bid)
+    out[BACKENDS_MAP][bytes(key)] = (key, Lb4Backend.make(ip, port, proto, state_))
 
 
 @dataclass(frozen=True)
