@@ -727,8 +727,8 @@ class Lab:
     def services(self):
         """The lab's Services (:class:`labkit.agent.services.Services`): add, remove, list, ``lb(node)``.
 
-        The list is kept in ``/run/labkit/<lab>/services.json``, so every process
-        attached to the lab sees the same services.
+        The list is kept in ``/run/labkit/<lab>/services.json`` and ``services.journal``, so every
+        process attached to the lab sees the same services.
         """
         if self._services is None:
             self._services = Services.for_lab(self)

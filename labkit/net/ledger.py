@@ -14,7 +14,7 @@ Everything under ``/run/labkit/<lab>/``:
 then check that nothing is left. The lock (``/run/labkit/<lab>.lock``) is
 held while a process builds or tears the lab down; another process gets
 :class:`~labkit.errors.LabBusyError` naming the holder. The state files other
-processes share while the lab runs (``services.json``, ``gc.json``) are
+processes share while the lab runs (``services.json`` and its journal, ``gc.json``) are
 read and written under :func:`dir_lock`, a flock of the lab's directory.
 """
 from __future__ import annotations

@@ -484,7 +484,7 @@ def test_json_store_in_ledger_once(run_dir):
     paths = [e["path"] for e in ledger.Ledger("demo").entries("file")]
     assert paths.count(str(run_dir / "demo" / "services.json")) == 1
     assert paths.count(str(run_dir / "demo" / "services.journal")) == 1
-    assert not [p for p in paths if p.endswith((".tmp", ".new"))]
+    assert not [p for p in paths if p.endswith(".tmp")]
     assert (run_dir / "demo" / "services.journal").read_text() == ""  # flush: an empty snapshot, no journal
     assert json.loads((run_dir / "demo" / "services.json").read_text())["services"] == []
 
@@ -981,6 +981,9 @@ def test_journal_replayed_and_compacted(run_dir, monkeypatch):
     with open(journal, "ab") as f:
         f.write(b'{"op":"del","na')  # a writer killed mid-line
     assert [s.name for s in Services("demo", topo, maps, JsonStore("demo")).list()] == ["web", "api"]
+    one.remove("api")  # the torn line is cut before the next record
+    assert [s.name for s in Services("demo", topo, maps, JsonStore("demo")).list()] == ["web"]
+    assert journal.read_text().endswith("}\n") and '"na{' not in journal.read_text()
 
 
 def test_old_services_json_still_loads(run_dir):

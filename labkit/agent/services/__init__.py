@@ -35,8 +35,12 @@ refused), and names Maglev backends ``ip:port``; 1.17+ writes the protocol
 Service ids (1, 2, ...; one per frontend) and backend ids are allocated per lab, the same on
 every node; a backend id belongs to one address:port/protocol and is shared by
 every service that uses it (as in Cilium), and freed when the last one stops.
-The list of services lives in ``/run/labkit/<lab>/services.json`` so every
-process attached to the lab sees the same ones.
+The agent keeps its services in memory with indexes (by name, frontend, backend, id;
+:mod:`labkit.agent.services.ids`), so a change computes and writes only the rows of the
+service it touches, whatever the number of services. Every process attached to the lab sees
+the same ones: they live in ``/run/labkit/<lab>/services.json`` (a snapshot) and
+``services.journal`` (one line per change since; :mod:`labkit.agent.services.store`), and an
+agent replays the lines another process added before its next call.
 
 Without a kernel, the same agent writes into dictionaries::
 

@@ -166,8 +166,9 @@ class JsonStore:
         with contextlib.ExitStack() as stack:
             if not self._held:
                 stack.enter_context(dir_lock(self.lab))
-            fd = os.open(self.journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.journal, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
             try:
+                _cut_torn_line(fd)
                 os.write(fd, raw)
                 end = os.fstat(fd).st_size
             finally:
@@ -176,9 +177,10 @@ class JsonStore:
 
     def save(self, data: dict) -> Mark:
         """A new snapshot (written beside it and renamed over it), then an empty journal."""
-        self._record_in_ledger(self.path)
-        raw = json.dumps(data, separators=(",", ":")).encode()  # compact: the C encoder, fast
         tmp = self.path.with_name(self.path.name + ".new")
+        self._record_in_ledger(self.path)
+        self._record_in_ledger(tmp)  # only there if a compaction was killed mid-write; teardown removes it
+        raw = json.dumps(data, separators=(",", ":")).encode()  # compact: the C encoder, fast
         with contextlib.ExitStack() as stack:
             if not self._held:
                 stack.enter_context(dir_lock(self.lab))
@@ -203,6 +205,22 @@ class JsonStore:
                 yield
             finally:
                 self._held = False
+
+
+def _cut_torn_line(fd: int) -> None:
+    """If the journal ends mid-line (its writer was killed), cut that line off so the next record
+    starts on a line of its own."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    start = max(0, size - 65536)
+    while True:
+        chunk = os.pread(fd, size - start, start)
+        nl = chunk.rfind(b"\n")
+        if nl >= 0 or start == 0:
+            os.ftruncate(fd, start + nl + 1)
+            return
+        start = max(0, start - 65536)
 
 
 class MemoryStore:
