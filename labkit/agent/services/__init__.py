@@ -66,14 +66,13 @@ from dataclasses import replace
 from typing import Iterator, Sequence
 
 from labkit.agent.kubeproxy import NetnsIptables
-from labkit.agent.services.ids import AgentState, Change, _Either, allocate, l4_key
+from labkit.agent.services.ids import AgentState, Change, l4_key
 from labkit.agent.services.iptables import IptablesWriter
 from labkit.agent.services.lbmaps import LbMapsWriter, MapWriter, MemoryMaps, PinnedMaps
 from labkit.agent.services.model import (
     ALGORITHMS,
     FIRST_LB_VIP,
     FIRST_VIP,
-    MAX_SERVICE_ID,
     NODE_PORT_RANGE,
     PROTOCOLS,
     SERVICE_TYPES,
@@ -298,13 +297,8 @@ class Services:
             if type == "LoadBalancer":
                 wanted.append(("LoadBalancer", lb_vip, port))
             self._check_frontends_free(state, name, protocol, [(address, p) for _, address, p in wanted])
-            taken: set[int] = set()
-            next_sid = state.next_service_id
-            frontends = []
-            for fe_type, address, p in wanted:
-                sid, next_sid = allocate(next_sid, _Either(state.service_ids, taken), MAX_SERVICE_ID, "service id")
-                taken.add(sid)
-                frontends.append(Frontend(address, p, fe_type, sid))
+            sids, next_sid = state.new_service_ids(len(wanted))
+            frontends = [Frontend(address, p, fe_type, sid) for (fe_type, address, p), sid in zip(wanted, sids)]
             svc = Service(name, vip, port, protocol, tuple(parsed), affinity, frontends[0].id, type,
                           node_port or 0, lb_vip, tuple(frontends), etp, algorithm)
             change = state.put(svc, self.topology, next_service_id=next_sid)
@@ -361,8 +355,8 @@ class Services:
         with self.store.lock():
             state = self._state()
             if not self.writer.reset():
-                for name in list(state.services):
-                    self._commit(state.drop(name), f"removing service '{name}'")
+                for name in list(state.services):  # no snapshot on the way: an empty one ends the flush
+                    self._commit(state.drop(name), f"removing service '{name}'", compact=False)
             try:
                 for node in self.topology.nodes:
                     for map_name in LB_MAPS:
@@ -382,7 +376,7 @@ class Services:
         self._commit(change, f"{what} of service '{svc.name}'")
         return change.after
 
-    def _commit(self, change: Change, what: str) -> None:
+    def _commit(self, change: Change, what: str, compact: bool = True) -> None:
         """Write one service's change with this agent's writer, journal it, then apply it to the state
         in memory (a refused write or journal line leaves all three as they were)."""
         def save() -> None:
@@ -391,7 +385,7 @@ class Services:
 
         self.writer.commit(change, what, save)
         change.state.apply(change.record, change.after)
-        if self._mark.records > max(COMPACT_MIN, COMPACT_RATIO * len(change.state.services)):
+        if compact and self._mark.records > max(COMPACT_MIN, COMPACT_RATIO * len(change.state.services)):
             self._compact()
 
     def _compact(self) -> None:

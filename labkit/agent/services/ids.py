@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from labkit.agent.services.model import FIRST_VIP, MAX_BACKEND_ID, STATE_VERSION, Service
+from labkit.agent.services.model import FIRST_VIP, MAX_BACKEND_ID, MAX_SERVICE_ID, STATE_VERSION, Service
 from labkit.errors import ConfigError
 from labkit.net.topology import Topology
 
@@ -138,6 +138,16 @@ class AgentState:
         record = {"op": "put", "service": svc.to_json(), "backend_ids": taken, "freed": freed,
                   "next_service_id": nsid, "next_backend_id": next_bid}
         return Change(svc.name, before, svc, self, record)
+
+    def new_service_ids(self, n: int) -> tuple[list[int], int]:
+        """``n`` free service ids from the next one on (a new service's frontends), and the next after them."""
+        taken: set[int] = set()
+        ids, nxt = [], self.next_service_id
+        for _ in range(n):
+            sid, nxt = allocate(nxt, _Either(self.service_ids, taken), MAX_SERVICE_ID, "service id")
+            taken.add(sid)
+            ids.append(sid)
+        return ids, nxt
 
     def drop(self, name: str) -> Change:
         """Service ``name`` out; its backend ids no other service uses are freed."""
