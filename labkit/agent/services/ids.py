@@ -16,6 +16,7 @@ it was. Loading a lab's state replays the same records over its snapshot.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -58,8 +59,11 @@ class Change:
         users = self.state.by_backend.get(bid, {})
         if len(users) - (self.name in users) == 0:
             return None
-        mine = self.before is not None and any(b.id == bid and b.state == "active" for b in self.before.backends)
-        return self.state.active_users[bid] - mine > 0
+        return self.state.active_users[bid] - (bid in self._active_before) > 0
+
+    @functools.cached_property
+    def _active_before(self) -> frozenset[int]:
+        return frozenset(b.id for b in self.before.backends if b.state == "active") if self.before else frozenset()
 
     def old_services(self) -> dict:
         """``name -> Service`` before the change (a copy: O(services); kube-proxy's full sync needs it)."""
