@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import fields
 import argparse
 import json
-import re
 
 from labkit.config import CtTimeouts
 from labkit.errors import LabkitError
+from labkit.net.topology import LAB_NAME
 
 __all__ = ["ON_OFF", "DEFAULT_LAB", "LAB_NAME", "TIMEOUT_NAMES", "POLL", "CliError", "attach", "print_json",
            "table", "lab_name", "ct_timeout", "count", "port", "output_options"]
@@ -17,7 +17,6 @@ __all__ = ["ON_OFF", "DEFAULT_LAB", "LAB_NAME", "TIMEOUT_NAMES", "POLL", "CliErr
 ON_OFF = ("on", "off")
 
 DEFAULT_LAB = "demo"
-LAB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")  # the rule of Topology.validate
 TIMEOUT_NAMES = tuple(f.name for f in fields(CtTimeouts))
 POLL = 0.05
 

@@ -16,7 +16,7 @@ the same image), but never attached, with every map's fd reachable by name
 (wrap it in ``labkit.maps.base.PinnedMap.from_fd`` to read and write it with
 labkit's map types)::
 
-    build = TestBuild.compile(node_build(topo, DatapathConfig(routing="native"), "node-a"))
+    build = TestBuild.load(node_build(topo, DatapathConfig(routing="native"), "node-a"))
     run = build.run("cil_from_container", packet)       # -> TestRun(retval, data, duration)
     PinnedMap.from_fd(build.map_fd("cilium_ct4_global"), CtKey4, CtEntry).items()
 
@@ -159,7 +159,7 @@ class TestBuild:
         self.how = how  # "cached" or "compiled"
 
     @classmethod
-    def compile(cls, build: NodeBuild) -> "TestBuild":
+    def load(cls, build: NodeBuild) -> "TestBuild":
         """Load ``build`` as the loader does (same text and cflags; the cached image or BCC). Needs root."""
         return cls(build, *image.load_build(build))
 

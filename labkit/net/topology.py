@@ -45,6 +45,7 @@ __all__ = [
     "Pod",
     "External",
     "Topology",
+    "LAB_NAME",
     "UNDERLAY",
     "POD_SUPERNET",
     "CLUSTERIP_RANGE",
@@ -62,7 +63,8 @@ LB_RANGE = ipaddress.ip_network("203.0.113.0/24")  # RFC 5737 TEST-NET-3
 LOOPBACK_SNAT_ADDR = "169.254.42.1"  # Cilium's --ipv4-service-loopback-address
 _PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")]
 _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
-_LAB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
+#: What a lab may be called (it prefixes namespaces and device names, so it stays short).
+LAB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 _RESERVED_NAMES = {"fabric"}
 
 #: The tc hooks on each kind of device, (ingress, egress), in Cilium's program names; ``lxc`` stands
@@ -244,7 +246,7 @@ class Topology:
     # -- validation -------------------------------------------------------
     def validate(self) -> None:
         """Raise :class:`TopologyError` for anything the kernel or the lab would reject later."""
-        if not _LAB_NAME.fullmatch(self.lab):
+        if not LAB_NAME.fullmatch(self.lab):
             raise TopologyError(
                 f"lab name '{self.lab}': expected 1-24 characters of a-z, 0-9 and '-', starting with a letter or digit"
             )

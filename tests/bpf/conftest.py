@@ -17,9 +17,9 @@ def _require_bpf(datapath_ready):
 
 
 def _session_node(name: str):
-    from .harness import Node, compile_build
+    from .harness import Node, loaded_build
 
-    build = compile_build(name)
+    build = loaded_build(name)
     node = Node(name, build)
     yield node
     build.close()

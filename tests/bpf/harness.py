@@ -84,12 +84,12 @@ BUILDS = {
 }
 
 
-def compile_build(name: str) -> TestBuild:
-    """node-a's datapath with the options of ``BUILDS[name]``, compiled and loaded (not attached)."""
+def loaded_build(name: str) -> TestBuild:
+    """node-a's datapath with the options of ``BUILDS[name]``, loaded as a lab loads it (not attached)."""
     config, files = BUILDS[name]
     build = node_build(TOPO, config, NODE, vxlan_ifindex=VXLAN_IFINDEX if config.routing == "tunnel" else 0)
     build = replace(build, files=files, programs=tuple(p for p in build.programs if p.source in files))
-    return TestBuild.compile(build)
+    return TestBuild.load(build)
 
 
 @dataclass
