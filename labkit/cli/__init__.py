@@ -18,6 +18,10 @@ Examples::
     labkit service add web --port 80 --backend b1:8080 --backend b2:8080   # a ClusterIP service
     labkit service list                             # services, their VIPs and backends
     labkit service backend web b1:8080 --state terminating
+    labkit service backend web a2:8080 --add        # only that service's rows are written
+    labkit service apply services.yaml              # many services in one call, as kubectl apply -f
+    labkit agent status                             # the lab's agent: pid, services, what it restored
+    labkit agent restart                            # a new agent; the datapath keeps forwarding
     labkit lb list node-a                           # like `cilium service list`, from node-a's maps
     labkit lb list node-a --bpf                     # like `cilium-dbg bpf lb list`
     labkit lb list node-a --raw                     # ... every slot, backend and reverse NAT entry
@@ -43,24 +47,37 @@ import os
 import sys
 import textwrap
 
+import importlib
+
 from labkit import __version__
-from labkit.cli import clock, conntrack, ct, fault, gc, lab, lb, nat, pod, service, trace
 from labkit.cli.common import DEFAULT_LAB, lab_name
-from labkit.cli.grade import add_commands as add_grade_commands
-from labkit.cli.nat import cmd_nat_list
 from labkit.errors import LabkitError
 
-__all__ = ["main", "build_parser", "GROUPS", "cmd_nat_list"]
+__all__ = ["main", "build_parser", "COMMANDS", "cmd_nat_list"]
 
-#: One module per command group, in the order ``labkit --help`` lists them.
-GROUPS = (lab, ct, nat, service, lb, conntrack, pod, gc, trace, clock, fault)
+#: Each command → the module of this package that adds it (one module per command group), in the order
+#: ``labkit --help`` lists them. A command line loads only its command's module, so a command that talks
+#: to the agent (``labkit service backend …``) does not pay for the lab, the grader or BCC.
+COMMANDS = {"up": "lab", "down": "lab", "cleanup": "lab", "status": "lab", "doctor": "lab", "exec": "lab",
+            "ct": "ct", "nat": "nat", "service": "service", "lb": "lb", "conntrack": "conntrack", "pod": "pod",
+            "gc": "gc", "trace": "trace", "clock": "clock", "fault": "fault", "agent": "agent",
+            "grade": "grade", "answers": "grade"}
+
+
+def __getattr__(name: str):
+    if name == "cmd_nat_list":
+        from labkit.cli.nat import cmd_nat_list
+
+        return cmd_nat_list
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _EPILOG = "examples:\n" + textwrap.indent(
     textwrap.dedent(__doc__.split("Examples::", 1)[1].split("Exit status", 1)[0]).strip("\n"), "  ")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (the default lab is read from ``LABKIT_LAB`` now)."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser (the default lab is read from ``LABKIT_LAB`` now): every command, or with
+    ``command`` only the group that has it (what :func:`main` builds for a command line)."""
     parser = argparse.ArgumentParser(
         prog="labkit",
         description="Kubernetes nodes and pods as network namespaces, with a Cilium-style eBPF conntrack datapath.",
@@ -79,12 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, help: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=description or help, **kw)
-    for group in GROUPS:
-        group.add_commands(add)
-    add_grade_commands(add)  # grade, answers
-
-    parser._labkit_exec = sub.choices["exec"]  # for the missing-command error
+    groups = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for group in groups:
+        importlib.import_module(f"{__name__}.{group}").add_commands(add)
+    parser._labkit_exec = sub.choices.get("exec")  # for the missing-command error
     return parser
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command word of a command line (after ``--lab NAME``), or None (``--help``, ``--version``)."""
+    it = iter(argv)
+    for word in it:
+        if word == "--lab":
+            next(it, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 
@@ -97,7 +124,8 @@ def _exit_code(exc: SystemExit) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``labkit`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_of(argv))
     try:
         args = parser.parse_args(argv)
         if args.command == "exec":

@@ -6,7 +6,6 @@ from dataclasses import fields
 import argparse
 import json
 
-from labkit.config import CtTimeouts
 from labkit.errors import LabkitError
 from labkit.net.topology import LAB_NAME
 
@@ -17,8 +16,15 @@ __all__ = ["ON_OFF", "DEFAULT_LAB", "LAB_NAME", "TIMEOUT_NAMES", "POLL", "CliErr
 ON_OFF = ("on", "off")
 
 DEFAULT_LAB = "demo"
-TIMEOUT_NAMES = tuple(f.name for f in fields(CtTimeouts))
 POLL = 0.05
+
+
+def __getattr__(name: str):
+    if name == "TIMEOUT_NAMES":  # the CT lifetimes' names; computed on use (the config module is not small)
+        from labkit.config import CtTimeouts
+
+        return tuple(f.name for f in fields(CtTimeouts))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- argument types ------------------------------------------------------------
@@ -34,9 +40,10 @@ def ct_timeout(value: str) -> tuple[str, int]:
     """``NAME=SECONDS`` → ``(NAME, SECONDS)``."""
     name, sep, seconds = value.partition("=")
     name = name.strip().replace("-", "_")
-    if not sep or name not in TIMEOUT_NAMES:
+    names = __getattr__("TIMEOUT_NAMES")
+    if not sep or name not in names:
         raise argparse.ArgumentTypeError(
-            f"{value!r}: expected NAME=SECONDS with NAME one of {', '.join(TIMEOUT_NAMES)}"
+            f"{value!r}: expected NAME=SECONDS with NAME one of {', '.join(names)}"
         )
     try:
         secs = int(seconds.strip())
@@ -84,6 +91,27 @@ def attach(args):
             f"lab '{args.lab}': its state file is unreadable ({type(exc).__name__}: {exc}); "
             f"`labkit --lab {args.lab} cleanup` removes what it created"
         ) from None
+
+
+def agent_services(args):
+    """``lab.services`` of lab ``args.lab`` without loading the lab: the agent's client, for the commands
+    that only talk to the agent (they stay quick: no pyroute2, no BCC, no lab module)."""
+    from labkit.agent.client import RemoteServices
+    from labkit.net.ledger import LabState, Ledger, lab_dir
+    from labkit.net.topology import Topology
+
+    if not Ledger(args.lab).exists():
+        raise CliError(f"lab '{args.lab}' is not up (no ledger in {lab_dir(args.lab)}); "
+                       f"start it with `labkit --lab {args.lab} up`")
+
+    class _Lab:  # what RemoteServices reads of a lab; the rest (maps views) loads the lab itself
+        name = args.lab
+
+        @property
+        def topology(self):
+            return Topology.from_dict(LabState.read(args.lab).topology)
+
+    return RemoteServices(_Lab())
 
 
 def print_json(data) -> None:

@@ -1,11 +1,16 @@
 """``labkit service``: add, delete, list Services and set a backend's state (the agent writes them)."""
 from __future__ import annotations
 
+import json
+import sys
+import time
+
 from labkit.agent.services.model import ALGORITHMS, PROTOCOLS, SERVICE_TYPES, STATES, TRAFFIC_POLICIES
 from labkit.cli import common
 from labkit.cli.common import count, output_options, port, print_json, table
 
-__all__ = ["add_commands", "cmd_service_add", "cmd_service_del", "cmd_service_list", "cmd_service_backend"]
+__all__ = ["add_commands", "cmd_service_add", "cmd_service_del", "cmd_service_list", "cmd_service_backend",
+           "cmd_service_apply", "load_specs"]
 
 
 def add_commands(add) -> None:
@@ -46,13 +51,27 @@ def add_commands(add) -> None:
                        description="The services the agent knows, with VIP, port, protocol, id and backends.")
     output_options(p, "a JSON list of services")
     p.set_defaults(func=cmd_service_list)
-    p = svc.add_parser("backend", help="mark a backend active or terminating",
-                       description="Set the state of backend POD:PORT of service NAME; a terminating backend moves "
-                                   "after the head's count, so it gets no new connections.")
+    p = svc.add_parser("backend", help="add or remove a backend, or mark it active or terminating",
+                       description="Change backend POD:PORT of service NAME: --add it, --remove it, or set its "
+                                   "--state; a terminating backend moves after the head's count, so it gets no new "
+                                   "connections. Only that service's rows are written.")
     p.add_argument("name", metavar="NAME", help="the service")
-    p.add_argument("backend", metavar="POD:PORT", help="one of its backends")
-    p.add_argument("--state", required=True, choices=STATES, help="the new state")
+    p.add_argument("backend", metavar="POD:PORT", help="the backend")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--add", action="store_true", help="add it (active, or --state)")
+    what.add_argument("--remove", action="store_true", help="take it out (its id is freed once no service uses it)")
+    what.add_argument("--state", choices=STATES, help="the new state of one of its backends")
     p.set_defaults(func=cmd_service_backend)
+    p = svc.add_parser("apply", help="make a list of services exist as a file describes (YAML or JSON)",
+                       description="Apply FILE ('-': standard input), a list of services as `kubectl apply -f` "
+                                   "would: each item has name and port, and any of backends (POD:PORT or {pod, "
+                                   "port, state}), vip, protocol, affinity, type, node_port, lb_vip, etp, "
+                                   "algorithm. New names are added, changed backends updated (ids kept), a changed "
+                                   "frontend replaced, equal services left alone — in one call to the agent, all "
+                                   "or nothing.")
+    p.add_argument("file", metavar="FILE", help="a YAML or JSON list of services (or {services: [...]})")
+    output_options(p, "what happened to each name, as JSON")
+    p.set_defaults(func=cmd_service_apply)
 
 
 def _service_line(svc) -> str:
@@ -111,7 +130,60 @@ def cmd_service_list(args) -> int:
 
 
 def cmd_service_backend(args) -> int:
-    lab = common.attach(args)
-    svc = lab.services.set_backend_state(args.name, args.backend, args.state)
+    services = common.agent_services(args)
+    if args.add:
+        svc = services.add_backend(args.name, args.backend)
+    elif args.remove:
+        svc = services.remove_backend(args.name, args.backend)
+    else:
+        svc = services.set_backend_state(args.name, args.backend, args.state)
     print(f"service {svc.name}: {_service_line(svc)}")
+    return 0
+
+
+def load_specs(text: str, source: str) -> list:
+    """A YAML or JSON list of services (or a mapping with ``services:``) → the list; CliError names ``source``."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        try:
+            import yaml
+        except ImportError:
+            raise common.CliError(f"{source}: not JSON, and YAML needs PyYAML (`pip install pyyaml`)") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise common.CliError(f"{source}: neither JSON nor YAML ({exc})") from None
+    if isinstance(data, dict) and isinstance(data.get("services"), list):
+        data = data["services"]
+    if not isinstance(data, list):
+        raise common.CliError(f"{source}: expected a list of services (or services: [...]), got "
+                              f"{type(data).__name__}")
+    return data
+
+
+def cmd_service_apply(args) -> int:
+    if args.file == "-":
+        text, source = sys.stdin.read(), "standard input"
+    else:
+        try:
+            with open(args.file) as f:
+                text, source = f.read(), args.file
+        except OSError as exc:
+            raise common.CliError(f"service apply: cannot read {args.file} ({exc.strerror})") from None
+    specs = load_specs(text, source)
+    services = common.agent_services(args)
+    t = time.perf_counter()
+    result = services.apply(specs)
+    took = time.perf_counter() - t
+    agent_s = getattr(services, "last_agent_seconds", None)  # the agent's own time, when it answered
+    if args.json:
+        print_json({**result, "agent_seconds": agent_s, "seconds": round(took, 6)})
+        return 0
+    counts = ", ".join(f"{len(v)} {k}" for k, v in result.items())
+    inside = f" ({agent_s} s in the agent)" if agent_s is not None else ""
+    print(f"applied {len(specs)} services from {source}: {counts}{inside}")
+    for kind in ("added", "updated", "replaced"):
+        if result[kind] and len(result[kind]) <= 20:
+            print(f"  {kind}: {', '.join(result[kind])}")
     return 0

@@ -17,6 +17,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +31,8 @@ from typing import Sequence
 from labkit.agent import endpoints as agent
 from labkit.agent.gc import LabGc, flush_address
 from labkit.agent.kubeproxy import parse_conntrack
-from labkit.agent.services import Services
+from labkit.agent.api import log_path, socket_path
+from labkit.agent.client import AgentClient, AgentDownError, RemoteServices
 from labkit.datapath.doctor import require_datapath
 from labkit.datapath.source import MAP_NAMES
 from labkit.errors import CleanupError
@@ -44,7 +47,8 @@ from labkit.clock import LabClock, mono_seconds
 from labkit.config import LAB_DIFFERENCES, DatapathConfig
 from labkit.release import BEHAVIOURS
 from labkit.errors import ConfigError, DatapathError, LabStateError, LabTimeoutError, NotFoundError
-from labkit.net.ledger import RUN_DIR, STATE_VERSION, LabLock, LabState, Ledger, lab_dir
+from labkit.net.ledger import (RUN_DIR, STATE_VERSION, LabLock, LabState, Ledger, lab_dir, process_start_time,
+                               wait_gone)
 from labkit.maps.base import PinnedMap
 from labkit.maps.config import AGENT_FAULTS, IMPLEMENTED_FAULTS, ConfigMaps, Fault, LabConfig, TraceMode
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
@@ -219,7 +223,11 @@ class Lab:
         if state.topology != topology.to_dict() or state.config != config.to_dict():
             return None
         lab = cls(name, topology, config, state)
-        return lab if not lab.health() else None
+        problems = lab.health()
+        if problems and all(p.startswith("process agent ") for p in problems):
+            lab._restart_agent()  # the datapath is whole: a new agent restores the Services, as cilium-agent
+            problems = lab.health()
+        return lab if not problems else None
 
     @classmethod
     def _build(cls, name: str, topology: Topology, config: DatapathConfig, ledger: Ledger) -> "Lab":
@@ -240,17 +248,7 @@ class Lab:
         state.status = "up"
         state.timings["up_seconds"] = round(time.monotonic() - t0, 3)
         state.write()
-        cls._start_gc(name, ledger)  # its timer starts on or off as config.gc_timer says
         return cls(name, topology, config, state)
-
-    @staticmethod
-    def _start_gc(name: str, ledger: Ledger) -> None:
-        """The lab's CT garbage collector process (``python -m labkit gc``), once the lab is up."""
-        err = lab_dir(name) / "gc.err"
-        ledger.record("file", path=str(err))
-        proc = subprocess.Popen([sys.executable, "-m", "labkit", "gc", "--lab", name], stdin=subprocess.DEVNULL,
-                                stdout=open(err, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-        ledger.record_process("gc", proc.pid)
 
     @classmethod
     def _realise(cls, name, topology, config, ledger, state) -> None:
@@ -285,7 +283,7 @@ class Lab:
                 proc.wait()
         timings["datapath_seconds"] = round(time.monotonic() - t, 3)
         state.write()
-        cls._start_monitor(name, ledger)
+        cls._start_agent(name, ledger)
         cls._wait_servers(name, topology, servers)
 
     @staticmethod
@@ -361,23 +359,25 @@ class Lab:
                 return msg[until] if isinstance(msg[until], dict) else msg
 
     @staticmethod
-    def _start_monitor(name: str, ledger: Ledger) -> None:
-        events = lab_dir(name) / "events.bin"
-        ledger.record("file", path=str(events))
-        ledger.record("file", path=str(lab_dir(name) / "monitor.err"))
-        ledger.record("file", path=str(lab_dir(name) / "monitor.pos"))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "labkit", "monitor", "--lab", name],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=open(lab_dir(name) / "monitor.err", "ab"),
-            start_new_session=True,
-            text=True,
-        )
-        ledger.record_process("monitor", proc.pid)
-        if proc.stdout.readline().strip() != "monitor ready":
-            raise DatapathError(f"lab '{name}': the trace monitor did not start (see {lab_dir(name)}/monitor.err)")
+    def _start_agent(name: str, ledger: Ledger, timeout: float = 60.0) -> int:
+        """The lab's agent process (:mod:`labkit.agent.daemon`: Services, monitor, GC timer, API); returns
+        once it answers on its socket. Everything it creates is in the ledger before it exists."""
+        recorded = {e.get("path") for e in ledger.entries("file")}
+        for path in (socket_path(name), log_path(name), lab_dir(name) / "events.bin", lab_dir(name) / "monitor.pos"):
+            if str(path) not in recorded:
+                ledger.record("file", path=str(path))
+        proc = subprocess.Popen([sys.executable, "-m", "labkit", "agent", "--lab", name], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=open(log_path(name), "ab"), start_new_session=True)
+        ledger.record_process("agent", proc.pid)
+        ready = select.select([proc.stdout], [], [], timeout)[0] and proc.stdout.readline().strip() == b"agent ready"
         proc.stdout.close()
+        if not ready:
+            proc.kill()
+            proc.wait()
+            tail = log_path(name).read_text()[-2000:] if log_path(name).exists() else ""
+            raise DatapathError(f"lab '{name}': the agent did not start within {timeout} s "
+                                f"(its log, {log_path(name)}):\n{tail}")
+        return proc.pid
 
     @staticmethod
     def _wait_servers(name: str, topology: Topology, servers: dict[str, subprocess.Popen], timeout: float = 10) -> None:
@@ -672,12 +672,50 @@ class Lab:
             elif e["kind"] == "pin" and not os.path.exists(e["path"]):
                 problems.append(f"pinned map {e['path']} is gone")
         # Pod clients belong to the notebook or script that started them and end with it.
-        lasting = [e for e in entries if e["kind"] == "process" and not e["name"].startswith("podclient-")]
+        # A restarted agent is a new entry of the same name: only the newest of each name counts.
+        newest = {e["name"]: e for e in entries if e["kind"] == "process" and not e["name"].startswith("podclient-")}
+        lasting = list(newest.values())
         alive = set(leftovers(lasting))
         for e in lasting:
             if f"process {e['name']} (pid {e['pid']})" not in alive:
                 problems.append(f"process {e['name']} (pid {e['pid']}) has exited")
         return problems
+
+    # -- the agent ---------------------------------------------------------------
+    def agent_status(self) -> dict:
+        """The agent's ``/v1/healthz`` answer, or ``{"status": "down", …}`` if it does not answer
+        (``labkit agent status``)."""
+        entry = ([e for e in Ledger(self.name).entries("process") if e["name"] == "agent"] or [None])[-1]
+        try:
+            return AgentClient(self.name, timeout=10).healthz()
+        except AgentDownError as exc:
+            return {"status": "down", "lab": self.name, "pid": entry and entry["pid"], "error": str(exc)}
+
+    def restart_agent(self, timeout: float = 10.0) -> dict:
+        """Stop the lab's agent if it runs (SIGTERM, then SIGKILL after ``timeout`` s), start a new one and
+        return its status: it restores the Services from the journal and the pinned maps (``labkit agent
+        restart``). The datapath keeps working throughout."""
+        lock = LabLock(self.name, "labkit agent restart").acquire()
+        try:
+            self._restart_agent(timeout)
+        finally:
+            lock.release()
+        return self.agent_status()
+
+    def _restart_agent(self, timeout: float = 10.0) -> None:
+        """:meth:`restart_agent` for a caller that holds the lab's lock (``up``)."""
+        ledger = Ledger(self.name)
+        for e in ledger.entries("process"):
+            if e["name"] == "agent" and process_start_time(e["pid"]) == e.get("start"):
+                os.kill(e["pid"], signal.SIGTERM)
+                if not wait_gone(e["pid"], e.get("start"), timeout):
+                    os.kill(e["pid"], signal.SIGKILL)
+                    wait_gone(e["pid"], e.get("start"), timeout)
+        ledger.forget(lambda e: e["kind"] == "process" and e["name"] == "agent"
+                      and process_start_time(e["pid"]) != e.get("start"))
+        self._start_agent(self.name, ledger)
+        if self._services is not None:
+            self._services.client.close()
 
     # -- members ---------------------------------------------------------------
     def pod(self, name: str) -> PodHandle:
@@ -727,11 +765,12 @@ class Lab:
     def services(self):
         """The lab's Services (:class:`labkit.agent.services.Services`): add, remove, list, ``lb(node)``.
 
-        The list is kept in ``/run/labkit/<lab>/services.json`` and ``services.journal``, so every
-        process attached to the lab sees the same services.
+        The lab's agent (:mod:`labkit.agent.daemon`) holds them and writes the maps; this is its client
+        (:class:`labkit.agent.client.RemoteServices`), so every process attached to the lab sees the same
+        services.
         """
         if self._services is None:
-            self._services = Services.for_lab(self)
+            self._services = RemoteServices(self)
         return self._services
 
     def pin_dir(self, node: str) -> str:

@@ -3,21 +3,17 @@ buffer, appending the records to ``/run/labkit/<lab>/events.bin`` for any
 number of readers (``labkit trace``, notebook steps). Cilium's monitor agent
 plays the same part between the datapath and Hubble.
 
-After every write it records, in ``monitor.pos`` (one u64 per node, in
+It runs inside the lab's agent (:mod:`labkit.agent.daemon`). After every write it records, in ``monitor.pos`` (one u64 per node, in
 ``pin_dirs`` order), how far into each ring buffer it has consumed *and*
 flushed; a reader that needs every event up to now compares those with the
 rings' producer positions (:func:`flushed_past`).
-
-    python -m labkit monitor --lab demo
 """
 from __future__ import annotations
 
-import argparse
 import os
 import select
-import signal
 import struct
-import sys
+import threading
 import time
 
 from labkit.datapath import bpf as _bpf
@@ -25,58 +21,62 @@ from labkit.errors import LabTimeoutError
 from labkit.net.ledger import LabState, Ledger, lab_dir
 from labkit.observe.trace import EVENT_SIZE
 
-__all__ = ["main", "ROTATE_BYTES", "flushed_past"]
+__all__ = ["Monitor", "ROTATE_BYTES", "flushed_past"]
 
 ROTATE_BYTES = 64 * 1024 * 1024  # keep at most two files of this size
 
 
-def run(lab: str) -> None:
-    state = LabState.read(lab)
-    rings = [_bpf.RingBuffer(_bpf.obj_get(f"{pin}/labkit_events")) for pin in state.pin_dirs.values()]
-    pos_path = lab_dir(lab) / "monitor.pos"
-    pos_fd = os.open(pos_path, os.O_RDWR | os.O_CREAT, 0o644)
-    poller = select.epoll()
-    for ring in rings:
-        poller.register(ring.fd, select.EPOLLIN)
-    path = lab_dir(lab) / "events.bin"
-    out = open(path, "ab")
-    print("monitor ready", flush=True)
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    while not stopping:
+class Monitor:
+    """The drain loop: open every node's ring buffer and ``events.bin``, then :meth:`loop` until told to stop.
+
+    The lab's agent runs it on a thread of its own (:mod:`labkit.agent.daemon`).
+    A restarted agent goes on where the last one stopped: the rings keep their
+    consumer position, so nothing the kernel wrote in between is lost (unless a ring filled up).
+    """
+
+    def __init__(self, lab: str):
+        self.lab = lab
+        state = LabState.read(lab)
+        self.rings = [_bpf.RingBuffer(_bpf.obj_get(f"{pin}/labkit_events")) for pin in state.pin_dirs.values()]
+        self.path = lab_dir(lab) / "events.bin"
+        self.pos_fd = os.open(lab_dir(lab) / "monitor.pos", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.poller = select.epoll()
+        for ring in self.rings:
+            self.poller.register(ring.fd, select.EPOLLIN)
+        self.out = open(self.path, "ab")
+        self.records = 0  #: how many records it has written since it started
+
+    def loop(self, stopping: threading.Event) -> None:
+        """Drain until ``stopping`` is set (it looks every 0.2 s)."""
         try:
-            poller.poll(0.2)
+            while not stopping.is_set():
+                self.drain(0.2)
+        finally:
+            self.out.close()
+            os.close(self.pos_fd)
+
+    def drain(self, wait: float) -> None:
+        """Wait up to ``wait`` s for records, append what the rings hold, then publish how far it got."""
+        try:
+            self.poller.poll(wait)
         except InterruptedError:
-            continue
-        wrote = False
-        for ring in rings:
+            return
+        wrote = 0
+        for ring in self.rings:
             for rec in ring.records():
-                out.write(rec[:EVENT_SIZE])
-                wrote = True
+                self.out.write(rec[:EVENT_SIZE])
+                wrote += 1
         if wrote:
-            out.flush()
-        os.pwrite(pos_fd, struct.pack(f"={len(rings)}Q", *(r.consumer_pos() for r in rings)), 0)
-        if wrote:
-            if out.tell() > ROTATE_BYTES:
-                out.close()
-                rotated = path.with_suffix(".bin.1")
-                if not rotated.exists():
-                    Ledger(lab).record("file", path=str(rotated))
-                os.replace(path, rotated)
-                out = open(path, "ab")
-    out.close()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run until SIGTERM."""
-    ap = argparse.ArgumentParser(prog="labkit.observe.monitor")
-    ap.add_argument("--lab", required=True)
-    args = ap.parse_args(argv)
-    try:
-        run(args.lab)
-    except KeyboardInterrupt:
-        sys.exit(0)
-
+            self.out.flush()
+            self.records += wrote
+        os.pwrite(self.pos_fd, struct.pack(f"={len(self.rings)}Q", *(r.consumer_pos() for r in self.rings)), 0)
+        if wrote and self.out.tell() > ROTATE_BYTES:
+            self.out.close()
+            rotated = self.path.with_suffix(".bin.1")
+            if not rotated.exists():
+                Ledger(self.lab).record("file", path=str(rotated))
+            os.replace(self.path, rotated)
+            self.out = open(self.path, "ab")
 
 
 def flushed_past(lab: str, pin_dirs: dict[str, str], timeout: float = 2.0) -> None:
@@ -100,5 +100,5 @@ def flushed_past(lab: str, pin_dirs: dict[str, str], timeout: float = 2.0) -> No
             if all(d >= t for d, t in zip(done, targets)):
                 return
         if time.monotonic() > deadline:
-            raise LabTimeoutError(f"lab '{lab}': the trace monitor has not caught up after {timeout} s (is it running?)")
+            raise LabTimeoutError(f"lab '{lab}': the trace monitor has not caught up after {timeout} s (is the lab's agent running? `labkit agent status`)")
         time.sleep(0.001)

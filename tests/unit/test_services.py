@@ -15,6 +15,7 @@ from labkit import cli
 
 from labkit.net import ledger
 from labkit.agent import services as services_mod
+from labkit.agent.services import core as services_core
 from labkit.config import DatapathConfig
 from labkit.errors import ConfigError, DatapathError, NotFoundError
 from labkit.maps.lb import (
@@ -490,7 +491,8 @@ def test_json_store_in_ledger_once(run_dir):
 
 
 def test_lab_services_property(run_dir):
-    """Lab.services is one lazily built agent on the lab's pins and services.json."""
+    """Lab.services is one lazily built client of the lab's agent; its map views read the lab's pins and
+    services.json in this process."""
     from labkit.lab import Lab
     from labkit.net.ledger import LabState
 
@@ -498,7 +500,9 @@ def test_lab_services_property(run_dir):
     state = {"pin_dirs": {n.name: f"/sys/fs/bpf/labkit/demo/{n.name}" for n in topo.nodes}}
     lab = Lab("demo", topo, DatapathConfig(), LabState.from_dict(state))
     assert lab.services is lab.services
-    assert isinstance(lab.services.store, JsonStore) and lab.services.store.path == run_dir / "demo" / "services.json"
+    assert lab.services.client.path == str(run_dir / "demo" / "agent.sock")
+    local = lab.services.local
+    assert isinstance(local.store, JsonStore) and local.store.path == run_dir / "demo" / "services.json"
     assert lab.services.lb_command("node-a")[0] == \
         "bpftool map dump pinned /sys/fs/bpf/labkit/demo/node-a/cilium_lb4_services_v2"
 
@@ -523,6 +527,7 @@ def fake_lab(monkeypatch):
     monkeypatch.delenv("LABKIT_LAB", raising=False)
     lab = _FakeLab()
     monkeypatch.setattr(cli.common, "attach", lambda args: lab)
+    monkeypatch.setattr(cli.common, "agent_services", lambda args: lab.services)
     return lab
 
 
@@ -552,6 +557,31 @@ def test_cli_service_backend_and_del(fake_lab, capsys):
     assert cli.main(["service", "del", "web"]) == 0
     assert "service web (198.19.1.1:80/UDP, id 1) removed from every node" in capsys.readouterr().out
     assert fake_lab.services.list() == []
+
+
+def test_cli_service_backend_add_remove(fake_lab, capsys):
+    """`service backend --add` and `--remove` add and take out one backend of one service."""
+    cli.main(["service", "add", "web", "--port", "80", "--backend", "b1:8080"])
+    assert cli.main(["service", "backend", "web", "a2:8080", "--add"]) == 0
+    assert "b1:8080 (active), a2:8080 (active)" in capsys.readouterr().out
+    assert cli.main(["service", "backend", "web", "b1:8080", "--remove"]) == 0
+    assert [b.ref for b in fake_lab.services.get("web").backends] == ["a2:8080"]
+    assert cli.main(["service", "backend", "web", "b1:8080"]) == 2  # one of --add, --remove, --state
+
+
+def test_cli_service_apply(fake_lab, capsys, tmp_path):
+    """`service apply FILE` takes YAML or JSON (a list, or services: [...]) and reports each name's fate."""
+    (tmp_path / "s.yaml").write_text("services:\n- name: web\n  port: 80\n  backends: [b1:8080]\n"
+                                     "- {name: api, port: 8080, backends: [{pod: a2, port: 8080, state: terminating}]}\n")
+    assert cli.main(["service", "apply", str(tmp_path / "s.yaml")]) == 0
+    assert "applied 2 services from" in capsys.readouterr().out
+    assert fake_lab.services.get("api").backends[0].state == "terminating"
+    (tmp_path / "s.json").write_text(json.dumps([{"name": "web", "port": 80, "backends": ["b1:8080", "b2:8080"]}]))
+    assert cli.main(["service", "apply", str(tmp_path / "s.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["updated"] == ["web"]
+    (tmp_path / "bad.yaml").write_text("name: web\n")
+    assert cli.main(["service", "apply", str(tmp_path / "bad.yaml")]) == 1
+    assert "expected a list of services" in capsys.readouterr().err
 
 
 def test_cli_lb_list(fake_lab, capsys):
@@ -921,7 +951,7 @@ def test_deltas_write_what_a_full_rebuild_writes(cilium, seed, monkeypatch):
     a full rebuild of every service's rows, entry for entry; ids agree; the journal replays to the state."""
     import random
 
-    monkeypatch.setattr(services_mod, "COMPACT_MIN", 8)  # compact often, to replay across snapshots too
+    monkeypatch.setattr(services_core, "COMPACT_MIN", 8)  # compact often, to replay across snapshots too
     topo = Topology.default("demo")
     delta = Services.in_memory(topo, cilium=cilium, maglev_m=251)
     full = Services.in_memory(topo, cilium=cilium, maglev_m=251)
@@ -960,7 +990,7 @@ def test_ids_as_before_across_removes(svcs):
 def test_journal_replayed_and_compacted(run_dir, monkeypatch):
     """Changes append journal lines; a second agent replays them; past COMPACT_RATIO records per service
     a new services.json is written and the journal emptied; a torn last line is not a record."""
-    monkeypatch.setattr(services_mod, "COMPACT_MIN", 4)
+    monkeypatch.setattr(services_core, "COMPACT_MIN", 4)
     topo = Topology.default("demo")
     maps = MemoryMaps(n.name for n in topo.nodes)
     one = Services("demo", topo, maps, JsonStore("demo"))

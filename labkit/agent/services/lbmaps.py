@@ -37,12 +37,14 @@ class MapWriter(Protocol):
 class PinnedMaps:
     """:class:`MapWriter` over the pinned maps of each node (``bpftool map update pinned …``).
 
-    Maps are opened on first use and closed by :meth:`close` (after every agent call).
+    Maps are opened on first use and closed by :meth:`close` (after every agent call), unless
+    ``keep_open``: the lab's agent process keeps them open for its life (:meth:`release` closes them).
     """
 
-    def __init__(self, pin_dirs: dict[str, str], maglev_m: int = LAB_DEFAULT_M):
+    def __init__(self, pin_dirs: dict[str, str], maglev_m: int = LAB_DEFAULT_M, keep_open: bool = False):
         self.pin_dirs = dict(pin_dirs)
         self.maglev_m = maglev_m
+        self.keep_open = keep_open
         self._open: dict[tuple[str, str], object] = {}
 
     def path(self, node: str, map_name: str) -> str:
@@ -73,6 +75,11 @@ class PinnedMaps:
         return self._map(node, map_name).clear()
 
     def close(self) -> None:
+        if not self.keep_open:
+            self.release()
+
+    def release(self) -> None:
+        """Close every map this writer opened."""
         for m in self._open.values():
             m.close()
         self._open.clear()

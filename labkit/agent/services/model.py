@@ -8,10 +8,13 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from labkit.errors import ConfigError, NotFoundError
-from labkit.maps.lb import ServiceFlags
 from labkit.net.topology import CLUSTERIP_RANGE, LB_RANGE, Topology
+
+if TYPE_CHECKING:
+    from labkit.maps.lb import ServiceFlags
 
 __all__ = ["Backend", "Frontend", "Service", "FIRST_VIP", "FIRST_LB_VIP", "NODE_PORT_RANGE", "SERVICE_TYPES",
            "STATES", "TRAFFIC_POLICIES", "ALGORITHMS", "PROTOCOLS", "MAX_AFFINITY", "MAX_SERVICE_ID",
@@ -83,6 +86,7 @@ class Frontend:
     entry (mapping back to that frontend), and its own head and slots, all
     pointing at the same backends.
 
+    >>> from labkit.maps.lb import ServiceFlags
     >>> fe = Frontend("198.51.100.11", 30080, "NodePort", 2)
     >>> fe.flags(0) == ServiceFlags.NODEPORT | ServiceFlags.ROUTABLE, fe.l4("TCP")
     (True, '198.51.100.11:30080/TCP')
@@ -96,6 +100,8 @@ class Frontend:
     def flags(self, affinity_timeout: int = 0) -> ServiceFlags:
         """``lb4_service.flags``: a ClusterIP sets no type bit (and no ROUTABLE: ``non-routable``);
         a NodePort frontend NODEPORT, a LoadBalancer one LOADBALANCER, both ROUTABLE; AFFINITY with a timeout."""
+        from labkit.maps.lb import ServiceFlags  # here: the names of this module load without the maps
+
         flags = ServiceFlags(0)
         if self.type == "NodePort":
             flags |= ServiceFlags.NODEPORT | ServiceFlags.ROUTABLE
@@ -171,6 +177,8 @@ class Service:
     def flags(self) -> ServiceFlags:
         """``lb4_service.flags`` of the ClusterIP frontend: no type bit (non-routable), AFFINITY with a timeout.
         Each frontend's own flags: :meth:`Frontend.flags`."""
+        from labkit.maps.lb import ServiceFlags
+
         return ServiceFlags.AFFINITY if self.affinity_timeout else ServiceFlags(0)
 
     def backend(self, ref: "str | Backend") -> Backend:
