@@ -83,14 +83,15 @@ def test_down_leaves_nothing():
 
 
 def test_broken_lab_is_rebuilt():
-    """Lab.up rebuilds a lab whose monitor died, from its ledger."""
+    """Lab.up rebuilds a lab whose pod server died, from its ledger (a dead agent alone is restarted:
+    test_agent.py)."""
     name = tagged("dpbroken")
     lab = Lab.up(name, routing="native")
     try:
-        monitor = next(e for e in Ledger(name).entries("process") if e["name"] == "monitor")
-        os.kill(monitor["pid"], signal.SIGKILL)
-        wait_for(lambda: process_start_time(monitor["pid"]) is None, what="the monitor to die")
-        assert any("monitor" in p for p in lab.health())
+        server = next(e for e in Ledger(name).entries("process") if e["name"] == "podserver-a1")
+        os.kill(server["pid"], signal.SIGKILL)
+        wait_for(lambda: process_start_time(server["pid"]) is None, what="the pod server to die")
+        assert any("podserver-a1" in p for p in lab.health())
         rebuilt = Lab.up(name, routing="native")
         assert rebuilt.state.created != lab.state.created
         assert rebuilt.health() == []
