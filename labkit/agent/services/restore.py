@@ -1,0 +1,479 @@
+"""The Services agent's restart: its state from the journal and the pinned maps, then only the rows
+that are wrong rewritten, as cilium-agent restores its services and their ids from its BPF maps.
+
+:func:`recover` replays the snapshot and journal as far as they can be trusted
+(:meth:`labkit.agent.services.store.JsonStore.scan`), reads what every node's ``cilium_lb4_*`` maps
+hold, and returns the state to serve: the journal's, corrected by the maps. A service the maps hold
+whole (a head for each frontend, its slots, its backends, its reverse NAT and Maglev rows, all as
+:func:`labkit.agent.services.plan.entries` would write them) wins over the journal; a service the
+journal lacks is rebuilt from its rows, named from the journal when a record had its ids, else
+``restored-<id>``. Rows that are merely missing or wrong (a deleted slot, a changed count) do not
+make a service: the journal's version stays and :func:`sync` rewrites them. A service no node's maps
+hold at all stays when the journal is whole (the maps were reloaded; :func:`sync` writes it), and
+goes when the journal is damaged (its removal may be among the lost lines).
+
+:func:`sync` then makes every node hold exactly ``entries(state)``, writing only the rows that
+are missing or differ, in the datapath-safe order of :func:`labkit.agent.services.plan.plan`.
+:func:`check` is the read-only part, for ``labkit doctor``; :func:`rebuild_store` replaces a
+damaged journal by a snapshot of the recovered state.
+
+    >>> from labkit.agent.services import Services
+    >>> from labkit.net.topology import Topology
+    >>> svcs = Services.in_memory(Topology.default())
+    >>> _ = svcs.add("web", 80, ["b1:8080", "b2:8080"])
+    >>> r = recover(svcs.store, svcs.maps, svcs.topology)
+    >>> r.source, r.damaged, r.problems, list(r.state.services)
+    ('journal', False, [], ['web'])
+    >>> sync(r.state, svcs.maps, svcs.topology).written
+    {'node-a': 0, 'node-b': 0}
+    >>> lost = recover(MemoryStore(), svcs.maps, svcs.topology)  # no journal: rebuilt from the maps
+    >>> lost.source, lost.damaged, [(s.name, s.ids, [b.ref for b in s.backends]) for s in lost.state.services.values()]
+    ('maps', True, [('restored-1', (1,), ['b1:8080', 'b2:8080'])])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labkit.agent.services.ids import AgentState, l4_key
+from labkit.agent.services.lbmaps import MapWriter, Txn
+from labkit.agent.services.model import MAX_BACKEND_ID, MAX_SERVICE_ID, Backend, Frontend, Service
+from labkit.agent.services.plan import Entries, change_entries, entries, plan
+from labkit.agent.services.store import MemoryStore, Scan, ServiceStore
+from labkit.errors import DatapathError, LabkitError, NotFoundError
+from labkit.maglev import LAB_DEFAULT_M
+from labkit.maps.lb import (
+    BACKENDS_MAP,
+    MAGLEV_MAP,
+    REVNAT_MAP,
+    SERVICES_MAP,
+    Lb4BackendKey,
+    Lb4Key,
+    LookupScope,
+    ServiceFlags,
+    ServiceFlags2,
+    proto_number,
+)
+from labkit.net.topology import Topology
+from labkit.release import DEFAULT_RELEASE, profile
+
+__all__ = ["Recovery", "SyncReport", "recover", "sync", "check", "rebuild_store", "read_rows", "ROW_MAPS"]
+
+#: The maps a node's services live in, in the order problems are listed.
+ROW_MAPS = (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP, MAGLEV_MAP)
+#: Row problems listed per node before the rest are counted.
+MAX_ROW_PROBLEMS = 20
+_PROTO_NAMES = {6: "TCP", 17: "UDP"}
+
+
+@dataclass
+class Recovery:
+    """What :func:`recover` found: the ``state`` to serve, ``problems`` (sentences naming the file and
+    line or the node, map and key, what was expected and what was found), where the services came
+    from (``source``: 'journal', 'maps' or 'journal+maps') and whether the journal can be trusted
+    (``damaged``: unreadable, a gap, or corrected by the maps)."""
+
+    state: AgentState
+    problems: list[str]
+    source: str
+    damaged: bool
+
+
+@dataclass
+class SyncReport:
+    """Rows :func:`sync` wrote, deleted and left alone, per node."""
+
+    written: dict[str, int] = field(default_factory=dict)
+    deleted: dict[str, int] = field(default_factory=dict)
+    unchanged: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return "; ".join(f"{n}: {self.written[n]} written, {self.deleted[n]} deleted, {self.unchanged[n]} unchanged"
+                         for n in self.written)
+
+
+@dataclass(frozen=True)
+class _Head:
+    """One frontend as a node's maps hold it: its head (slot 0), and the backends its full scope lists."""
+
+    id: int
+    address: str
+    port: int
+    proto: int
+    flags: int
+    flags2: int
+    affinity: int
+    listed: tuple[int, ...]  # backend ids, slot 1 first (the internal scope of a two-scope frontend)
+    count: int  # how many of them are active
+
+    @property
+    def type(self) -> str:
+        if self.flags & ServiceFlags.LOADBALANCER:
+            return "LoadBalancer"
+        if self.flags & ServiceFlags.NODEPORT:
+            return "NodePort"
+        return "ClusterIP"
+
+
+# -- reading -----------------------------------------------------------------------
+def read_rows(maps: MapWriter, node: str) -> Entries:
+    """Every row of ``node``'s service maps, as :func:`labkit.agent.services.plan.entries` lays them out
+    (a datapath without a Maglev map has no Maglev rows)."""
+    out: Entries = {}
+    for map_name in ROW_MAPS:
+        try:
+            items = maps.items(node, map_name)
+        except (NotFoundError, FileNotFoundError):
+            if map_name != MAGLEV_MAP:
+                raise
+            items = []
+        out[map_name] = {bytes(k): (k, v) for k, v in items}
+    return out
+
+
+def _heads(rows: Entries) -> dict[int, _Head]:
+    """Service id → its frontend, for every external-scope head in ``rows``."""
+    slots: dict[tuple, dict[int, object]] = {}
+    for key, value in rows[SERVICES_MAP].values():
+        slots.setdefault(key.ident, {})[key.backend_slot] = value
+    out: dict[int, _Head] = {}
+    for ident, by_slot in sorted(slots.items()):
+        head = by_slot.get(0)
+        if head is None or ident[3] != LookupScope.EXT or head.rev_nat in out:
+            continue
+        full = by_slot
+        if head.flags2 & ServiceFlags2.TWO_SCOPES:
+            full = slots.get(ident[:3] + (LookupScope.INT,), by_slot)
+        listed, n = [], 1
+        while n in full:
+            listed.append(full[n].backend_id)
+            n += 1
+        key = Lb4Key(address=ident[0], dport=ident[1], proto=ident[2])
+        out[head.rev_nat] = _Head(head.rev_nat, key.vip, key.port, ident[2], head.flags, head.flags2,
+                                  head.backend_id if head.flags & ServiceFlags.AFFINITY else 0, tuple(listed),
+                                  full.get(0, head).count)
+    return out
+
+
+class _Ctx:
+    """What recovering needs besides the rows: the topology, the release, the Maglev size, and the
+    services the journal ever named (by their ids)."""
+
+    def __init__(self, topology: Topology, cilium: str, maglev_m: int):
+        self.topology, self.cilium, self.maglev_m = topology, cilium, maglev_m
+        self.proto_keys = profile(cilium).has("lb_proto_keys")
+        self.pods = {p.name for p in topology.pods}
+        self.known: dict[tuple[int, ...], Service] = {}
+
+    def wire(self, svc: Service) -> int:
+        return proto_number(svc.protocol) if self.proto_keys else 0
+
+    def learn(self, svc: Service) -> None:
+        self.known[svc.ids] = svc
+
+    def pod_at(self, ip: str) -> str | None:
+        owner = self.topology.owner_of(ip)
+        return owner if owner in self.pods else None
+
+    def rows_of(self, svc: Service, node: str) -> Entries:
+        """The rows ``svc`` alone would have ``node`` hold (backends as it counts them)."""
+        return change_entries(svc, lambda bid: None, self.topology, node, self.maglev_m, self.cilium)
+
+
+def _owned(svc: Service, rows: Entries, ctx: _Ctx) -> Entries:
+    """The rows of ``rows`` that are ``svc``'s own: its frontends' slots in either scope, its reverse NAT
+    and Maglev rows, and the backends it lists."""
+    wire = ctx.wire(svc)
+    idents = {Lb4Key.make(fe.address, fe.port, wire, scope=s).ident for fe in svc.frontends for s in LookupScope}
+    ids = {fe.id for fe in svc.frontends}
+    return {
+        SERVICES_MAP: {r: kv for r, kv in rows[SERVICES_MAP].items() if kv[0].ident in idents},
+        REVNAT_MAP: {r: kv for r, kv in rows[REVNAT_MAP].items() if kv[0].rev_nat in ids},
+        MAGLEV_MAP: {r: kv for r, kv in rows[MAGLEV_MAP].items() if kv[0].rev_nat in ids},
+        BACKENDS_MAP: {r: kv for r, kv in rows[BACKENDS_MAP].items() if kv[0].backend_id in {b.id for b in svc.backends}},
+    }
+
+
+def _matches(svc: Service, node: str, rows: Entries, ctx: _Ctx) -> bool:
+    """Whether ``node`` holds ``svc``'s own rows exactly (a shared backend's state aside: another
+    service may count it active)."""
+    want, have = ctx.rows_of(svc, node), _owned(svc, rows, ctx)
+    for map_name in (SERVICES_MAP, REVNAT_MAP, MAGLEV_MAP):
+        if {r: bytes(v) for r, (_, v) in want[map_name].items()} != {r: bytes(v) for r, (_, v) in have[map_name].items()}:
+            return False
+    for raw, (_, value) in want[BACKENDS_MAP].items():
+        got = have[BACKENDS_MAP].get(raw)
+        if got is None or (got[1].address, got[1].port, got[1].proto) != (value.address, value.port, value.proto):
+            return False
+    return True
+
+
+def _rebuild(name: str, heads: list[_Head], rows: Entries, ctx: _Ctx, maglev_ids: set[int],
+             known: Service | None) -> tuple[Service, list[str]]:
+    """The service one node's rows spell for the frontends ``heads`` (the ClusterIP one first), and what
+    could not be read back (a backend row missing, an address that is no pod)."""
+    first = heads[0]
+    problems = []
+    protocol = _PROTO_NAMES.get(first.proto) if ctx.proto_keys else None
+    protocol = protocol or (known.protocol if known else "TCP")
+    by_id = {b.id: b for b in known.backends} if known else {}
+    backends = []
+    for i, bid in enumerate(first.listed):
+        state = "active" if i < first.count else "terminating"
+        row = rows[BACKENDS_MAP].get(bytes(Lb4BackendKey(bid)))
+        pod = ctx.pod_at(row[1].ip) if row else None
+        if row is None or pod is None:
+            found = "no row" if row is None else f"{row[1].l4addr}, no pod's address"
+            if bid in by_id:
+                backends.append(Backend(by_id[bid].pod, by_id[bid].port, state, bid))
+                continue
+            problems.append(f"service '{name}' slot {i + 1} of id {first.id}: expected backend {bid} to be a pod's "
+                            f"address:port, found {found}; the backend is left out")
+            continue
+        backends.append(Backend(pod, row[1].host_port, state, bid))
+    fes = tuple(Frontend(h.address, h.port, h.type, h.id) for h in heads)
+    types = {h.type for h in heads}
+    svc_type = "LoadBalancer" if "LoadBalancer" in types else "NodePort" if "NodePort" in types else "ClusterIP"
+    node_port = next((h.port for h in heads if h.type == "NodePort"), 0)
+    lb_vip = next((h.address for h in heads if h.type == "LoadBalancer"), None)
+    local = any(h.flags & ServiceFlags.EXT_LOCAL_SCOPE for h in heads)
+    maglev = bool(maglev_ids & {h.id for h in heads}) or (known is not None and known.algorithm == "maglev")
+    svc = Service(name, first.address, first.port, protocol, tuple(backends), first.affinity, first.id, svc_type,
+                  node_port, lb_vip, fes, "Local" if local else "Cluster", "maglev" if maglev else "random")
+    return svc, problems
+
+
+def _groups(heads: dict[int, _Head], ctx: _Ctx, order: list[Service]) -> list[tuple[int, ...]]:
+    """The maps' frontends grouped into services: a known service's ids when the maps hold every one of
+    its frontends, then as :func:`plan.entries` writes a new one: a ClusterIP frontend and the
+    NodePort and LoadBalancer frontends after it, with the next ids and the same backends."""
+    free = dict(sorted(heads.items()))
+    out = []
+    for svc in list(order) + list(ctx.known.values()):
+        ids = svc.ids
+        if all(i in free and (free[i].address, free[i].port) == (fe.address, fe.port)
+               for i, fe in zip(ids, svc.frontends)):
+            out.append(ids)
+            for i in ids:
+                del free[i]
+    ids_left = list(free)
+    while ids_left:
+        group = [ids_left.pop(0)]
+        head = free[group[0]]
+        while ids_left and ids_left[0] == group[-1] + 1:
+            nxt = free[ids_left[0]]
+            if nxt.type == "ClusterIP" or nxt.listed != head.listed or (nxt.type == "NodePort" and
+                                                                         free[group[-1]].type == "LoadBalancer"):
+                break
+            group.append(ids_left.pop(0))
+        out.append(tuple(group))
+    return out
+
+
+def _replay(scan: Scan, ctx: _Ctx, journal: str) -> tuple[AgentState, list[str]]:
+    """The scan's snapshot with its records applied, stopping at one that cannot be."""
+    problems: list[str] = []
+    try:
+        state = AgentState.from_json(scan.snapshot)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        problems.append(f"services snapshot: expected services a service list can hold, found "
+                        f"{type(exc).__name__}: {exc}")
+        state = AgentState()
+    for svc in state.services.values():
+        ctx.learn(svc)
+    for n, rec in enumerate(scan.records, start=1):
+        try:
+            state.apply(rec)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            problems.append(f"{journal} record {n} (seq {rec.get('seq', '?')}): expected a record that applies, "
+                            f"found {type(exc).__name__}: {exc}; replay stops there")
+            break
+        if rec.get("op") == "put":
+            ctx.learn(state.services[rec["service"]["name"]])
+    for rec in scan.later:
+        try:
+            if rec.get("op") == "put":
+                ctx.learn(Service.from_json(rec["service"]))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass
+    return state, problems
+
+
+# -- recovering --------------------------------------------------------------------
+def recover(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: str = DEFAULT_RELEASE,
+            maglev_m: int = LAB_DEFAULT_M) -> Recovery:
+    """The state to serve after a restart: the journal's, corrected by what every node's maps hold.
+
+    Reads only: nothing is written to the store or the maps."""
+    ctx = _Ctx(topology, profile(cilium).release, maglev_m)
+    scan = store.scan()
+    journal = "services.journal" if not hasattr(store, "journal") else str(store.journal)
+    problems = list(scan.problems)
+    damaged = scan.damaged
+    state, bad = _replay(scan, ctx, journal)
+    problems += bad
+    damaged = damaged or bool(bad)
+    nodes = [n.name for n in topology.nodes]
+    try:
+        rows = {node: read_rows(maps, node) for node in nodes}
+    finally:
+        maps.close()
+    heads = {node: _heads(rows[node]) for node in nodes}
+    maglev_ids = {k.rev_nat for node in nodes for k, _ in rows[node][MAGLEV_MAP].values()}
+    union: dict[int, _Head] = {}
+    for node in nodes:
+        for i, h in heads[node].items():
+            union.setdefault(i, h)
+
+    by_ids = {svc.ids: svc for svc in state.services.values()}
+    kept: dict[str, Service] = {}
+    from_maps: set[str] = set()
+    claimed: set[int] = set()
+    for ids in _groups(union, ctx, list(state.services.values())):
+        claimed.update(ids)
+        journal_svc = by_ids.get(ids)
+        holding = [n for n in nodes if all(i in heads[n] for i in ids)] or [n for n in nodes if ids[0] in heads[n]]
+        if journal_svc is not None and all(_matches(journal_svc, n, rows[n], ctx) for n in holding):
+            kept[journal_svc.name] = journal_svc
+            continue
+        known = journal_svc or ctx.known.get(ids)
+        name = known.name if known is not None else f"restored-{ids[0]}"
+        if name in kept or (journal_svc is None and name in state.services and state.services[name].ids != ids):
+            name = f"restored-{ids[0]}"
+        best = None
+        for n in holding:
+            cand, why = _rebuild(name, [heads[n][i] for i in ids if i in heads[n]], rows[n], ctx, maglev_ids, known)
+            if _matches(cand, n, rows[n], ctx):
+                best = (cand, why, n)
+                break
+            best = best or (cand, why, n)
+        cand, why, n = best
+        consistent = _matches(cand, n, rows[n], ctx)
+        where = f"ids {', '.join(map(str, ids))}"
+        if journal_svc is not None and not consistent:
+            kept[journal_svc.name] = journal_svc  # a row or two wrong: the journal's version, sync rewrites them
+            continue
+        kept[name] = cand
+        from_maps.add(name)
+        problems += why
+        damaged = True
+        if journal_svc is not None:
+            problems.append(f"service '{name}' ({where}): the journal says {journal_svc}; node {n}'s maps hold "
+                            f"{cand}; the maps' version is kept")
+        else:
+            problems.append(f"service id {ids[0]} ({cand.frontend}): node {n}'s maps hold it, the journal "
+                            f"{'had it as ' + repr(known.name) + ' but lost it' if known else 'has no such service'}; "
+                            f"restored from the maps as {cand}")
+
+    order = list(state.services)
+    for name in order:
+        svc = state.services[name]
+        if name in kept or not set(svc.ids) & claimed:
+            continue
+        problems.append(f"service '{name}' (ids {', '.join(map(str, svc.ids))}): the journal says {svc}; the maps "
+                        f"give its ids to another service, which is kept")
+        damaged = True
+    gone = [s for name, s in state.services.items() if name not in kept and not set(s.ids) & claimed]
+    for svc in gone:
+        if damaged or scan.torn:
+            problems.append(f"service '{svc.name}' (ids {', '.join(map(str, svc.ids))}): the journal has it, no "
+                            f"node's maps hold it, and the journal cannot be trusted; dropped")
+        else:
+            kept[svc.name] = svc
+            problems.append(f"service '{svc.name}' (ids {', '.join(map(str, svc.ids))}): the journal has it, no "
+                            f"node's maps hold it; sync writes it")
+    services = [kept[n] for n in order if n in kept] + sorted(
+        (s for n, s in kept.items() if n not in state.services), key=lambda s: s.id)
+    out = _state(services, state, rows, topology)
+    for node in nodes:
+        problems += _row_problems(node, entries(out, topology, node, maglev_m, ctx.cilium), rows[node])
+    source = "journal" if not from_maps else "maps" if len(from_maps) == len(services) else "journal+maps"
+    return Recovery(out, problems, source, damaged)
+
+
+def _state(services: list[Service], journal: AgentState, rows: dict[str, Entries], topology: Topology) -> AgentState:
+    """An AgentState holding ``services``, with backend ids from their backends and next ids above every
+    id the maps or the journal use."""
+    backend_ids = {}
+    for svc in services:
+        for b in svc.backends:
+            backend_ids[l4_key(topology.pod(b.pod).ip, b.port, svc.protocol)] = b.id
+    sids = {i for s in services for i in s.ids}
+    sids |= {k.rev_nat for r in rows.values() for m in (REVNAT_MAP, MAGLEV_MAP) for k, _ in r[m].values()}
+    sids |= {v.rev_nat for r in rows.values() for _, v in r[SERVICES_MAP].values()}
+    bids = set(backend_ids.values()) | {k.backend_id for r in rows.values() for k, _ in r[BACKENDS_MAP].values()}
+    return AgentState.from_json({
+        "services": [s.to_json() for s in services], "backend_ids": backend_ids,
+        "next_service_id": _above(journal.next_service_id, sids, MAX_SERVICE_ID),
+        "next_backend_id": _above(journal.next_backend_id, bids, MAX_BACKEND_ID)})
+
+
+def _above(nxt: int, used: set[int], limit: int) -> int:
+    """``nxt``, or one past the highest id in ``used`` if that is not below it (wrapping at ``limit``)."""
+    top = max(used, default=0)
+    if nxt > top:
+        return nxt
+    return top + 1 if top < limit else 1
+
+
+def _row_problems(node: str, want: Entries, have: Entries) -> list[str]:
+    """One sentence per row ``node`` holds wrong: missing, different, or not wanted."""
+    out = []
+    for map_name in ROW_MAPS:
+        w, h = want[map_name], have[map_name]
+        for raw, (key, value) in w.items():
+            got = h.get(raw)
+            if got is None:
+                out.append(f"node {node} {map_name} {key}: expected {value}, found no row; sync writes it")
+            elif bytes(got[1]) != bytes(value):
+                out.append(f"node {node} {map_name} {key}: expected {value}, found {got[1]}; sync rewrites it")
+        for raw, (key, value) in h.items():
+            if raw not in w:
+                out.append(f"node {node} {map_name} {key}: expected no row, found {value}; sync deletes it")
+    if len(out) > MAX_ROW_PROBLEMS:
+        out = out[:MAX_ROW_PROBLEMS] + [f"node {node}: {len(out) - MAX_ROW_PROBLEMS} more rows differ"]
+    return out
+
+
+def check(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: str = DEFAULT_RELEASE,
+          maglev_m: int = LAB_DEFAULT_M) -> list[str]:
+    """The problems :func:`recover` reports, for ``labkit doctor`` (reads only)."""
+    return recover(store, maps, topology, cilium, maglev_m).problems
+
+
+# -- writing -----------------------------------------------------------------------
+def sync(state: AgentState, maps: MapWriter, topology: Topology, cilium: str = DEFAULT_RELEASE,
+         maglev_m: int = LAB_DEFAULT_M) -> SyncReport:
+    """Make every node's service maps hold exactly ``entries(state)``: rows missing or different (compared
+    byte for byte) are written, rows not wanted deleted, a correct row never touched; backends and slots
+    before the heads that count them, heads deleted before their slots (:func:`plan.plan`). If the kernel
+    refuses a write, every write is undone and DatapathError says which."""
+    cilium = profile(cilium).release
+    report = SyncReport()
+    txn = Txn(maps)
+    node = op = None
+    try:
+        for node in (n.name for n in topology.nodes):
+            want, have = entries(state, topology, node, maglev_m, cilium), read_rows(maps, node)
+            ops = plan(have, want, grow=True)
+            for op in ops:
+                txn.apply(node, op)
+            op = None
+            report.written[node] = sum(o.value is not None for o in ops)
+            report.deleted[node] = sum(o.value is None for o in ops)
+            report.unchanged[node] = sum(raw in have[m] and bytes(have[m][raw][1]) == bytes(v)
+                                         for m in ROW_MAPS for raw, (_, v) in want[m].items())
+    except (OSError, LabkitError) as exc:
+        left = txn.rollback()
+        undo = f"; could not undo: {'; '.join(left)}" if left else "; every map is as it was"
+        where = f"{op.map_name} {op.key} on node '{node}'" if op is not None else f"the maps of node '{node}'"
+        raise DatapathError(f"syncing services: writing {where} failed ({exc}){undo}") from exc
+    finally:
+        maps.close()
+    return report
+
+
+def rebuild_store(store: ServiceStore, state: AgentState) -> None:
+    """Replace the snapshot by ``state`` and empty the journal (a damaged journal becomes one that
+    matches the maps)."""
+    with store.lock():
+        store.save(state.to_json())
