@@ -332,8 +332,8 @@ def recover(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: st
         claimed.update(ids)
         journal_svc = by_ids.get(ids)
         holding = [n for n in nodes if all(i in heads[n] for i in ids)] or [n for n in nodes if ids[0] in heads[n]]
-        if journal_svc is not None and all(_matches(journal_svc, n, rows[n], ctx) for n in holding):
-            kept[journal_svc.name] = journal_svc
+        if journal_svc is not None and any(_matches(journal_svc, n, rows[n], ctx) for n in holding):
+            kept[journal_svc.name] = journal_svc  # a node that holds it as the journal says: the others' rows are wrong
             continue
         known = journal_svc or ctx.known.get(ids)
         name = known.name if known is not None else f"restored-{ids[0]}"
@@ -360,9 +360,8 @@ def recover(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: st
             problems.append(f"service '{name}' ({where}): the journal says {journal_svc}; node {n}'s maps hold "
                             f"{cand}; the maps' version is kept")
         else:
-            problems.append(f"service id {ids[0]} ({cand.frontend}): node {n}'s maps hold it, the journal "
-                            f"{'had it as ' + repr(known.name) + ' but lost it' if known else 'has no such service'}; "
-                            f"restored from the maps as {cand}")
+            problems.append(f"service id {ids[0]} ({cand.frontend}): node {n}'s maps hold it, the replayed journal "
+                            f"lacks it; restored from the maps as {cand}")
 
     order = list(state.services)
     for name in order:

@@ -122,9 +122,9 @@ def scan_records(snapshot: dict | None, lines, journal: str = "services.journal"
             if seq is not None and expected is not None and seq != expected:
                 if not records and snap_seq is not None and seq <= snap_seq:
                     continue  # already in the snapshot
-                hi = f"{expected}-{seq - 1}" if seq > expected + 1 else str(expected)
+                lost = f"records {expected}-{seq - 1} are" if seq > expected + 1 else f"record {expected} is"
                 problem = (f"expected record seq {expected}, found seq {seq} "
-                           + (f"(records {hi} are missing)" if seq > expected else "(out of order)"))
+                           + (f"({lost} missing)" if seq > expected else "(out of order)"))
             if problem is None:
                 expected = (seq if seq is not None else (expected or 0)) + 1
                 last = expected - 1
