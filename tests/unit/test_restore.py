@@ -248,6 +248,39 @@ def test_a_missing_row_keeps_the_journals_service():
                           f"found no row; sync writes it"]
 
 
+def test_frontends_missing_everywhere_keep_the_journals_service():
+    """A NodePort service whose node frontends' heads are gone from every node is not taken for a smaller
+    service: no agent writes a NodePort service without them, so the journal's stays and sync writes them."""
+    svcs = agent("1.20")
+    busy(svcs)
+    np_ = svcs.get("np")
+    for node in ("node-a", "node-b"):
+        for fe in np_.frontends[1:]:
+            svcs.maps.delete(node, SERVICES_MAP, Lb4Key.make(fe.address, fe.port, "TCP"))
+    r = recover(svcs.store, svcs.maps, svcs.topology, "1.20", M)
+    assert r.state.to_json() == svcs._state().to_json() and not r.damaged
+    assert len(r.problems) == 4 and all("slot 0" in p and "sync writes it" in p for p in r.problems)
+    svcs.maps.ops.clear()
+    sync(r.state, svcs.maps, svcs.topology, "1.20", M)
+    assert len(svcs.maps.ops) == 4 and held(svcs.maps, svcs.topology) == rows_of(svcs._state(), svcs.topology, "1.20")
+
+
+def test_without_a_journal_a_node_with_whole_rows_is_read():
+    """Journal lost and one node missing a slot: the service is rebuilt from the node that holds it whole."""
+    svcs = agent("1.20")
+    busy(svcs)
+    want = svcs._state()
+    lb = svcs.get("lb")
+    svcs.maps.delete("node-a", SERVICES_MAP, Lb4Key.make(lb.vip, lb.port, "TCP", slot=1))
+    r = recover(MemoryStore(), svcs.maps, svcs.topology, "1.20", M)
+    assert by_ids(r.state) == by_ids(want)
+    assert rows_of(r.state, svcs.topology, "1.20")["node-b"] == held(svcs.maps, svcs.topology)["node-b"]
+    slot = Lb4Key.make(lb.vip, lb.port, "TCP", slot=1)
+    assert [p for p in r.problems if p.startswith("node ")] == [
+        f"node node-a {SERVICES_MAP} {slot}: expected {Lb4Service.slot(lb.slots[0].id, lb.id)}, found no row; "
+        f"sync writes it"]
+
+
 def test_a_service_no_map_holds_stays_when_the_journal_is_whole():
     """Maps emptied (a reloaded datapath) under a whole journal: every service stays, sync writes them."""
     svcs = agent("1.20")

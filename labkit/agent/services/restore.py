@@ -3,14 +3,19 @@ that are wrong rewritten, as cilium-agent restores its services and their ids fr
 
 :func:`recover` replays the snapshot and journal as far as they can be trusted
 (:meth:`labkit.agent.services.store.JsonStore.scan`), reads what every node's ``cilium_lb4_*`` maps
-hold, and returns the state to serve: the journal's, corrected by the maps. A service the maps hold
-whole (a head for each frontend, its slots, its backends, its reverse NAT and Maglev rows, all as
-:func:`labkit.agent.services.plan.entries` would write them) wins over the journal; a service the
-journal lacks is rebuilt from its rows, named from the journal when a record had its ids, else
-``restored-<id>``. Rows that are merely missing or wrong (a deleted slot, a changed count) do not
-make a service: the journal's version stays and :func:`sync` rewrites them. A service no node's maps
-hold at all stays when the journal is whole (the maps were reloaded; :func:`sync` writes it), and
-goes when the journal is damaged (its removal may be among the lost lines).
+hold, and returns the state to serve: the journal's, corrected by the maps. Which wins, service by service:
+
+- a node holds the journal's service exactly as :func:`plan.entries` writes it: the journal's (the
+  other nodes' rows for it are wrong; :func:`sync` rewrites them);
+- the maps hold some of its frontends' heads but not all (no change removes a frontend), or no node
+  holds whole, plausible rows for it (a slot deleted, a count changed): the journal's, likewise;
+- a node holds whole rows for it that say something else (more backends, other states): the maps'
+  (the journal lost the change; it is damaged);
+- the maps hold a service the replayed journal lacks: rebuilt from a node's rows, named from a
+  journal record with the same ids (one after the damage, say) or ``restored-<id>``; damaged;
+- the journal has a service no node's maps hold at all: kept while the journal is whole (the
+  datapath was reloaded; :func:`sync` writes it), dropped when it is damaged or ends in a torn line
+  (its removal may be what was lost).
 
 :func:`sync` then makes every node hold exactly ``entries(state)``, writing only the rows that
 are missing or differ, in the datapath-safe order of :func:`labkit.agent.services.plan.plan`.
@@ -242,17 +247,28 @@ def _rebuild(name: str, heads: list[_Head], rows: Entries, ctx: _Ctx, maglev_ids
     return svc, problems
 
 
-def _groups(heads: dict[int, _Head], ctx: _Ctx, order: list[Service]) -> list[tuple[int, ...]]:
-    """The maps' frontends grouped into services: a known service's ids when the maps hold every one of
-    its frontends, then as :func:`plan.entries` writes a new one: a ClusterIP frontend and the
+def _groups(heads: dict[int, _Head], ctx: _Ctx, order: list[Service]) -> list[tuple[tuple[int, ...], Service | None]]:
+    """The maps' frontends grouped into services, each with the journal's service it is (or None).
+
+    A service of the replayed journal claims the frontends of its ids the maps hold at its addresses
+    (its ClusterIP one among them); a service only a journal record names claims them if the maps hold
+    every one. What is left is grouped as a new service is written: a ClusterIP frontend and the
     NodePort and LoadBalancer frontends after it, with the next ids and the same backends."""
     free = dict(sorted(heads.items()))
-    out = []
-    for svc in list(order) + list(ctx.known.values()):
-        ids = svc.ids
-        if all(i in free and (free[i].address, free[i].port) == (fe.address, fe.port)
-               for i, fe in zip(ids, svc.frontends)):
-            out.append(ids)
+    out: list[tuple[tuple[int, ...], Service | None]] = []
+
+    def at(i: int, fe: Frontend) -> bool:
+        return i in free and (free[i].address, free[i].port) == (fe.address, fe.port)
+
+    for svc in order:
+        present = tuple(i for i, fe in zip(svc.ids, svc.frontends) if at(i, fe))
+        if present and present[0] == svc.ids[0]:
+            out.append((present, svc))
+            for i in present:
+                del free[i]
+    for ids, svc in ctx.known.items():
+        if all(at(i, fe) for i, fe in zip(ids, svc.frontends)):
+            out.append((ids, None))
             for i in ids:
                 del free[i]
     ids_left = list(free)
@@ -265,8 +281,21 @@ def _groups(heads: dict[int, _Head], ctx: _Ctx, order: list[Service]) -> list[tu
                                                                          free[group[-1]].type == "LoadBalancer"):
                 break
             group.append(ids_left.pop(0))
-        out.append(tuple(group))
+        out.append((tuple(group), None))
     return out
+
+
+def _plausible(svc: Service, topology: Topology) -> bool:
+    """Whether the agent could have written ``svc``: its ClusterIP frontend first, then one NodePort
+    frontend per node (a NodePort or LoadBalancer service), then one LoadBalancer frontend (a LoadBalancer)."""
+    types = [fe.type for fe in svc.frontends]
+    if svc.type == "ClusterIP":
+        return types == ["ClusterIP"]
+    nodes = [fe.address for fe in svc.frontends if fe.type == "NodePort"]
+    tail = ["LoadBalancer"] if svc.type == "LoadBalancer" else []
+    return (types == ["ClusterIP"] + ["NodePort"] * len(topology.nodes) + tail
+            and nodes == [n.ip for n in topology.nodes]
+            and len({fe.port for fe in svc.frontends if fe.type == "NodePort"}) == 1)
 
 
 def _replay(scan: Scan, ctx: _Ctx, journal: str) -> tuple[AgentState, list[str]]:
@@ -306,7 +335,7 @@ def recover(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: st
     Reads only: nothing is written to the store or the maps."""
     ctx = _Ctx(topology, profile(cilium).release, maglev_m)
     scan = store.scan()
-    journal = "services.journal" if not hasattr(store, "journal") else str(store.journal)
+    journal = str(getattr(store, "journal", "journal"))
     problems = list(scan.problems)
     damaged = scan.damaged
     state, bad = _replay(scan, ctx, journal)
@@ -319,21 +348,23 @@ def recover(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: st
         maps.close()
     heads = {node: _heads(rows[node]) for node in nodes}
     maglev_ids = {k.rev_nat for node in nodes for k, _ in rows[node][MAGLEV_MAP].values()}
-    union: dict[int, _Head] = {}
+    union: dict[int, _Head] = {}  # each frontend as the node that lists the most slots for it holds it
     for node in nodes:
         for i, h in heads[node].items():
-            union.setdefault(i, h)
+            if i not in union or len(h.listed) > len(union[i].listed):
+                union[i] = h
 
-    by_ids = {svc.ids: svc for svc in state.services.values()}
     kept: dict[str, Service] = {}
     from_maps: set[str] = set()
     claimed: set[int] = set()
-    for ids in _groups(union, ctx, list(state.services.values())):
+    for ids, journal_svc in _groups(union, ctx, list(state.services.values())):
         claimed.update(ids)
-        journal_svc = by_ids.get(ids)
         holding = [n for n in nodes if all(i in heads[n] for i in ids)] or [n for n in nodes if ids[0] in heads[n]]
-        if journal_svc is not None and any(_matches(journal_svc, n, rows[n], ctx) for n in holding):
-            kept[journal_svc.name] = journal_svc  # a node that holds it as the journal says: the others' rows are wrong
+        if journal_svc is not None and (ids != journal_svc.ids or
+                                        any(_matches(journal_svc, n, rows[n], ctx) for n in holding)):
+            # A node holds it as the journal says (the others' rows are wrong), or the maps lost some of its
+            # frontends (no change removes a frontend: a service keeps its ids until it goes).
+            kept[journal_svc.name] = journal_svc
             continue
         known = journal_svc or ctx.known.get(ids)
         name = known.name if known is not None else f"restored-{ids[0]}"
@@ -342,12 +373,12 @@ def recover(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: st
         best = None
         for n in holding:
             cand, why = _rebuild(name, [heads[n][i] for i in ids if i in heads[n]], rows[n], ctx, maglev_ids, known)
-            if _matches(cand, n, rows[n], ctx):
+            if _matches(cand, n, rows[n], ctx) and _plausible(cand, topology):
                 best = (cand, why, n)
                 break
             best = best or (cand, why, n)
         cand, why, n = best
-        consistent = _matches(cand, n, rows[n], ctx)
+        consistent = _matches(cand, n, rows[n], ctx) and _plausible(cand, topology)
         where = f"ids {', '.join(map(str, ids))}"
         if journal_svc is not None and not consistent:
             kept[journal_svc.name] = journal_svc  # a row or two wrong: the journal's version, sync rewrites them
