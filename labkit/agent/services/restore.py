@@ -53,6 +53,7 @@ from labkit.maps.lb import (
     SERVICES_MAP,
     Lb4BackendKey,
     Lb4Key,
+    Lb4RevNatKey,
     LookupScope,
     ServiceFlags,
     ServiceFlags2,
@@ -168,6 +169,14 @@ class _Ctx:
         self.proto_keys = profile(cilium).has("lb_proto_keys")
         self.pods = {p.name for p in topology.pods}
         self.known: dict[tuple[int, ...], Service] = {}
+        self.by_ident: dict[str, dict[tuple, dict]] = {}  # node -> a frontend's key ident -> its slots' rows
+
+    def index(self, node: str, rows: Entries) -> None:
+        """Index ``node``'s service rows by frontend (what :func:`_owned` looks up)."""
+        idx: dict[tuple, dict] = {}
+        for raw, (key, value) in rows[SERVICES_MAP].items():
+            idx.setdefault(key.ident, {})[raw] = (key, value)
+        self.by_ident[node] = idx
 
     def wire(self, svc: Service) -> int:
         return proto_number(svc.protocol) if self.proto_keys else 0
@@ -184,24 +193,30 @@ class _Ctx:
         return change_entries(svc, lambda bid: None, self.topology, node, self.maglev_m, self.cilium)
 
 
-def _owned(svc: Service, rows: Entries, ctx: _Ctx) -> Entries:
-    """The rows of ``rows`` that are ``svc``'s own: its frontends' slots in either scope, its reverse NAT
-    and Maglev rows, and the backends it lists."""
+def _owned(svc: Service, node: str, rows: Entries, ctx: _Ctx) -> Entries:
+    """The rows of ``rows`` (``node``'s) that are ``svc``'s own: its frontends' slots in either scope,
+    its reverse NAT and Maglev rows, and the backends it lists."""
     wire = ctx.wire(svc)
-    idents = {Lb4Key.make(fe.address, fe.port, wire, scope=s).ident for fe in svc.frontends for s in LookupScope}
-    ids = {fe.id for fe in svc.frontends}
-    return {
-        SERVICES_MAP: {r: kv for r, kv in rows[SERVICES_MAP].items() if kv[0].ident in idents},
-        REVNAT_MAP: {r: kv for r, kv in rows[REVNAT_MAP].items() if kv[0].rev_nat in ids},
-        MAGLEV_MAP: {r: kv for r, kv in rows[MAGLEV_MAP].items() if kv[0].rev_nat in ids},
-        BACKENDS_MAP: {r: kv for r, kv in rows[BACKENDS_MAP].items() if kv[0].backend_id in {b.id for b in svc.backends}},
-    }
+    by_ident = ctx.by_ident[node]
+    out: Entries = {SERVICES_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}, BACKENDS_MAP: {}}
+    for fe in svc.frontends:
+        for scope in LookupScope:
+            out[SERVICES_MAP].update(by_ident.get(Lb4Key.make(fe.address, fe.port, wire, scope=scope).ident, {}))
+        raw = bytes(Lb4RevNatKey.make(fe.id))
+        for map_name in (REVNAT_MAP, MAGLEV_MAP):
+            if raw in rows[map_name]:
+                out[map_name][raw] = rows[map_name][raw]
+    for b in svc.backends:
+        raw = bytes(Lb4BackendKey(b.id))
+        if raw in rows[BACKENDS_MAP]:
+            out[BACKENDS_MAP][raw] = rows[BACKENDS_MAP][raw]
+    return out
 
 
 def _matches(svc: Service, node: str, rows: Entries, ctx: _Ctx) -> bool:
     """Whether ``node`` holds ``svc``'s own rows exactly (a shared backend's state aside: another
     service may count it active)."""
-    want, have = ctx.rows_of(svc, node), _owned(svc, rows, ctx)
+    want, have = ctx.rows_of(svc, node), _owned(svc, node, rows, ctx)
     for map_name in (SERVICES_MAP, REVNAT_MAP, MAGLEV_MAP):
         if {r: bytes(v) for r, (_, v) in want[map_name].items()} != {r: bytes(v) for r, (_, v) in have[map_name].items()}:
             return False
@@ -346,6 +361,8 @@ def recover(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: st
         rows = {node: read_rows(maps, node) for node in nodes}
     finally:
         maps.close()
+    for node in nodes:
+        ctx.index(node, rows[node])
     heads = {node: _heads(rows[node]) for node in nodes}
     maglev_ids = {k.rev_nat for node in nodes for k, _ in rows[node][MAGLEV_MAP].values()}
     union: dict[int, _Head] = {}  # each frontend as the node that lists the most slots for it holds it

@@ -364,7 +364,7 @@ class JsonStore:
         if end is not None:
             start = end - 1
             while start > 0:
-                step = min(start, 65536)
+                step = min(start, 4096)
                 nl = os.pread(fd, step, start - step).rfind(b"\n")
                 if nl >= 0:
                     start = start - step + nl + 1
