@@ -321,6 +321,42 @@ def test_sync_on_correct_maps_writes_nothing(cilium):
     assert report.unchanged == {n: sum(len(v) for v in want[n].values()) for n in want}
 
 
+def one_row(svcs: Services, which: str):
+    """(node, map, key) of one row the busy() agent wrote: an eTP=Local head, a terminating backend's slot,
+    a shared backend, a NodePort frontend's reverse NAT, a Maglev table."""
+    lb, web, np_ = svcs.get("lb"), svcs.get("web"), svcs.get("np")
+    wire = 6 if svcs.cilium != "1.16" else 0
+    return {
+        "head": ("node-b", SERVICES_MAP, Lb4Key.make(lb.lb_vip, lb.port, wire)),
+        "slot": ("node-a", SERVICES_MAP, Lb4Key.make(web.vip, web.port, wire, slot=3)),
+        "backend": ("node-a", BACKENDS_MAP, Lb4BackendKey(web.backends[0].id)),
+        "revnat": ("node-b", REVNAT_MAP, Lb4RevNatKey.make(np_.ids[1])),
+        "maglev": ("node-a", MAGLEV_MAP, Lb4RevNatKey.make(lb.ids[0])),
+    }[which]
+
+
+@pytest.mark.parametrize("cilium", RELEASES)
+@pytest.mark.parametrize("which", ["head", "slot", "backend", "revnat", "maglev"])
+@pytest.mark.parametrize("how", ["deleted", "corrupted"])
+def test_sync_writes_back_exactly_the_one_wrong_row(cilium, which, how):
+    """One row deleted, or with its first byte flipped: recover() names it, sync() writes that row alone."""
+    svcs = agent(cilium)
+    busy(svcs)
+    node, map_name, key = one_row(svcs, which)
+    raw = svcs.maps.data[node][map_name][bytes(key)]
+    if how == "deleted":
+        del svcs.maps.data[node][map_name][bytes(key)]
+    else:
+        svcs.maps.data[node][map_name][bytes(key)] = bytes([raw[0] ^ 0xFF]) + raw[1:]
+    r = recover(svcs.store, svcs.maps, svcs.topology, cilium, M)
+    assert r.state.to_json() == svcs._state().to_json()
+    assert len(r.problems) == 1 and r.problems[0].startswith(f"node {node} {map_name} {key}: expected ")
+    svcs.maps.ops.clear()
+    sync(r.state, svcs.maps, svcs.topology, cilium, M)
+    assert svcs.maps.ops == [f"update {node} {map_name} {key}"]
+    assert svcs.maps.data[node][map_name][bytes(key)] == raw
+
+
 @pytest.mark.parametrize("cilium", RELEASES)
 def test_sync_rewrites_exactly_the_corrupted_rows(cilium):
     """A head with a wrong count, a backend with a wrong port and a Maglev table with a wrong slot:
