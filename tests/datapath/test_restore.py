@@ -1,12 +1,13 @@
 """The Services agent's restart on a real lab: recover() from services.json/services.journal and the
 pinned cilium_lb4_* maps gives lab.services' state, sync() then writes nothing, and after one pinned
-entry is deleted with bpftool, sync() writes back exactly that entry."""
+entry is deleted with bpftool, doctor's journal check names it and sync() writes back exactly that entry."""
 from __future__ import annotations
 
 import subprocess
 
 from labkit.agent.services import JsonStore, PinnedMaps
 from labkit.agent.services.restore import recover, sync
+from labkit.cli.doctor import services_journal
 from labkit.maps.base import PinnedMap
 from labkit.maps.lb import BACKENDS_MAP, REVNAT_MAP, SERVICES_MAP, LB_MAPS, Lb4Key, Lb4Service
 
@@ -79,9 +80,13 @@ def test_recover_and_sync_on_a_running_lab(lab):
     assert r.state.to_json() == svcs._state().to_json() and not r.damaged
     want = Lb4Service.from_buffer_copy(before[("node-b", SERVICES_MAP)][bytes(head)])
     assert r.problems == [f"node node-b {SERVICES_MAP} {head}: expected {want}, found no row; sync writes it"]
+    lines, ok = services_journal(lab)  # what `labkit doctor` prints for the lab
+    assert ok and lines == [f"  - {r.problems[0]}", f"services journal: ok; the maps differ from it in 1 place(s): "
+                                                    f"`labkit --lab {lab.name} agent restart` rewrites them"]
 
     maps = CountingMaps(lab.pin_dirs, m)
     report = sync(r.state, maps, topo, cilium, m)
     assert maps.writes == [("update", "node-b", SERVICES_MAP, str(head))]
     assert report.written == {"node-a": 0, "node-b": 1}
     assert dump(lab) == before
+    assert services_journal(lab) == (["services journal: ok"], True)
