@@ -22,7 +22,7 @@ are missing or differ, in the datapath-safe order of :func:`labkit.agent.service
 :func:`check` is the read-only part, for ``labkit doctor``; :func:`rebuild_store` replaces a
 damaged journal by a snapshot of the recovered state.
 
-    >>> from labkit.agent.services import Services
+    >>> from labkit.agent.services import MemoryStore, Services
     >>> from labkit.net.topology import Topology
     >>> svcs = Services.in_memory(Topology.default())
     >>> _ = svcs.add("web", 80, ["b1:8080", "b2:8080"])
@@ -43,7 +43,7 @@ from labkit.agent.services.ids import AgentState, l4_key
 from labkit.agent.services.lbmaps import MapWriter, Txn
 from labkit.agent.services.model import MAX_BACKEND_ID, MAX_SERVICE_ID, Backend, Frontend, Service
 from labkit.agent.services.plan import Entries, change_entries, entries, plan
-from labkit.agent.services.store import MemoryStore, Scan, ServiceStore
+from labkit.agent.services.store import Scan, ServiceStore
 from labkit.errors import DatapathError, LabkitError, NotFoundError
 from labkit.maglev import LAB_DEFAULT_M
 from labkit.maps.lb import (
@@ -213,12 +213,16 @@ def _owned(svc: Service, node: str, rows: Entries, ctx: _Ctx) -> Entries:
     return out
 
 
+def _raw(rows: dict) -> dict[bytes, bytes]:
+    return {raw: bytes(value) for raw, (_, value) in rows.items()}
+
+
 def _matches(svc: Service, node: str, rows: Entries, ctx: _Ctx) -> bool:
     """Whether ``node`` holds ``svc``'s own rows exactly (a shared backend's state aside: another
     service may count it active)."""
     want, have = ctx.rows_of(svc, node), _owned(svc, node, rows, ctx)
     for map_name in (SERVICES_MAP, REVNAT_MAP, MAGLEV_MAP):
-        if {r: bytes(v) for r, (_, v) in want[map_name].items()} != {r: bytes(v) for r, (_, v) in have[map_name].items()}:
+        if _raw(want[map_name]) != _raw(have[map_name]):
             return False
     for raw, (_, value) in want[BACKENDS_MAP].items():
         got = have[BACKENDS_MAP].get(raw)

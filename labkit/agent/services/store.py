@@ -8,7 +8,8 @@ Records are absolute (they name the whole service and the next ids), so replayin
 harmless. Each record starts with ``"seq": n``, one more than the record before it, and the snapshot
 starts with the ``seq`` of the last record it holds, so a journal that lost lines in its middle, or
 starts after a gap, is told from a whole one (:meth:`JsonStore.scan`, which
-:mod:`labkit.agent.services.restore` reads); files written before ``seq`` existed still load. A lab's state is the snapshot plus the journal replayed
+:mod:`labkit.agent.services.restore` reads); files written before ``seq`` existed still load.
+A lab's state is the snapshot plus the journal replayed
 (:meth:`labkit.agent.services.ids.AgentState.from_json`); when the journal holds more than
 :data:`COMPACT_RATIO` times as many records as there are services, the agent writes a new
 snapshot and empties the journal (:meth:`JsonStore.save`), so a change costs one line and
