@@ -23,8 +23,8 @@ def running_lab(name: str):
 
     try:
         return Lab.attach(name)
-    except (NotFoundError, LabStateError, ValueError, KeyError, TypeError):
-        return None
+    except (NotFoundError, LabStateError, OSError, ValueError, KeyError, TypeError):
+        return None  # not up, or its lab.json half-written: nothing to check beside the machine
 
 
 def journal_lines(lab: str, problems: list[str], damaged: bool) -> list[str]:
