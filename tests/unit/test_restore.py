@@ -422,3 +422,28 @@ def test_sync_after_recover_from_nothing_writes_every_row():
     a = [op for op in svcs.maps.ops if op.startswith("update node-a")]
     assert a.index(f"update node-a {SERVICES_MAP} 198.19.0.10:80/ANY slot 0") > \
         a.index(f"update node-a {SERVICES_MAP} 198.19.0.10:80/ANY slot 3")
+
+
+def test_sync_refused_by_the_kernel_undoes_every_write():
+    """A write the kernel refuses: DatapathError names the map, key and node, and every map is as it was."""
+    import errno
+
+    from labkit.errors import DatapathError
+
+    svcs = agent("1.20")
+    busy(svcs)
+    state = svcs._state()
+    for node in ("node-a", "node-b"):
+        for m in ROW_MAPS:
+            svcs.maps.clear(node, m)
+    web = state.services["web"]
+    head = Lb4Key.make(web.vip, web.port, "TCP")
+
+    def refuse(op, node, map_name, key):
+        if (node, map_name, bytes(key)) == ("node-b", SERVICES_MAP, bytes(head)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    svcs.maps.fail = refuse
+    with pytest.raises(DatapathError, match=rf"writing {SERVICES_MAP} {head} on node 'node-b' failed .*every map is as it was"):
+        sync(state, svcs.maps, svcs.topology, "1.20", M)
+    assert all(not rows for maps in held(svcs.maps, svcs.topology).values() for rows in maps.values())
