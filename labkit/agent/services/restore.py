@@ -487,7 +487,17 @@ def _row_problems(node: str, want: Entries, have: Entries) -> list[str]:
 
 def check(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: str = DEFAULT_RELEASE,
           maglev_m: int = LAB_DEFAULT_M) -> list[str]:
-    """The problems :func:`recover` reports, for ``labkit doctor`` (reads only)."""
+    """The problems :func:`recover` reports, for ``labkit doctor`` (reads only).
+
+    >>> from labkit.agent.services import Services
+    >>> from labkit.net.topology import Topology
+    >>> svcs = Services.in_memory(Topology.default())
+    >>> _ = svcs.add("web", 80, ["b1:8080"])
+    >>> svcs.maps.clear("node-b", REVNAT_MAP)
+    1
+    >>> check(svcs.store, svcs.maps, svcs.topology)
+    ['node node-b cilium_lb4_reverse_nat rev_nat 1: expected 198.19.0.10:80, found no row; sync writes it']
+    """
     return recover(store, maps, topology, cilium, maglev_m).problems
 
 
@@ -525,6 +535,16 @@ def sync(state: AgentState, maps: MapWriter, topology: Topology, cilium: str = D
 
 def rebuild_store(store: ServiceStore, state: AgentState) -> None:
     """Replace the snapshot by ``state`` and empty the journal (a damaged journal becomes one that
-    matches the maps)."""
+    matches the maps).
+
+    >>> from labkit.agent.services import MemoryStore
+    >>> store = MemoryStore()
+    >>> store.records = [{"seq": 1, "op": "put"}]  # a record that cannot be replayed
+    >>> store.scan().damaged
+    True
+    >>> rebuild_store(store, AgentState())
+    >>> store.records, store.scan().damaged
+    ([], False)
+    """
     with store.lock():
         store.save(state.to_json())
