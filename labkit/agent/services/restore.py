@@ -234,7 +234,9 @@ def _matches(svc: Service, node: str, rows: Entries, ctx: _Ctx) -> bool:
 def _rebuild(name: str, heads: list[_Head], rows: Entries, ctx: _Ctx, maglev_ids: set[int],
              known: Service | None) -> tuple[Service, list[str]]:
     """The service one node's rows spell for the frontends ``heads`` (the ClusterIP one first), and what
-    could not be read back (a backend row missing, an address that is no pod)."""
+    could not be read back (a backend row missing, an address that is no pod). What the rows do not
+    say comes from ``known`` (the journal's record with these ids), else a default: the protocol on
+    v1.16, whose keys carry 0 (TCP), and the algorithm of a service with no active backend (random)."""
     first = heads[0]
     problems = []
     protocol = _PROTO_NAMES.get(first.proto) if ctx.proto_keys else None
