@@ -69,7 +69,8 @@ def add_commands(add) -> None:
     output_options(p, "print Lab.status() as JSON")
     p.set_defaults(func=cmd_status)
 
-    p = add("doctor", "check whether this machine can run a lab (exit 1 if a check fails)")
+    p = add("doctor", "check whether this machine can run a lab and, if the lab is up, that its services journal "
+                      "matches its maps (exit 1 if a check fails)")
     output_options(p, "print the checks as a JSON list")
     p.set_defaults(func=cmd_doctor)
 
@@ -205,14 +206,24 @@ def cmd_status(args) -> int:
 
 
 def cmd_doctor(args) -> int:
+    from labkit.cli.doctor import running_lab, services_journal
     from labkit.datapath.doctor import format_checks, run_checks
 
     checks = run_checks()
+    lab = running_lab(args.lab)
+    lines, journal_ok = services_journal(lab) if lab is not None else ([], True)
     if args.json:
-        print_json([c.to_json() for c in checks])
+        out = [c.to_json() for c in checks]
+        if lab is not None:
+            out.append({"name": "services journal", "ok": journal_ok, "detail": lines[-1], "fix": None,
+                        "problems": [line[4:] for line in lines[:-1]]})
+        print_json(out)
     else:
         print(format_checks(checks))
-    return 0 if all(c.ok for c in checks) else 1
+        if lab is not None:
+            print(f"\nlab {lab.name}:")
+            print("\n".join(lines))
+    return 0 if all(c.ok for c in checks) and journal_ok else 1
 
 
 def cmd_exec(args) -> int:

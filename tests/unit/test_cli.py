@@ -365,12 +365,42 @@ def test_doctor_exit_status(monkeypatch, capsys):
 
     checks = [doctor.Check("kernel", True, "6.1"), doctor.Check("bpffs", False, "missing", "mount it")]
     monkeypatch.setattr(doctor, "run_checks", lambda full=True: checks)
+    monkeypatch.setattr("labkit.cli.doctor.running_lab", lambda name: None)  # no lab up: the machine only
     assert cli.main(["doctor"]) == 1
     assert "FAIL" in capsys.readouterr().out
     assert cli.main(["doctor", "--json"]) == 1
     assert json.loads(capsys.readouterr().out) == [c.to_json() for c in checks]
     monkeypatch.setattr(doctor, "run_checks", lambda full=True: checks[:1])
     assert cli.main(["doctor"]) == 0
+
+
+def test_doctor_checks_a_running_labs_services_journal(monkeypatch, capsys):
+    """With a lab up, doctor prints its services journal's problems and verdict, and exits 1 if it is damaged."""
+    from labkit.cli import doctor as cli_doctor
+    from labkit.datapath import doctor
+
+    monkeypatch.setattr(doctor, "run_checks", lambda full=True: [doctor.Check("kernel", True, "6.1")])
+
+    class Up:
+        name = "demo"
+
+    verdict = {"lines": cli_doctor.journal_lines("demo", ["services.journal line 3: expected a JSON record"], True),
+               "ok": False}
+    monkeypatch.setattr(cli_doctor, "running_lab", lambda name: Up() if name == "demo" else None)
+    monkeypatch.setattr(cli_doctor, "services_journal", lambda lab: (verdict["lines"], verdict["ok"]))
+    assert cli.main(["--lab", "demo", "doctor"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3:] == ["lab demo:", "  - services.journal line 3: expected a JSON record",
+                        "services journal: damaged: run `labkit --lab demo agent restart` to rebuild it from the maps"]
+    assert cli.main(["--lab", "demo", "doctor", "--json"]) == 1
+    last = json.loads(capsys.readouterr().out)[-1]
+    assert (last["name"], last["ok"], last["problems"]) == ("services journal", False,
+                                                            ["services.journal line 3: expected a JSON record"])
+    verdict.update(lines=cli_doctor.journal_lines("demo", [], False), ok=True)
+    assert cli.main(["--lab", "demo", "doctor"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "services journal: ok"
+    assert cli.main(["--lab", "other", "doctor"]) == 0  # no lab 'other' up: no journal section
+    assert "services journal" not in capsys.readouterr().out
 
 
 def test_exec_enters_namespace_and_execs(fake, monkeypatch):

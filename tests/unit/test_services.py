@@ -1091,3 +1091,52 @@ def test_apply_checks_every_spec_first(svcs, specs, message):
     with pytest.raises((ConfigError, NotFoundError), match=message):
         svcs.apply(specs)
     assert svcs.maps.ops == [] and svcs.list() == []
+
+
+def test_journal_records_and_snapshot_carry_a_seq(run_dir, monkeypatch):
+    """Each record's seq is one more than the one before, across a compaction: the snapshot starts with the
+    seq of the last record it holds, and the journal after it goes on from there."""
+    monkeypatch.setattr(services_mod, "COMPACT_MIN", 4)
+    topo = Topology.default("demo")
+    agent = Services("demo", topo, MemoryMaps(n.name for n in topo.nodes), JsonStore("demo"))
+    journal, snap = run_dir / "demo" / "services.journal", run_dir / "demo" / "services.json"
+    agent.add("web", 80, ["b1:8080"])
+    agent.add_backend("web", "b2:8080")
+    assert [json.loads(line)["seq"] for line in journal.read_text().splitlines()] == [1, 2]
+    for _ in range(2):
+        agent.remove_backend("web", "b2:8080")
+        agent.add_backend("web", "b2:8080")
+    assert json.loads(snap.read_text())["seq"] == 5 and snap.read_text().startswith('{"seq":5,')
+    assert [json.loads(line)["seq"] for line in journal.read_text().splitlines()] == [6]
+    scan = JsonStore("demo").scan()
+    assert (scan.damaged, scan.problems, scan.last_seq) == (False, [], 6)
+
+
+def test_old_journal_without_seq_goes_on_counting(run_dir):
+    """Records written before seq existed still load; the next record's seq counts them, so a scan finds no gap."""
+    topo = Topology.default("demo")
+    old = Services.in_memory(topo)
+    old.add("web", 80, ["b1:8080"])
+    old.add("api", 81, ["b2:8080"])
+    lines = [json.dumps({k: v for k, v in rec.items() if k != "seq"}) + "\n" for rec in old.store.records]
+    (run_dir / "demo" / "services.journal").write_text("".join(lines))
+    agent = Services("demo", topo, MemoryMaps(n.name for n in topo.nodes), JsonStore("demo"))
+    assert [s.name for s in agent.list()] == ["web", "api"]
+    agent.add("db", 82)
+    last = (run_dir / "demo" / "services.journal").read_text().splitlines()[-1]
+    assert json.loads(last)["seq"] == 3
+    assert JsonStore("demo").scan().problems == []
+
+
+def test_journal_scan_names_damage():
+    """A scan stops replaying at a gap or a line that is not a record, and says which line and what it expected."""
+    store = MemoryStore()
+    for n in range(1, 5):
+        store.append({"op": "del", "name": f"s{n}", "next_service_id": 1, "next_backend_id": 1})
+    del store.records[1]
+    scan = store.scan()
+    assert scan.damaged and len(scan.records) == 1 and len(scan.later) == 2
+    assert scan.problems == ["journal line 2: expected record seq 2, found seq 3 (record 2 is missing)"]
+    store.records[1] = {"seq": 2, "op": "put"}
+    assert store.scan().problems == ["journal line 2: expected a put record with service, next_service_id, "
+                                     "next_backend_id; found one without"]

@@ -5,7 +5,11 @@ before the journal existed loads as it is); every change after it is one JSON li
 ``services.journal``: ``{"op": "put", "service": {...}, "backend_ids": {...}, "freed": [...],
 "next_service_id": n, "next_backend_id": m}`` or ``{"op": "del", "name": ...}`` with the same ids.
 Records are absolute (they name the whole service and the next ids), so replaying one twice is
-harmless. A lab's state is the snapshot plus the journal replayed
+harmless. Each record starts with ``"seq": n``, one more than the record before it, and the snapshot
+starts with the ``seq`` of the last record it holds, so a journal that lost lines in its middle, or
+starts after a gap, is told from a whole one (:meth:`JsonStore.scan`, which
+:mod:`labkit.agent.services.restore` reads); files written before ``seq`` existed still load.
+A lab's state is the snapshot plus the journal replayed
 (:meth:`labkit.agent.services.ids.AgentState.from_json`); when the journal holds more than
 :data:`COMPACT_RATIO` times as many records as there are services, the agent writes a new
 snapshot and empties the journal (:meth:`JsonStore.save`), so a change costs one line and
@@ -20,13 +24,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 from labkit.errors import ConfigError
 from labkit.net.ledger import Ledger, dir_lock, lab_dir
 
-__all__ = ["ServiceStore", "JsonStore", "MemoryStore", "Mark", "COMPACT_RATIO", "COMPACT_MIN", "replay"]
+__all__ = ["ServiceStore", "JsonStore", "MemoryStore", "Mark", "Scan", "COMPACT_RATIO", "COMPACT_MIN", "replay",
+           "scan_records"]
 
 #: A new snapshot once the journal has this many records per service (and at least :data:`COMPACT_MIN`).
 COMPACT_RATIO = 2
@@ -55,8 +61,115 @@ class ServiceStore(Protocol):
         ...
 
     def save(self, data: dict) -> Mark: ...
+    def scan(self) -> "Scan":
+        """The snapshot and journal read without trusting them (:func:`scan_records`)."""
+        ...
+
     def exists(self) -> bool: ...
     def lock(self) -> contextlib.AbstractContextManager: ...
+
+
+#: The fields a journal record cannot do without, by ``op``.
+REQUIRED = {"put": ("service", "next_service_id", "next_backend_id"),
+            "del": ("name", "next_service_id", "next_backend_id")}
+_SERVICE_REQUIRED = ("name", "vip", "port", "protocol", "id", "backends")
+
+
+@dataclass
+class Scan:
+    """What a damage-tolerant read of a store found (:meth:`JsonStore.scan`).
+
+    ``records`` are the ones to replay over ``snapshot``, in order, up to the first damage;
+    ``later`` are records that still parse after it (they can name a service, not change one);
+    ``problems`` are sentences naming the file and line, what was expected and what was found;
+    ``torn``: the journal ends mid-line (a writer was killed there: the maps may be one change ahead).
+    """
+
+    snapshot: dict
+    records: list[dict]
+    later: list[dict]
+    problems: list[str]
+    damaged: bool
+    torn: bool = False
+    last_seq: int = 0
+
+
+def scan_records(snapshot: dict | None, lines, journal: str = "services.journal", snap_problem: str | None = None,
+                 torn: bool = False) -> Scan:
+    """Check ``lines`` (``(line number, raw bytes or a dict)``) after ``snapshot``: each parses, has the
+    fields its op needs, and carries the ``seq`` after the one before (records the snapshot already
+    holds, left by a compaction killed before it emptied the journal, are skipped). Replay stops at
+    the first damage.
+
+    >>> ok = scan_records({"seq": 4}, [(1, b'{"seq":5,"op":"del","name":"a","next_service_id":1,"next_backend_id":1}')])
+    >>> len(ok.records), ok.damaged
+    (1, False)
+    >>> gap = scan_records({"seq": 4}, [(1, b'{"seq":7,"op":"del","name":"a","next_service_id":1,"next_backend_id":1}')])
+    >>> gap.damaged, gap.problems[0]
+    (True, 'services.journal line 1: expected record seq 5, found seq 7 (records 5-6 are missing)')
+    """
+    problems = [snap_problem] if snap_problem else []
+    damaged = bool(snap_problem)
+    snapshot = snapshot or {}
+    snap_seq = _int(snapshot.get("seq", 0)) if not snap_problem else None
+    expected = None if snap_seq is None else snap_seq + 1
+    records: list[dict] = []
+    later: list[dict] = []
+    last = snap_seq or 0
+    for n, raw in lines:
+        rec, problem = _parse_record(raw)
+        if problem is None and not damaged:
+            seq = rec.get("seq")
+            if seq is not None and expected is not None and seq != expected:
+                if not records and snap_seq is not None and seq <= snap_seq:
+                    continue  # already in the snapshot
+                lost = f"records {expected}-{seq - 1} are" if seq > expected + 1 else f"record {expected} is"
+                problem = (f"expected record seq {expected}, found seq {seq} "
+                           + (f"({lost} missing)" if seq > expected else "(out of order)"))
+            if problem is None:
+                expected = (seq if seq is not None else (expected or 0)) + 1
+                last = expected - 1
+                records.append(rec)
+                continue
+        if problem is not None:
+            problems.append(f"{journal} line {n}: {problem}")
+            damaged = True
+        if rec is not None:
+            later.append(rec)
+    return Scan(snapshot, records, later, problems, damaged, torn, last)
+
+
+def _int(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _parse_record(raw) -> tuple[dict | None, str | None]:
+    """A journal line as a record, or None and what is wrong with it."""
+    if isinstance(raw, (bytes, str)):
+        try:
+            rec = json.loads(raw)
+        except ValueError as exc:
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            return None, f"expected a JSON record, found {shown!r} ({exc})"
+    else:
+        rec = raw
+    if not isinstance(rec, dict):
+        return None, f"expected a JSON object, found {type(rec).__name__}"
+    op = rec.get("op")
+    if op not in REQUIRED:
+        return None, f"expected op 'put' or 'del', found {op!r}"
+    missing = [f for f in REQUIRED[op] if f not in rec]
+    if op == "put" and isinstance(rec.get("service"), dict):
+        missing += [f"service.{f}" for f in _SERVICE_REQUIRED if f not in rec["service"]]
+    elif op == "put" and "service" in rec:
+        missing.append("service (an object)")
+    if missing:
+        return None, f"expected a {op} record with {', '.join(missing)}; found one without"
+    return rec, None
 
 
 def replay(data: dict, records: list[dict]) -> dict:
@@ -152,6 +265,30 @@ class JsonStore:
                 raise ValueError(f"journal record {n} after byte {offset}: {exc}") from None
         return records, offset + len(complete)
 
+    def scan(self) -> Scan:
+        """The snapshot and journal read without trusting them (:func:`scan_records`): nothing is
+        written, a torn last line is left where it is."""
+        with contextlib.ExitStack() as stack:
+            if not self._held:
+                stack.enter_context(dir_lock(self.lab, shared=True))
+            snap, problem = {}, None
+            try:
+                text = self.path.read_text()
+                snap = json.loads(text) if text.strip() else {}
+                if not isinstance(snap, dict):
+                    raise ValueError(f"a JSON {type(snap).__name__}")
+            except FileNotFoundError:
+                pass
+            except (ValueError, UnicodeDecodeError) as exc:
+                snap, problem = {}, f"{self.path}: expected the services snapshot as a JSON object, found {exc}"
+            try:
+                raw = self.journal.read_bytes()
+            except FileNotFoundError:
+                raw = b""
+        complete = raw[:raw.rfind(b"\n") + 1]
+        lines = list(enumerate(complete.splitlines(), start=1))
+        return scan_records(snap, lines, str(self.journal), problem, torn=len(complete) < len(raw))
+
     def _record_in_ledger(self, path) -> None:
         if str(path) in self._recorded:
             return
@@ -162,13 +299,14 @@ class JsonStore:
     def append(self, record: dict) -> int:
         """One record at the end of the journal; returns the journal's new size."""
         self._record_in_ledger(self.journal)
-        raw = json.dumps(record, separators=(",", ":")).encode() + b"\n"
         with contextlib.ExitStack() as stack:
             if not self._held:
                 stack.enter_context(dir_lock(self.lab))
             fd = os.open(self.journal, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
             try:
                 _cut_torn_line(fd)
+                seq = self._last_seq(fd) + 1
+                raw = json.dumps({"seq": seq, **record}, separators=(",", ":")).encode() + b"\n"
                 os.write(fd, raw)
                 end = os.fstat(fd).st_size
             finally:
@@ -176,14 +314,27 @@ class JsonStore:
         return end
 
     def save(self, data: dict) -> Mark:
-        """A new snapshot (written beside it and renamed over it), then an empty journal."""
+        """A new snapshot (written beside it and renamed over it), then an empty journal. The snapshot
+        carries the ``seq`` of the journal's last record (``data['seq']`` if it names one)."""
         tmp = self.path.with_name(self.path.name + ".new")
         self._record_in_ledger(self.path)
         self._record_in_ledger(tmp)  # only there if a compaction was killed mid-write; teardown removes it
-        raw = json.dumps(data, separators=(",", ":")).encode()  # compact: the C encoder, fast
         with contextlib.ExitStack() as stack:
             if not self._held:
                 stack.enter_context(dir_lock(self.lab))
+            seq = data.get("seq")
+            if seq is None:
+                try:
+                    fd = os.open(self.journal, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    seq = self._snapshot_seq()
+                else:
+                    try:
+                        seq = self._last_seq(fd)
+                    finally:
+                        os.close(fd)
+            body = {k: v for k, v in data.items() if k != "seq"}
+            raw = json.dumps({"seq": int(seq), **body}, separators=(",", ":")).encode()  # compact: the C encoder
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
                 os.write(fd, raw)
@@ -193,6 +344,38 @@ class JsonStore:
             with contextlib.suppress(FileNotFoundError):
                 os.truncate(self.journal, 0)
             return Mark(self._ident(), 0, 0)
+
+    def _snapshot_seq(self) -> int:
+        """The ``seq`` the snapshot starts with (0: none, or a snapshot from before ``seq``)."""
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(64)
+        except FileNotFoundError:
+            return 0
+        m = _SEQ.match(head)
+        return int(m.group(1)) if m else 0
+
+    def _last_seq(self, fd: int) -> int:
+        """The ``seq`` of the journal's last record (its last complete line: the cost of one line);
+        if that line has none (a journal from before ``seq``), the snapshot's plus the records counted."""
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return self._snapshot_seq()
+        end = size if os.pread(fd, 1, size - 1) == b"\n" else None
+        if end is not None:
+            start = end - 1
+            while start > 0:
+                step = min(start, 4096)
+                nl = os.pread(fd, step, start - step).rfind(b"\n")
+                if nl >= 0:
+                    start = start - step + nl + 1
+                    break
+                start -= step
+            m = _SEQ.match(os.pread(fd, 64, start))
+            if m:
+                return int(m.group(1))
+        data = os.pread(fd, size, 0)
+        return self._snapshot_seq() + data[:data.rfind(b"\n") + 1].count(b"\n")
 
     def exists(self) -> bool:
         return self.path.exists() or self.journal.exists()
@@ -205,6 +388,9 @@ class JsonStore:
                 yield
             finally:
                 self._held = False
+
+
+_SEQ = re.compile(rb'\{"seq":(\d+)[,}]')
 
 
 def _cut_torn_line(fd: int) -> None:
@@ -230,6 +416,7 @@ class MemoryStore:
     def __init__(self, data: dict | None = None):
         self.snapshot = json.loads(json.dumps(data or {}))
         self.records: list[dict] = []
+        self.seq = int(self.snapshot.get("seq", 0))
         self.generation = 0
         self.saves = 0
 
@@ -243,13 +430,20 @@ class MemoryStore:
             return None, json.loads(json.dumps(self.records[since.offset:])), Mark(self.generation, n, n)
         return json.loads(json.dumps(self.snapshot)), json.loads(json.dumps(self.records)), Mark(self.generation, n, n)
 
+    def scan(self) -> Scan:
+        """As :meth:`JsonStore.scan`, over the records in memory (a test may put any value in them)."""
+        return scan_records(json.loads(json.dumps(self.snapshot)),
+                            list(enumerate(json.loads(json.dumps(self.records)), start=1)), "journal")
+
     def append(self, record: dict) -> int:
-        self.records.append(json.loads(json.dumps(record)))
+        self.seq += 1
+        self.records.append(json.loads(json.dumps({"seq": self.seq, **record})))
         self.saves += 1
         return len(self.records)
 
     def save(self, data: dict) -> Mark:
-        self.snapshot = json.loads(json.dumps(data))
+        self.seq = int(data.get("seq", self.seq))
+        self.snapshot = json.loads(json.dumps({**data, "seq": self.seq}))
         self.records = []
         self.generation += 1
         self.saves += 1
