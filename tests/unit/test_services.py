@@ -1096,7 +1096,7 @@ def test_apply_checks_every_spec_first(svcs, specs, message):
 def test_journal_records_and_snapshot_carry_a_seq(run_dir, monkeypatch):
     """Each record's seq is one more than the one before, across a compaction: the snapshot starts with the
     seq of the last record it holds, and the journal after it goes on from there."""
-    monkeypatch.setattr(services_mod, "COMPACT_MIN", 4)
+    monkeypatch.setattr(services_core, "COMPACT_MIN", 4)
     topo = Topology.default("demo")
     agent = Services("demo", topo, MemoryMaps(n.name for n in topo.nodes), JsonStore("demo"))
     journal, snap = run_dir / "demo" / "services.journal", run_dir / "demo" / "services.json"
