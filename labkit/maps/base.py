@@ -112,6 +112,25 @@ class PinnedMap(MutableMapping, Generic[K, V]):
         """Delete ``key``; False if it was not there."""
         return _bpf.delete(self.fd, key)
 
+    def update_many(self, pairs: list[tuple[K, V]]) -> int:
+        """Write every (key, value) with ``BPF_MAP_UPDATE_BATCH``, in order, a chunk per syscall (one
+        ``BPF_MAP_UPDATE_ELEM`` each where the map has no batch operations); returns how many."""
+        chunk = batch_chunk(self.max_entries)
+        done = 0
+        while done < len(pairs):
+            part = pairs[done:done + chunk]
+            keys = (self.key_type * len(part))(*(k for k, _ in part))
+            values = (self.value_type * len(part))(*(v for _, v in part))
+            try:
+                _bpf.update_batch(self.fd, keys, values, len(part))
+            except OSError as exc:
+                if exc.errno not in _NO_BATCH:
+                    raise
+                for k, v in part:
+                    _bpf.update(self.fd, k, v)
+            done += len(part)
+        return done
+
     def __iter__(self) -> Iterator[K]:
         """Keys one ``BPF_MAP_GET_NEXT_KEY`` at a time."""
         prev, cur = None, self.key_type()

@@ -1140,3 +1140,27 @@ def test_journal_scan_names_damage():
     store.records[1] = {"seq": 2, "op": "put"}
     assert store.scan().problems == ["journal line 2: expected a put record with service, next_service_id, "
                                      "next_backend_id; found one without"]
+
+
+def test_apply_of_new_services_writes_heads_last_in_one_batch(svcs):
+    """An apply of many new services writes every node's backends, slots and reverse NAT of all of them
+    before any head (a packet never meets a head whose slots are not there yet) and journals them at once."""
+    svcs.apply([{"name": f"s{i}", "port": 80, "backends": ["b1:8080", "a1:8080"]} for i in range(5)])
+    on_a = ops(svcs, "node-a")
+    heads = [i for i, op in enumerate(on_a) if op.startswith("update svc") and op.endswith("slot 0")]
+    others = [i for i, op in enumerate(on_a) if i not in heads]
+    assert len(heads) == 5 and min(heads) > max(others)
+    assert svcs.store.saves == 1 and len(svcs.store.records) == 5
+
+
+def test_apply_refused_by_the_kernel_leaves_everything_as_it_was(svcs):
+    """A kernel refusal in the middle of a bulk apply takes out every row written: maps, list and journal as before."""
+    svcs.add("web", 80, ["b1:8080"])
+    maps, records = snapshot(svcs), list(svcs.store.records)
+    svcs.maps.fail = _fail_on("node-b", SERVICES_MAP, slot_no=0)
+    with pytest.raises(DatapathError, match="adding 3 services: writing cilium_lb4_services_v2 on node 'node-b'"):
+        svcs.apply([{"name": f"s{i}", "port": 80, "backends": ["b2:8080"]} for i in range(3)])
+    svcs.maps.fail = None
+    assert snapshot(svcs) == maps and svcs.store.records == records
+    assert [s.name for s in svcs.list()] == ["web"]
+    assert svcs.add("s0", 80, ["b2:8080"]).id == 2  # ids as if nothing happened

@@ -237,6 +237,12 @@ class Services:
         done: list[tuple[str, Service | None]] = []  # (name, the service before) of what this call changed
         with self.store.lock():
             state = self._state()
+            fresh = [spec for spec in checked if spec["name"] not in state.services]
+            if len(fresh) > 1 and hasattr(self.writer, "commit_new"):
+                out["added"] = self._add_many(state, fresh)
+                state = self._state()
+                done = [(name, None) for name in out["added"]]
+                checked = [spec for spec in checked if spec["name"] not in out["added"]]
             try:
                 for spec in checked:
                     name = spec["name"]
@@ -262,6 +268,31 @@ class Services:
                 self._undo(state, done)
                 raise
         return out
+
+    def _add_many(self, state: AgentState, specs: list[dict]) -> list[str]:
+        """New services at once: each is checked and given its ids against the state with the ones before it
+        in (in memory), then every node's rows go in a phase at a time (:meth:`LbMapsWriter.commit_new`) and
+        the journal gets every record in one write. If anything is refused, the maps and the journal are
+        as they were and the state is read again from the store."""
+        plans, records = [], []
+        try:
+            for spec in specs:
+                change = self._new_service(state, spec)
+                plans.append(self.writer.plans(change)[0])
+                records.append(change.record)
+                state.apply(change.record, change.after)
+
+            def save() -> None:
+                end = self.store.append_many(records)
+                self._mark = replace(self._mark, offset=end, records=self._mark.records + len(records))
+
+            self.writer.commit_new(plans, f"adding {len(specs)} services", save)
+        except BaseException:
+            self._table = self._mark = None  # the state in memory ran ahead: the store has what is true
+            raise
+        if self._mark.records > max(COMPACT_MIN, COMPACT_RATIO * len(state.services)):
+            self._compact()
+        return [spec["name"] for spec in specs]
 
     def _undo(self, state: AgentState, done: list[tuple[str, Service | None]]) -> None:
         """Put back what an :meth:`apply` changed before it was refused, newest first."""

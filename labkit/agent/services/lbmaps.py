@@ -10,7 +10,7 @@ import ctypes
 from typing import Callable, Iterable, Protocol
 
 from labkit.agent.services.ids import Change
-from labkit.agent.services.plan import Op, change_entries, plan
+from labkit.agent.services.plan import GROW_PHASES, Op, change_entries, plan
 from labkit.errors import DatapathError, LabkitError, NotFoundError
 from labkit.maglev import LAB_DEFAULT_M
 from labkit.maps.base import PinnedMap
@@ -30,6 +30,7 @@ class MapWriter(Protocol):
     def update(self, node: str, map_name: str, key, value) -> None: ...
     def delete(self, node: str, map_name: str, key) -> bool: ...
     def items(self, node: str, map_name: str) -> list[tuple]: ...
+    def update_many(self, node: str, map_name: str, pairs: list[tuple]) -> None: ...
     def clear(self, node: str, map_name: str) -> int: ...
     def close(self) -> None: ...
 
@@ -70,6 +71,14 @@ class PinnedMaps:
 
     def items(self, node, map_name) -> list[tuple]:
         return self._map(node, map_name).items()
+
+    def update_many(self, node, map_name, pairs) -> None:
+        m = self._map(node, map_name)
+        if map_name == MAGLEV_MAP:  # a map of maps: each table is an inner map of its own
+            for key, value in pairs:
+                m[key] = value
+        else:
+            m.update_many(pairs)
 
     def clear(self, node, map_name) -> int:
         return self._map(node, map_name).clear()
@@ -124,6 +133,10 @@ class MemoryMaps:
         del table[bytes(key)]
         self.ops.append(f"delete {node} {map_name} {key}")
         return True
+
+    def update_many(self, node, map_name, pairs) -> None:
+        for key, value in pairs:
+            self.update(node, map_name, key, value)
 
     def items(self, node, map_name) -> list[tuple]:
         key_type, value_type = LB_MAPS[map_name]
@@ -195,27 +208,79 @@ class LbMapsWriter:
         """Before a flush: nothing to do (False: every service is then removed one by one)."""
         return False
 
-    def commit(self, change: Change, what: str, save: Callable[[], None]) -> None:
-        """Write one service's change to every node, then ``save`` it; undo every write if one fails.
-
-        Only the rows the service owns or shares are computed (:func:`change_entries`, before and
-        after): a change costs what it touches, whatever the number of services."""
+    def plans(self, change: Change) -> tuple[dict[str, list[Op]], bool]:
+        """Every node's writes for ``change`` (computed now, against the state as it is now), and whether
+        the service grows. Only the rows the service owns or shares are computed (:func:`change_entries`,
+        before and after): a change costs what it touches, whatever the number of services."""
         was, now = change.before, change.after
         grow = now is not None and (was is None or len(now.active) >= len(was.active))
-        txn = Txn(self.maps)
-        node = op = None
         # Nodes differ only for externalTrafficPolicy=Local: otherwise one plan serves every node.
         per_node = any(s is not None and s.etp == "Local" for s in (was, now))
-        plans: dict[str | None, list[Op]] = {}
+        short = "lb-wrong-count" in self.faults()
+        out: dict[str, list[Op]] = {}
+        shared_plan = None
+        for node in (n.name for n in self.topology.nodes):
+            if per_node or shared_plan is None:
+                rows = [change_entries(s, change.shared, self.topology, node, self.maglev_m, self.cilium, short, o)
+                        for s, o in ((was, now), (now, was))]
+                ops = plan(*rows, grow)
+                shared_plan = shared_plan if per_node else ops
+            out[node] = ops if per_node else shared_plan
+        return out, grow
+
+    def commit_new(self, plans: list[dict[str, list[Op]]], what: str, save: Callable[[], None]) -> None:
+        """Write the plans of many new services (an apply's) in one go: per node, every service's rows of
+        a phase together — all backends, then Maglev tables, slots, reverse NAT, and the heads last — each
+        map's rows in one ``BPF_MAP_UPDATE_BATCH``; then ``save``. No packet sees a head before the rows it
+        points at. If anything fails, every row written is taken out again (what was there before is put
+        back) and the maps are as they were."""
+        order = {p: i for i, p in enumerate(GROW_PHASES)}
+        written: list[tuple[str, str, object, object | None]] = []
+        node = map_name = None
         try:
             for node in (n.name for n in self.topology.nodes):
-                which = node if per_node else None
-                if which not in plans:
-                    short = "lb-wrong-count" in self.faults()
-                    rows = [change_entries(s, change.shared, self.topology, node, self.maglev_m, self.cilium, short, o)
-                            for s, o in ((was, now), (now, was))]
-                    plans[which] = plan(*rows, grow)
-                for op in plans[which]:
+                ops = sorted((op for p in plans for op in p[node]), key=lambda op: order[op.phase])
+                i = 0
+                while i < len(ops):
+                    phase, map_name = ops[i].phase, ops[i].map_name
+                    j = i
+                    while j < len(ops) and (ops[j].phase, ops[j].map_name) == (phase, map_name):
+                        j += 1
+                    group = ops[i:j]
+                    if any(op.value is None for op in group) or phase == "be_changed":
+                        txn = Txn(self.maps)  # rare in an apply of new services: one by one, with their undo
+                        for op in group:
+                            txn.apply(node, op)
+                        written += [(node, m, k, prev) for (_, m, k, prev) in txn.undo]
+                    else:
+                        pairs = list({bytes(op.key): (op.key, op.value) for op in group}.values())
+                        written += [(node, map_name, k, None) for k, _ in pairs]
+                        self.maps.update_many(node, map_name, pairs)
+                    i = j
+            map_name = None
+            save()
+        except BaseException as exc:
+            undo = Txn(self.maps)
+            undo.undo = written
+            problems = undo.rollback()
+            left = f"; could not undo: {'; '.join(problems)}" if problems else "; every map is as it was"
+            if isinstance(exc, OSError):
+                where = f"{map_name} on node '{node}'" if map_name is not None else f"the service list ({exc.filename})"
+                raise DatapathError(f"{what}: writing {where} failed ({exc.strerror or exc}){left}") from exc
+            if problems:
+                raise DatapathError(f"{what}: {exc}{left}") from exc
+            raise
+        finally:
+            self.maps.close()
+
+    def commit(self, change: Change, what: str, save: Callable[[], None]) -> None:
+        """Write one service's change to every node, then ``save`` it; undo every write if one fails."""
+        txn = Txn(self.maps)
+        node = op = None
+        try:
+            plans, _ = self.plans(change)
+            for node, ops in plans.items():
+                for op in ops:
                     txn.apply(node, op)
             op = None
             save()

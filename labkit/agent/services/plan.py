@@ -33,7 +33,7 @@ from labkit.maps.lb import (
 from labkit.net.topology import Topology
 from labkit.release import DEFAULT_RELEASE, profile
 
-__all__ = ["Entries", "Op", "entries", "change_entries", "plan"]
+__all__ = ["Entries", "Op", "entries", "change_entries", "plan", "GROW_PHASES"]
 
 
 Entries = dict[str, dict[bytes, tuple]]  # map name -> raw key -> (key, value)
@@ -44,6 +44,9 @@ _GROW = ("be_new", "be_changed", "maglev_put", "slot_put", "revnat_put", "head_p
          "maglev_del", "revnat_del", "be_del")
 _SHRINK = ("be_new", "revnat_put", "head_put", "head_del", "maglev_put", "be_changed", "slot_put", "slot_del",
            "maglev_del", "revnat_del", "be_del")
+#: The phases of a growing change, in order (a bulk apply of new services writes every service's rows
+#: of one phase before the next: :meth:`labkit.agent.services.lbmaps.LbMapsWriter.commit_new`).
+GROW_PHASES = _GROW
 _PUT = {SERVICES_MAP: "slot_put", BACKENDS_MAP: "be_new", REVNAT_MAP: "revnat_put", MAGLEV_MAP: "maglev_put"}
 _DEL = {SERVICES_MAP: "slot_del", BACKENDS_MAP: "be_del", REVNAT_MAP: "revnat_del", MAGLEV_MAP: "maglev_del"}
 

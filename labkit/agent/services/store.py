@@ -60,6 +60,10 @@ class ServiceStore(Protocol):
         """One record at the journal's end; returns the journal's new end (a :attr:`Mark.offset`)."""
         ...
 
+    def append_many(self, records: list[dict]) -> int:
+        """Several records at once (one write); returns the journal's new end."""
+        ...
+
     def save(self, data: dict) -> Mark: ...
     def scan(self) -> "Scan":
         """The snapshot and journal read without trusting them (:func:`scan_records`)."""
@@ -298,6 +302,10 @@ class JsonStore:
 
     def append(self, record: dict) -> int:
         """One record at the end of the journal; returns the journal's new size."""
+        return self.append_many([record])
+
+    def append_many(self, records: list[dict]) -> int:
+        """Records at the end of the journal, in one ``write(2)`` (a bulk apply); returns its new size."""
         self._record_in_ledger(self.journal)
         with contextlib.ExitStack() as stack:
             if not self._held:
@@ -305,9 +313,12 @@ class JsonStore:
             fd = os.open(self.journal, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
             try:
                 _cut_torn_line(fd)
-                seq = self._last_seq(fd) + 1
-                raw = json.dumps({"seq": seq, **record}, separators=(",", ":")).encode() + b"\n"
-                os.write(fd, raw)
+                seq = self._last_seq(fd)
+                dumps = json.JSONEncoder(separators=(",", ":")).encode
+                raw = "".join(dumps({"seq": seq + i, **rec}) + "\n" for i, rec in enumerate(records, 1)).encode()
+                view = memoryview(raw)
+                while view:
+                    view = view[os.write(fd, view):]
                 end = os.fstat(fd).st_size
             finally:
                 os.close(fd)
@@ -436,8 +447,12 @@ class MemoryStore:
                             list(enumerate(json.loads(json.dumps(self.records)), start=1)), "journal")
 
     def append(self, record: dict) -> int:
-        self.seq += 1
-        self.records.append(json.loads(json.dumps({"seq": self.seq, **record})))
+        return self.append_many([record])
+
+    def append_many(self, records: list[dict]) -> int:
+        for record in records:
+            self.seq += 1
+            self.records.append(json.loads(json.dumps({"seq": self.seq, **record})))
         self.saves += 1
         return len(self.records)
 
