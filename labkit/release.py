@@ -17,6 +17,7 @@ at ``labkit up --cilium 1.16|1.20`` (1.16 by default); the datapath gets one
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from labkit.errors import ConfigError
@@ -102,11 +103,7 @@ class Profile:
 
     def has(self, name: str) -> bool:
         """Whether this release has behaviour ``name`` (a :data:`BEHAVIOURS` name)."""
-        for b in BEHAVIOURS:
-            if b.name == name:
-                return b.in_release(self.release)
-        raise ConfigError(f"release behaviour: expected one of {', '.join(b.name for b in BEHAVIOURS)}, "
-                          f"got {name!r}")
+        return _has(self.release, name)
 
     def behaviours(self) -> list[Behaviour]:
         """The behaviours this release has (those of newer releases are off)."""
@@ -122,6 +119,17 @@ class Profile:
                 for b in BEHAVIOURS]
 
 
+@functools.lru_cache(maxsize=None)
+def _has(release: str, name: str) -> bool:
+    """:meth:`Profile.has`, remembered (the agent asks it for every row it writes)."""
+    for b in BEHAVIOURS:
+        if b.name == name:
+            return b.in_release(release)
+    raise ConfigError(f"release behaviour: expected one of {', '.join(b.name for b in BEHAVIOURS)}, "
+                      f"got {name!r}")
+
+
+@functools.lru_cache(maxsize=None)
 def profile(release: str = DEFAULT_RELEASE) -> Profile:
     """The profile of ``release`` (ConfigError names the releases there are)."""
     return Profile(str(release))

@@ -42,9 +42,10 @@ def _lines(st: dict) -> list[str]:
            f"in {restored.get('seconds', 0)} s" + (" (journal damaged: rebuilt)" if restored.get("damaged") else "")]
     for problem in restored.get("problems", []):
         out.append(f"  {problem}")
-    sync = restored.get("sync")
-    if sync:
-        out.append(f"  maps checked: {sync}")
+    if restored.get("checked"):
+        out.append(f"  {restored['checked']}")
+    if restored.get("sync"):
+        out.append(f"  maps synced: {restored['sync']}")
     mon, gc = st.get("monitor", {}), st.get("gc", {})
     out.append(f"monitor: {'running' if mon.get('running') else 'stopped'}, {mon.get('records', 0)} records written")
     out.append(f"gc timer: {'on' if gc.get('timer') else 'off'}" + (f" (last error: {gc['error']})" if gc.get("error") else ""))

@@ -153,6 +153,22 @@ class PinnedMap(MutableMapping, Generic[K, V]):
                 raise
         return self.items_per_key()
 
+    def raw_items(self) -> dict[bytes, bytes]:
+        """Every entry as raw bytes, key → value, read in batches (no structure built per entry: what a
+        byte-for-byte comparison of a big map needs)."""
+        ksz, vsz = ctypes.sizeof(self.key_type), ctypes.sizeof(self.value_type)
+        out: dict[bytes, bytes] = {}
+        try:
+            for keys, values, n in self.lookup_batches():
+                kb, vb = bytes(keys)[:n * ksz], bytes(values)[:n * vsz]
+                out.update(zip((kb[i:i + ksz] for i in range(0, n * ksz, ksz)),
+                               (vb[i:i + vsz] for i in range(0, n * vsz, vsz))))
+        except OSError as exc:
+            if exc.errno not in _NO_BATCH:
+                raise
+            out = {bytes(k): bytes(v) for k, v in self.items_per_key()}
+        return out
+
     def items_per_key(self) -> list[tuple[K, V]]:
         """Every entry with one lookup syscall per key (the pre-1.18 way)."""
         return [(k, v) for k in list(self) if (v := self.get(k)) is not None]

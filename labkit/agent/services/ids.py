@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from labkit.agent.services.model import FIRST_VIP, MAX_BACKEND_ID, MAX_SERVICE_ID, STATE_VERSION, Service
+from labkit.agent.services.model import Backend, FIRST_VIP, MAX_BACKEND_ID, MAX_SERVICE_ID, STATE_VERSION, Service
 from labkit.errors import ConfigError
 from labkit.net.topology import Topology
 
@@ -138,8 +138,8 @@ class AgentState:
                 bid, next_bid = allocate(next_bid, _Either(self.backend_l4, set(taken.values())),
                                          MAX_BACKEND_ID, "backend id")
                 taken[l4] = bid
-            bes.append(replace(b, id=bid))
-        svc = replace(svc, backends=tuple(bes))
+            bes.append(b if b.id == bid else Backend(b.pod, b.port, b.state, bid))
+        svc = svc.with_backends(tuple(bes))
         freed = self._freed(before, {b.id for b in svc.backends})
         nsid = self.next_service_id if next_service_id is None else next_service_id
         record = {"op": "put", "service": svc.to_json(), "backend_ids": taken, "freed": freed,

@@ -62,7 +62,7 @@ from labkit.maps.lb import (
 from labkit.net.topology import Topology
 from labkit.release import DEFAULT_RELEASE, profile
 
-__all__ = ["Recovery", "SyncReport", "recover", "sync", "check", "rebuild_store", "read_rows", "ROW_MAPS"]
+__all__ = ["Recovery", "SyncReport", "recover", "sync", "check", "matches", "rebuild_store", "read_rows", "ROW_MAPS"]
 
 #: The maps a node's services live in, in the order problems are listed.
 ROW_MAPS = (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP, MAGLEV_MAP)
@@ -501,6 +501,41 @@ def check(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: str 
     ['node node-b cilium_lb4_reverse_nat rev_nat 1: expected 198.19.0.10:80, found no row; sync writes it']
     """
     return recover(store, maps, topology, cilium, maglev_m).problems
+
+
+def matches(state: AgentState, maps: MapWriter, topology: Topology, cilium: str = DEFAULT_RELEASE,
+            maglev_m: int = LAB_DEFAULT_M) -> bool:
+    """True if every node's service maps hold exactly ``entries(state)``, byte for byte: what a restarted
+    agent checks first (one batched read per map, the rows computed once for all nodes unless a service
+    has externalTrafficPolicy=Local). When it holds, nothing needs writing and :func:`recover` is not needed.
+
+    >>> from labkit.agent.services import Services
+    >>> from labkit.net.topology import Topology
+    >>> svcs = Services.in_memory(Topology.default())
+    >>> _ = svcs.add("web", 80, ["b1:8080"])
+    >>> matches(svcs._state(), svcs.maps, svcs.topology)
+    True
+    """
+    cilium = profile(cilium).release
+    per_node = any(s.etp == "Local" for s in state.services.values())
+    want: dict[str, dict[bytes, bytes]] | None = None
+    try:
+        for node in (n.name for n in topology.nodes):
+            if want is None or per_node:
+                rows = entries(state, topology, node, maglev_m, cilium)
+                want = {m: {raw: bytes(v) for raw, (_, v) in rows[m].items()} for m in ROW_MAPS}
+            for map_name in ROW_MAPS:
+                try:
+                    have = maps.raw(node, map_name)
+                except (NotFoundError, FileNotFoundError):
+                    if map_name != MAGLEV_MAP:
+                        raise
+                    have = {}
+                if have != want[map_name]:
+                    return False
+        return True
+    finally:
+        maps.close()
 
 
 # -- writing -----------------------------------------------------------------------

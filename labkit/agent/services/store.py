@@ -96,6 +96,9 @@ class Scan:
     damaged: bool
     torn: bool = False
     last_seq: int = 0
+    #: where a reader that replayed these records stands (None: unknown); with it, an agent can serve the
+    #: scanned state without reading the store a second time
+    mark: "Mark | None" = None
 
 
 def scan_records(snapshot: dict | None, lines, journal: str = "services.journal", snap_problem: str | None = None,
@@ -289,9 +292,12 @@ class JsonStore:
                 raw = self.journal.read_bytes()
             except FileNotFoundError:
                 raw = b""
+            ident = self._ident()
         complete = raw[:raw.rfind(b"\n") + 1]
         lines = list(enumerate(complete.splitlines(), start=1))
-        return scan_records(snap, lines, str(self.journal), problem, torn=len(complete) < len(raw))
+        scan = scan_records(snap, lines, str(self.journal), problem, torn=len(complete) < len(raw))
+        scan.mark = Mark(ident, len(complete), len(lines))
+        return scan
 
     def _record_in_ledger(self, path) -> None:
         if str(path) in self._recorded:
@@ -443,8 +449,10 @@ class MemoryStore:
 
     def scan(self) -> Scan:
         """As :meth:`JsonStore.scan`, over the records in memory (a test may put any value in them)."""
-        return scan_records(json.loads(json.dumps(self.snapshot)),
+        scan = scan_records(json.loads(json.dumps(self.snapshot)),
                             list(enumerate(json.loads(json.dumps(self.records)), start=1)), "journal")
+        scan.mark = Mark(self.generation, len(self.records), len(self.records))
+        return scan
 
     def append(self, record: dict) -> int:
         return self.append_many([record])
