@@ -14,8 +14,6 @@ from labkit.agent.services.model import (
     FIRST_VIP,
     NODE_PORT_RANGE,
     PROTOCOLS,
-    SERVICE_TYPES,
-    STATES,
     TRAFFIC_POLICIES,
     Backend,
     Frontend,

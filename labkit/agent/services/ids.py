@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable
 
 from labkit.agent.services.model import Backend, FIRST_VIP, MAX_BACKEND_ID, MAX_SERVICE_ID, STATE_VERSION, Service
