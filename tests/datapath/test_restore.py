@@ -1,19 +1,22 @@
 """The Services agent's restart on a real lab: recover() from services.json/services.journal and the
 pinned cilium_lb4_* maps gives lab.services' state, sync() then writes nothing, and after one pinned
 entry is deleted with bpftool, doctor's journal check names it and sync() writes back exactly that entry;
-with the journal and snapshot emptied, every service comes back from the pinned maps with its ids."""
+with the journal and snapshot emptied, doctor reports it, and every service comes back from the pinned maps
+with its ids — by recover() and by `labkit agent restart`, which rebuilds the journal and writes nothing."""
 from __future__ import annotations
 
 import subprocess
 
 from labkit.agent.services import JsonStore, PinnedMaps
 from labkit.agent.services.plan import entries
-from labkit.agent.services.restore import rebuild_store, recover, sync
+from labkit.agent.services.restore import recover, sync
 from labkit.cli.doctor import services_journal
 from labkit.maps.base import PinnedMap
 from labkit.maps.lb import (BACKENDS_MAP, LB_MAPS, MAGLEV_MAP, REVNAT_MAP, SERVICES_MAP, Lb4Key, Lb4Service,
                             PinnedMaglev)
 from labkit.net.ledger import lab_dir
+
+from .test_agent import bpftool_lb
 
 ROW_MAPS = (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)
 
@@ -65,7 +68,7 @@ def test_recover_and_sync_on_a_running_lab(lab):
 
     r = recover(JsonStore(lab.name), PinnedMaps(lab.pin_dirs, m), topo, cilium, m)
     assert (r.source, r.damaged, r.problems) == ("journal", False, [])
-    assert r.state.to_json() == svcs._state().to_json()
+    assert r.state.to_json() == svcs.local._state().to_json()
 
     maps = CountingMaps(lab.pin_dirs, m)
     report = sync(r.state, maps, topo, cilium, m)
@@ -81,7 +84,7 @@ def test_recover_and_sync_on_a_running_lab(lab):
     assert bytes(head) not in dump(lab)[("node-b", SERVICES_MAP)]
 
     r = recover(JsonStore(lab.name), PinnedMaps(lab.pin_dirs, m), topo, cilium, m)
-    assert r.state.to_json() == svcs._state().to_json() and not r.damaged
+    assert r.state.to_json() == svcs.local._state().to_json() and not r.damaged
     want = Lb4Service.from_buffer_copy(before[("node-b", SERVICES_MAP)][bytes(head)])
     assert r.problems == [f"node node-b {SERVICES_MAP} {head}: expected {want}, found no row; sync writes it"]
     lines, ok = services_journal(lab)  # what `labkit doctor` prints for the lab
@@ -128,7 +131,13 @@ def test_lost_journal_is_rebuilt_from_the_pinned_maps(lab):
     maps = CountingMaps(lab.pin_dirs, m)
     sync(r.state, maps, topo, cilium, m)
     assert maps.writes == []
-    rebuild_store(JsonStore(lab.name), r.state)
+    lines, ok = services_journal(lab)  # `labkit doctor` reports it before anything is rebuilt
+    assert not ok and "damaged" in lines[-1] and "agent restart" in lines[-1]
+    before = bpftool_lb(lab)
+    status = lab.restart_agent()  # the agent does what the steps above did: recover, rebuild, sync
+    assert (status["restored"]["source"], status["restored"]["damaged"]) == ("maps", True)
+    assert {s.ids for s in lab.services.list()} == set(want) and bpftool_lb(lab) == before
     again = recover(JsonStore(lab.name), PinnedMaps(lab.pin_dirs, m), topo, cilium, m)
     assert (again.damaged, again.problems) == (False, [])
+    assert services_journal(lab) == (["services journal: ok"], True)
     assert svcs.add("api", 83, ["a2:8080"]).id == r.state.next_service_id
