@@ -12,7 +12,13 @@ reset                      <= 0.3 s
 one ``labkit ct list``     <= 0.2 s
 one notebook step          <= 0.15 s
 live table, 1,000 rows     <= 0.1 s
-backend add/remove at 50k  <= 1 ms
+load 50k services (agent)  <= 10 s    (one ``service apply`` call through the agent's API)
+agent memory at 50k        <= 300 MB (RSS)
+backend add/remove at 50k  <= 1 ms   (inside the agent, which holds all 50k services)
+... API round trip         <= 2 ms   (a Python client, one kept connection)
+... ``labkit service backend`` process  <= 0.2 s
+in-agent growth 100 → 50k  <= 1.5x
+agent restart at 50k       <= 5 s    (kill -9, then ``labkit agent restart`` until it serves them all)
 first packet, 50k vs 10    ratio <= 1.1
 GC, 1M entries, batch      <= 2 s
 GC batch / per-entry       <= 0.2 (5x faster)
@@ -62,7 +68,9 @@ from labkit.notebook.widgets import CtTable
 __all__ = ["main", "TARGETS", "compare_service_modes", "grade_side_by_side"]
 
 TARGETS = {"up_s": 5.0, "down_s": 1.0, "reset_s": 0.3, "ct_list_s": 0.2, "step_s": 0.15, "table_refresh_1000_s": 0.1,
-           "backend_update_50k_s": 0.001, "first_packet_ratio_50k_vs_10": 1.1, "gc_batch_1m_s": 2.0,
+           "agent_load_50k_s": 10.0, "agent_rss_50k_mb": 300.0, "backend_update_50k_s": 0.001,
+           "agent_api_roundtrip_50k_s": 0.002, "cli_backend_50k_s": 0.2, "agent_update_growth_100_to_50k": 1.5,
+           "agent_restart_50k_s": 5.0, "first_packet_ratio_50k_vs_10": 1.1, "gc_batch_1m_s": 2.0,
            "gc_batch_over_per_entry": 0.2, "ebpf_first_packet_growth_100_to_10k": 1.1,
            "no_bpf_over_bpf_throughput": round(1 / 0.85, 4), "grade_jobs2_over_jobs1": 0.6}
 #: Numbers of services of the kube-proxy comparison (each size: both modes, side by side).
@@ -152,12 +160,15 @@ def measure(runs: int) -> dict:
             resets.append(_timed(lab.reset))
         steps = _step_times(lab)
         refreshes = _refresh_times(lab)
-        scale = _service_scale(lab)
     finally:
         Lab.cleanup(LAB)
+    agent = agent_scale(max(runs, MIN_SAMPLES))
     samples = {"up_s": ups, "up_first_s": cold, "down_s": downs, "reset_s": resets, "ct_list_s": ct_list, "step_s": steps,
-               "table_refresh_1000_s": refreshes, "backend_update_50k_s": scale["backend_update_s"]}
+               "table_refresh_1000_s": refreshes, **agent["samples"]}
     medians = {k: round(statistics.median(v), 6) for k, v in samples.items()}
+    medians["agent_update_growth_100_to_50k"] = round(
+        statistics.median(samples["backend_update_50k_s"]) / statistics.median(samples["backend_update_100_s"]), 3)
+    medians["agent_rss_50k_mb"] = agent["rss_mb"]
     ratio_50k = _first_packet_side_by_side(10, SERVICES_AT_SCALE + 10, rounds=max(runs, MIN_SAMPLES))
     medians["first_packet_ratio_50k_vs_10"] = ratio_50k["ratio"]
     lb_modes = _lb_mode_rates(max(runs, MIN_SAMPLES))
@@ -180,7 +191,7 @@ def measure(runs: int) -> dict:
         "throughput": throughput,
         "gc": gc,
         "lb_modes": lb_modes,
-        "services": {k: v for k, v in scale.items() if k != "backend_update_s"},
+        "agent": {k: v for k, v in agent.items() if k != "samples"},
         "machine": {"kernel": platform.release(), "python": platform.python_version(), "cpus": _cpus()},
         "ct_rows_listed": rows,
         "median": medians,
@@ -407,8 +418,9 @@ def _first_packet_side_by_side(small: int, big: int, rounds: int) -> dict:
             Lab.cleanup(name)
             labs[n] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, lb_map_size=131072))
             labs[n].trace_mode("none")
-            _bulk_services(labs[n], n, write=True)
-            vips[n] = _synthetic_services(n)[-1].vip
+            specs = _agent_specs(n)
+            labs[n].services.apply(specs)  # every service in the agent's own state
+            vips[n] = specs[-1]["vip"]
         argv = [sys.executable, "-c", _CONNECT_PAIRS, labs[small].topology.netns("a1"), vips[small],
                 labs[big].topology.netns("a1"), vips[big], "400"]
         for _ in range(rounds):
@@ -552,24 +564,83 @@ def _throughput(seconds: int, rounds: int = 3) -> dict:
     return out
 
 
-def _service_scale(lab) -> dict:
-    """Backend add/remove cost with 50,000 services loaded (first-packet times are measured side by side,
-    in :func:`_first_packet_side_by_side`)."""
-    lab.reset()
-    for i in range(10):
-        lab.services.add(f"svc{i}", 80, ["b1:8080"])
-    load_s = _bulk_services(lab, SERVICES_AT_SCALE, write=True)
-    updates = []
-    for _ in range(20):
-        updates.append(_timed(lambda: lab.services.add_backend("svc9", "b2:8080")))
-        updates.append(_timed(lambda: lab.services.remove_backend("svc9", "b2:8080")))
-    unload_s = _bulk_services(lab, SERVICES_AT_SCALE, write=False)
-    lab.reset()
-    return {
-        "backend_update_s": updates,
-        "bulk_load_50k_s": round(load_s, 2),
-        "bulk_unload_50k_s": round(unload_s, 2),
-    }
+def _agent_specs(n: int) -> list[dict]:
+    """``n`` one-backend ClusterIP services (b1:8080) on VIPs from 198.19.1.1, as ``service apply`` takes them."""
+    import ipaddress
+
+    base = int(ipaddress.IPv4Address("198.19.1.1"))
+    return [{"name": f"s{i}", "port": 80, "vip": str(ipaddress.IPv4Address(base + i)), "backends": ["b1:8080"]}
+            for i in range(n)]
+
+
+def _updates(lab, name: str, pairs: int) -> tuple[list[float], list[float]]:
+    """``pairs`` backend adds and removes on service ``name``: (seconds inside the agent, API round trips)."""
+    inside, rt = [], []
+    for _ in range(pairs):
+        for call in (lambda: lab.services.add_backend(name, "b2:8080"),
+                     lambda: lab.services.remove_backend(name, "b2:8080")):
+            t = time.perf_counter()
+            call()
+            rt.append(time.perf_counter() - t)
+            inside.append(lab.services.last_agent_seconds)
+    return inside, rt
+
+
+def agent_scale(rounds: int, n: int | None = None) -> dict:
+    """The agent holding every service in its own state (nothing written behind it), in a lab of its own:
+
+    - ``agent_load_50k_s``: ``n`` services through the agent in one apply call (an API call from Python: the
+      body sent, checked, written to both nodes' maps, journalled), ``rounds`` times, flushed in between;
+    - ``agent_rss_50k_mb``: the agent process's resident memory once it holds them;
+    - ``backend_update_100_s`` / ``backend_update_50k_s``: one backend add or remove as timed inside the agent
+      (its ``agent_seconds``), with 100 services and with ``n``; ``agent_api_roundtrip_50k_s`` the same calls
+      timed by the client; ``cli_backend_50k_s`` the whole ``labkit service backend … --add/--remove`` process;
+    - ``agent_restart_50k_s``: SIGKILL of the agent, then ``lab.restart_agent()`` until it answers with all
+      ``n`` services restored (journal read, every map checked against it)."""
+    import signal
+
+    n = n or SERVICES_AT_SCALE
+    name = "bench-agent"
+    Lab.cleanup(name)
+    lab = Lab.up(name, config=DatapathConfig(routing="native", **BENCH_CONFIG))
+    samples: dict[str, list[float]] = {k: [] for k in ("agent_load_50k_s", "backend_update_100_s",
+                                                       "backend_update_50k_s", "agent_api_roundtrip_50k_s",
+                                                       "cli_backend_50k_s", "agent_restart_50k_s")}
+    try:
+        lab.trace_mode("none")
+        lab.services.apply(_agent_specs(100))
+        inside, _ = _updates(lab, "s9", 20)
+        samples["backend_update_100_s"] = inside
+        lab.services.flush()
+        specs = _agent_specs(n)
+        for r in range(rounds):
+            t = time.perf_counter()
+            lab.services.apply(specs)
+            samples["agent_load_50k_s"].append(time.perf_counter() - t)
+            if r < rounds - 1:
+                lab.services.flush()
+        pid = [e for e in Ledger(name).entries("process") if e["name"] == "agent"][-1]["pid"]
+        rss_kb = int(next(line.split()[1] for line in open(f"/proc/{pid}/status") if line.startswith("VmRSS:")))
+        inside, rt = _updates(lab, "s9", 20)
+        samples["backend_update_50k_s"], samples["agent_api_roundtrip_50k_s"] = inside, rt
+        cmd = [sys.executable, "-m", "labkit", "cli", "--lab", name, "service", "backend", "s9", "b2:8080"]
+        for _ in range(max(rounds, MIN_SAMPLES)):
+            for flag in ("--add", "--remove"):
+                samples["cli_backend_50k_s"].append(_timed(lambda: subprocess.run(cmd + [flag], check=True,
+                                                                                   capture_output=True)))
+        for _ in range(rounds):
+            pid = [e for e in Ledger(name).entries("process") if e["name"] == "agent"][-1]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            t = time.perf_counter()
+            status = lab.restart_agent()
+            samples["agent_restart_50k_s"].append(time.perf_counter() - t)
+            if status["restored"]["services"] != n:
+                raise RuntimeError(f"agent restart restored {status['restored']['services']} services, expected {n}")
+        restored = status["restored"]
+    finally:
+        Lab.cleanup(name)
+    return {"services": n, "rounds": rounds, "rss_mb": round(rss_kb / 1024, 1), "samples": samples,
+            "restored": {k: restored.get(k) for k in ("source", "checked", "seconds")}}
 
 
 def _cpus() -> int:
@@ -582,8 +653,8 @@ def report(result: dict) -> str:
     lines = ["| measure | median | target | ok |", "|---|---|---|---|"]
     for key, target in TARGETS.items():
         value = result["median"][key]
-        unit = "" if not key.endswith("_s") else " s"
-        name = key[:-2] if key.endswith("_s") else key
+        unit = " s" if key.endswith("_s") else " MB" if key.endswith("_mb") else ""
+        name = key[:-2] if key.endswith("_s") else key[:-3] if key.endswith("_mb") else key
         lines.append(f"| {name} | {value:.4f}{unit} | <= {target}{unit} | {'yes' if value <= target else 'NO'} |")
     lines.append("")
     lines.append(f"a build's first bring-up on this machine (BCC compiles; empty image cache each run): median "
@@ -592,15 +663,22 @@ def report(result: dict) -> str:
     lines.append(f"kernel {result['machine']['kernel']}, {result['machine']['cpus']} CPUs; "
                  f"ct list read {result['ct_rows_listed']} rows; runs per figure: {len(result['samples']['up_s'])} "
                  f"(up/down), {len(result['samples']['reset_s'])} (reset, ct list)")
-    sv, fp = result["services"], result["first_packet_side_by_side"]
+    ag, fp = result["agent"], result["first_packet_side_by_side"]
     for key in ("10_vs_50k", "100_vs_10k"):
         f = fp[key]
         lines.append(f"first packet to the last-added service, {f['small']:,} vs {f['big']:,} services loaded (two "
                      f"eBPF labs side by side, one client taking turns, {f['rounds']} runs of 400 pairs): "
                      f"{f['median_s'][str(f['small'])] * 1e6:.0f} µs vs {f['median_s'][str(f['big'])] * 1e6:.0f} µs, "
                      f"ratio {f['ratio']}")
-    lines.append(f"backend add/remove with {sv.get('services_loaded', SERVICES_AT_SCALE + 10):,} services loaded: "
-                 f"median of 40 agent calls (50,000 services bulk-loaded in {sv['bulk_load_50k_s']} s)")
+    lines.append(f"the agent with {ag['services']:,} services in its own state (routing native, tracing off): load by "
+                 f"one apply call median {statistics.median(result['samples']['agent_load_50k_s']):.2f} s of "
+                 f"{ag['rounds']}; RSS {ag['rss_mb']} MB; backend add/remove inside the agent "
+                 f"{result['median']['backend_update_50k_s'] * 1e3:.3f} ms (with 100 services "
+                 f"{result['median']['backend_update_100_s'] * 1e3:.3f} ms), API round trip "
+                 f"{result['median']['agent_api_roundtrip_50k_s'] * 1e3:.2f} ms, whole CLI process "
+                 f"{result['median']['cli_backend_50k_s']:.3f} s (medians of 40, 40 and "
+                 f"{len(result['samples']['cli_backend_50k_s'])}); restart after kill -9 "
+                 f"{result['median']['agent_restart_50k_s']:.2f} s ({ag['restored']['checked']})")
     gc = result["gc"]
     lines.append(f"GC of a CT map with {gc['entries']:,} entries, half expired (median of {gc['rounds']}): batch "
                  f"{statistics.median(gc['batch_s']):.3f} s, per-entry {statistics.median(gc['per_entry_s']):.3f} s, "

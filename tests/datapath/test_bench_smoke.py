@@ -21,7 +21,7 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     assert set(bench.TARGETS) <= set(result["median"])
     assert all(result["median"][k] > 0 for k in bench.TARGETS)
     table = (tmp_path / "bench.md").read_text()
-    assert all((k[:-2] if k.endswith("_s") else k) in table for k in bench.TARGETS)
+    assert all((k[:-2] if k.endswith("_s") else k[:-3] if k.endswith("_mb") else k) in table for k in bench.TARGETS)
     assert not _netns.exists("lk-bench-node-a")
     lb = result["lb_modes"]
     assert lb["median_rps"]["dsr"] > 0 and lb["median_rps"]["snat"] > 0 and lb["ratio_dsr_vs_snat"] > 0
@@ -33,7 +33,11 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     assert set(kp["iptables"]) == set(kp["ebpf"]) == {"100", "300"}  # JSON keys
     assert all(kp[m][n]["first_packet_s"] > 0 for m in ("iptables", "ebpf") for n in ("100", "300"))
     assert "| 300 |" in table and "iperf3 same node" in table
+    agent = result["agent"]
+    assert agent["services"] == 2000 and agent["rss_mb"] > 0 and len(result["samples"]["agent_restart_50k_s"]) >= 5
+    assert "the agent with 2,000 services in its own state" in table
     assert all(result["throughput"][p]["bpf"] > 0 and result["throughput"][p]["no_bpf"] > 0
                for p in ("same_node", "across_nodes"))
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in ("bench-ipt", "bench-ebpf", "bench-tput",
-                                                                     "bench-plain", "bench-fp-small", "bench-fp-big"))
+                                                                     "bench-plain", "bench-fp-small", "bench-fp-big",
+                                                                     "bench-agent"))

@@ -1164,3 +1164,16 @@ def test_apply_refused_by_the_kernel_leaves_everything_as_it_was(svcs):
     assert snapshot(svcs) == maps and svcs.store.records == records
     assert [s.name for s in svcs.list()] == ["web"]
     assert svcs.add("s0", 80, ["b2:8080"]).id == 2  # ids as if nothing happened
+
+
+def test_flush_takes_every_head_out_first(svcs):
+    """A flush deletes every node's heads before anything else, then empties the maps: no packet meets a head
+    whose slots are gone, and no service is removed row by row."""
+    for i in range(3):
+        svcs.add(f"s{i}", 80 + i, ["b1:8080", "a1:8080"])
+    n = len(svcs.maps.ops)
+    svcs.flush()
+    after = svcs.maps.ops[n:]
+    assert len(after) == 6 and all(op.startswith("delete") and op.endswith("slot 0") for op in after)
+    assert all(not table for node in svcs.maps.data.values() for table in node.values())
+    assert svcs.list() == [] and svcs.add("web", 80).id == 1

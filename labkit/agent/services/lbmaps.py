@@ -14,7 +14,7 @@ from labkit.agent.services.plan import GROW_PHASES, Op, change_entries, plan
 from labkit.errors import DatapathError, LabkitError, NotFoundError
 from labkit.maglev import LAB_DEFAULT_M
 from labkit.maps.base import PinnedMap
-from labkit.maps.lb import LB_MAPS, MAGLEV_MAP, PinnedMaglev
+from labkit.maps.lb import LB_MAPS, MAGLEV_MAP, SERVICES_MAP, PinnedMaglev
 from labkit.net.topology import Topology
 
 __all__ = ["MapWriter", "PinnedMaps", "MemoryMaps", "Txn", "LbMapsWriter"]
@@ -215,8 +215,16 @@ class LbMapsWriter:
         self.faults = faults
 
     def reset(self) -> bool:
-        """Before a flush: nothing to do (False: every service is then removed one by one)."""
-        return False
+        """Before a flush: every node's heads go first, so no packet is load-balanced any more while the
+        rest of the rows are cleared (True: the services need not be removed one by one)."""
+        try:
+            for node in (n.name for n in self.topology.nodes):
+                for key, _ in self.maps.items(node, SERVICES_MAP):
+                    if key.backend_slot == 0:
+                        self.maps.delete(node, SERVICES_MAP, key)
+        finally:
+            self.maps.close()
+        return True
 
     def plans(self, change: Change, short: bool | None = None) -> tuple[dict[str, list[Op]], bool]:
         """Every node's writes for ``change`` (computed now, against the state as it is now), and whether
