@@ -27,7 +27,7 @@ lab: provision
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=8888 --no-browser --allow-root --ServerApp.root_dir=$(CURDIR)/labs
 
 bench: provision-dev
-	$(PY) -m labkit bench
+	$(PY) -m labkit bench --readme README.md
 
 # Build artefacts only.
 clean:

@@ -12,7 +12,7 @@ FLAGS = {name: doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE for name in (
     "labkit.agent.kubeproxy.rules", "labkit.agent.kubeproxy.sync", "labkit.agent.kubeproxy.conntrack",
     "labkit.agent.kubeproxy._nfacct", "labkit.agent.kubeproxy.text")}
 #: Modules whose examples need the notebook extra.
-NEEDS = {"labkit.notebook.viz": ("matplotlib", "ipywidgets")}
+NEEDS = {"labkit.notebook.viz": ("matplotlib", "ipywidgets"), "labkit.tools.bench": ("nbformat",)}
 
 MODULES = [
     "labkit.net.topology",
@@ -33,6 +33,9 @@ MODULES = [
     "labkit.agent.services.ids",
     "labkit.agent.services.store",
     "labkit.agent.services.restore",
+    "labkit.agent.services.core",
+    "labkit.agent.api",
+    "labkit.tools.bench",
     "labkit.cli.doctor",
     "labkit.grading.checks",
     "labkit.grading.answers",
