@@ -168,6 +168,7 @@ def cmd_status(args) -> int:
         ["CT accounting", "on (Packets/Bytes counted)" if st["datapath"].get("ct_accounting")
                           else "off (as on a node: Packets=0 Bytes=0)"],
         ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
+        ["agent", st.get("agent", "-")],
         ["CT GC", st.get("gc", "-")],
         ["faults", ", ".join(st["faults"]) or "none"],
         ["CT timeouts", " ".join(f"{k}={v}" for k, v in timeouts.items()) + " (seconds)"],

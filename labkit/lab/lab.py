@@ -839,6 +839,12 @@ class Lab:
             self._config.update(trace_mode=value)
         return TraceMode(self._config.read().trace_mode).name.lower()
 
+    def _agent_summary(self) -> str:
+        st = self.agent_status()
+        if st.get("status") != "ok":
+            return f"down (pid {st.get('pid')}); `labkit --lab {self.name} agent restart` starts it"
+        return f"pid {st['pid']}, {st['services']} services, up {st['uptime_s']:.0f} s (`labkit agent status`)"
+
     def _gc_summary(self) -> str:
         st = self.gc.state()
         last = "never run" if st["last_run"] is None else f"last run at lab clock {st['last_run']}"
@@ -879,6 +885,7 @@ class Lab:
             "datapath": self.config.to_dict(),
             "clock": {"now": self.clock.now(), "offset": self.clock.offset, "mono": mono_seconds()},
             "faults": self.faults(),
+            "agent": self._agent_summary(),
             "gc": self._gc_summary(),
             "nodes": [
                 {"name": n.name, "ip": n.ip, "pod_cidr": n.pod_cidr, "router_ip": n.router_ip,
