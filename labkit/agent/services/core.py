@@ -278,7 +278,7 @@ class Services:
         try:
             for spec in specs:
                 change = self._new_service(state, spec)
-                plans.append(self.writer.plans(change, short)[0])
+                plans.append(self.writer.plans(change, short, ordered=False)[0])  # commit_new orders them all
                 records.append(change.record)
                 state.apply(change.record, change.after)
 

@@ -226,7 +226,7 @@ class LbMapsWriter:
             self.maps.close()
         return True
 
-    def plans(self, change: Change, short: bool | None = None) -> tuple[dict[str, list[Op]], bool]:
+    def plans(self, change: Change, short: bool | None = None, ordered: bool = True) -> tuple[dict[str, list[Op]], bool]:
         """Every node's writes for ``change`` (computed now, against the state as it is now), and whether
         the service grows. Only the rows the service owns or shares are computed (:func:`change_entries`,
         before and after): a change costs what it touches, whatever the number of services."""
@@ -242,7 +242,7 @@ class LbMapsWriter:
             if per_node or shared_plan is None:
                 rows = [change_entries(s, change.shared, self.topology, node, self.maglev_m, self.cilium, short, o)
                         for s, o in ((was, now), (now, was))]
-                ops = plan(*rows, grow)
+                ops = plan(*rows, grow, ordered)
                 shared_plan = shared_plan if per_node else ops
             out[node] = ops if per_node else shared_plan
         return out, grow
@@ -259,7 +259,7 @@ class LbMapsWriter:
         node = map_name = None
         try:
             for node in (n.name for n in self.topology.nodes):
-                ops = sorted((op for p in plans for op in p[node]), key=lambda op: order[op.phase])
+                ops = sorted((op for p in plans for op in p[node]), key=lambda op: (order[op.phase], op.map_name))
                 i = 0
                 while i < len(ops):
                     phase, map_name = ops[i].phase, ops[i].map_name

@@ -166,8 +166,9 @@ class Op:
         return (bytes(self.key),)
 
 
-def plan(old: Entries, new: Entries, grow: bool) -> list[Op]:
-    """The writes that turn ``old`` into ``new``, in a safe order for the datapath."""
+def plan(old: Entries, new: Entries, grow: bool, ordered: bool = True) -> list[Op]:
+    """The writes that turn ``old`` into ``new``, in a safe order for the datapath (``ordered=False``: in
+    any order, each marked with its phase, for a caller that orders many plans' writes together)."""
     ops = []
     for map_name in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP, MAGLEV_MAP):
         before, after = old[map_name], new[map_name]
@@ -184,5 +185,7 @@ def plan(old: Entries, new: Entries, grow: bool) -> list[Op]:
             if raw not in after:
                 head = map_name == SERVICES_MAP and key.backend_slot == 0
                 ops.append(Op("head_del" if head else _DEL[map_name], map_name, key, None))
+    if not ordered:
+        return ops
     order = {p: i for i, p in enumerate(_GROW if grow else _SHRINK)}
     return sorted(ops, key=lambda op: (order[op.phase], op.sort_key()))
