@@ -703,7 +703,8 @@ def report(result: dict) -> str:
     lines.append(" ".join(f"iperf3 {pair.replace('_', ' ')}: {tp[pair]['bpf'] / 1e9:.2f} Gbit/s with the datapath, "
                           f"{tp[pair]['no_bpf'] / 1e9:.2f} without ({tp[pair]['share']:.0%});"
                           for pair in ("same_node", "across_nodes"))
-                 + f" medians of {tp['rounds']} alternating rounds, two labs side by side")
+                 + f" medians of {tp['rounds']} alternating rounds of {THROUGHPUT_SECONDS} s, one stream, two labs side "
+                   f"by side (native routing, tracing off: trace mode 'none' in both)")
     lb = result["lb_modes"]
     lines.append(f"ext -> LoadBalancer VIP, backend on the other node, {lb['requests_per_round']} requests "
                  f"(connect, GET, answer, close) per round, median of {lb['rounds']} alternating rounds: "
