@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import platform
 import random
@@ -135,7 +136,7 @@ def _rule_number(table: str, vip: str) -> int:
 def _percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in 0..100) of a non-empty list."""
     ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))]
+    return ordered[max(0, min(len(ordered), math.ceil(q / 100 * len(ordered))) - 1)]
 
 
 def _timed(fn) -> float:
@@ -392,8 +393,8 @@ def report_lines(kp: dict) -> list[str]:
                      f"{i['add_endpoint_partial_s'] * 1e3:.1f} ms ({i['partial_lines']:,} lines) | "
                      f"{e['add_endpoint_s'] * 1e3:.2f} ms ({e['services_in_agent']:,} services in the agent) | "
                      f"{i['save_nat_s'] * 1e3:.1f} ms | {'yes' if i['partial_equals_full'] else 'NO'} |")
-    lines += ["", f"| services | first packet, worst (last of KUBE-SERVICES): iptables | eBPF | typical: iptables | "
-                  f"eBPF | typical position |", "|---|---|---|---|---|---|"]
+    lines += ["", "| services | first packet, worst (last of KUBE-SERVICES): iptables | eBPF | typical: iptables | "
+                  "eBPF | typical position |", "|---|---|---|---|---|---|"]
     for n in kp["sizes"]:
         i, e, p = kp["iptables"][n], kp["ebpf"][n], kp["positions"][n]
         lines.append(f"| {n:,} | {i['first_packet_s'] * 1e6:.0f} µs (rule {p['worst']:,}) | "
@@ -409,4 +410,8 @@ def report_lines(kp: dict) -> list[str]:
             us = ["-" if s[k] is None else f"{s[k] * 1e6:.0f} µs" for k in ("p50_s", "p99_s", "max_s")]
             lines.append(f"| {n:,} | {what} | {s['window_s'] * 1e3:.2f} ms | {s['connects']} in {s['rounds']} "
                          f"windows | {us[0]} | {us[1]} | {us[2]} |")
+    lines.append("stall: a client in a1 connects back to back (connect, close with RST) to the typical service; a "
+                 "connect counts when its [start, end] meets the change's window; p50/p99/max over every connect in "
+                 "the rounds' windows (with fewer than 100 connects, p99 is their maximum); the baselines change "
+                 "nothing for as long as the median full restore took")
     return lines

@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from labkit.agent.kubeproxy import chains_in, diff_tables, nat_table, parse_tables, partial_table, restore, restore_noflush
+from labkit.agent.kubeproxy import (chains_in, diff_tables, nat_table, parse_tables, partial_table, restore,
+                                    restore_noflush)
 from labkit.agent.kubeproxy.sync import NetnsIptables
 from labkit.agent.services import Backend
 from labkit.config import DatapathConfig

@@ -42,6 +42,7 @@ MODULES = [
     "labkit.agent.gc",
     "labkit._tabwriter",
     "labkit.lab.session",
+    "labkit.tools.kpcompare",
     *FLAGS,
 ]
 
