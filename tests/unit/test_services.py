@@ -996,3 +996,68 @@ def test_old_services_json_still_loads(run_dir):
     agent = Services("demo", topo, MemoryMaps(n.name for n in topo.nodes), JsonStore("demo"))
     assert agent.list() == old.list()
     assert agent.add("db", 82, ["b2:8080"]).backends[0].id == 2 and agent.get("db").id == 5
+
+
+# -- apply: many services in one call -------------------------------------------------
+def test_apply_adds_updates_and_leaves_alone(svcs):
+    """apply adds new names, gives a known one its new backends with its ids kept, and writes nothing for an equal one."""
+    first = svcs.apply([{"name": "web", "port": 80, "backends": ["b1:8080"]},
+                        {"name": "api", "port": 8080, "backends": ["a2:8080"]}])
+    assert first == {"added": ["web", "api"], "updated": [], "replaced": [], "unchanged": []}
+    web_id = svcs.get("web").id
+    b1_id = svcs.get("web").backends[0].id
+    second = svcs.apply([{"name": "web", "port": 80, "backends": ["b1:8080", "b2:8080"]},
+                         {"name": "api", "port": 8080, "backends": [{"pod": "a2", "port": 8080}]}])
+    assert second == {"added": [], "updated": ["web"], "replaced": [], "unchanged": ["api"]}
+    web = svcs.get("web")
+    assert web.id == web_id and web.backends[0].id == b1_id and [b.ref for b in web.backends] == ["b1:8080", "b2:8080"]
+    before = len(svcs.maps.ops)
+    assert svcs.apply([{"name": "api", "port": 8080, "backends": ["a2:8080"]}])["unchanged"] == ["api"]
+    assert len(svcs.maps.ops) == before
+
+
+def test_apply_replaces_a_changed_frontend(svcs):
+    """A known service whose port changes is removed and added again: the old frontend's rows are gone."""
+    svcs.apply([{"name": "web", "port": 80, "backends": ["b1:8080"]}])
+    out = svcs.apply([{"name": "web", "port": 81, "backends": ["b1:8080"]}])
+    assert out["replaced"] == ["web"]
+    assert head(svcs, "node-a", port=80) is None and head(svcs, "node-a", port=81) is not None
+
+
+def test_apply_writes_what_adds_write(svcs):
+    """apply's rows equal the rows the same services added one by one write, on every node."""
+    specs = [{"name": f"s{i}", "port": 80, "backends": ["b1:8080", "a1:8080"][: 1 + i % 2]} for i in range(6)]
+    specs.append({"name": "np", "port": 80, "type": "NodePort", "backends": ["b2:8080"], "algorithm": "maglev"})
+    other = Services.in_memory(Topology.default("demo"))
+    for spec in specs:
+        other.add(**spec)
+    svcs.apply(specs)
+    assert svcs.maps.data == other.maps.data
+
+
+def test_apply_is_all_or_nothing(svcs):
+    """A spec refused half-way (its VIP is taken) undoes the ones applied before it: maps and list as they were."""
+    svcs.add("web", 80, ["b1:8080"])
+    maps, names = snapshot(svcs), [s.name for s in svcs.list()]
+    with pytest.raises(ConfigError, match="198.19.0.10:80/TCP is already service 'web'"):
+        svcs.apply([{"name": "web", "port": 80, "backends": ["b1:8080", "b2:8080"]},
+                    {"name": "new", "port": 80, "backends": ["a1:8080"]},
+                    {"name": "clash", "port": 80, "vip": VIP, "backends": ["a2:8080"]}])
+    assert snapshot(svcs) == maps and [s.name for s in svcs.list()] == names
+    assert [b.ref for b in svcs.get("web").backends] == ["b1:8080"]
+
+
+@pytest.mark.parametrize("specs, message", [
+    ({"name": "web"}, "expected a list of services"),
+    (["web"], "item 1 is a str; expected a mapping"),
+    ([{"name": "web", "port": 80, "colour": "red"}], "unknown field.*colour"),
+    ([{"name": "web"}], "item 1: no port"),
+    ([{"name": "web", "port": 80}, {"name": "web", "port": 81}], "'web' is listed twice"),
+    ([{"name": "ok", "port": 80}, {"name": "Bad", "port": 80}], "service name 'Bad'"),
+    ([{"name": "web", "port": 80, "backends": ["nobody:80"]}], "backend 'nobody:80'"),
+])
+def test_apply_checks_every_spec_first(svcs, specs, message):
+    """Bad input is refused with a message naming the item and the field, and nothing is written."""
+    with pytest.raises((ConfigError, NotFoundError), match=message):
+        svcs.apply(specs)
+    assert svcs.maps.ops == [] and svcs.list() == []

@@ -251,59 +251,155 @@ class Services:
         they reached); ``algorithm`` how a new flow picks its backend (``'random'`` or
         ``'maglev'``: a Maglev table per frontend in ``cilium_lb4_maglev``).
         """
-        check_name(name)
-        type = check_type(name, type)
-        etp = check_choice(name, "externalTrafficPolicy", etp, TRAFFIC_POLICIES)
-        algorithm = check_choice(name, "algorithm", algorithm, ALGORITHMS)
-        if etp == "Local" and type == "ClusterIP":
-            raise ConfigError(f"service '{name}': externalTrafficPolicy Local given for a ClusterIP service; "
-                              f"expected type NodePort or LoadBalancer")
-        protocol = check_protocol(name, protocol)
-        check_port(f"service '{name}': port", port)
-        check_affinity(name, affinity)
-        parsed = self._check_backends(name, backends)
-        if vip is not None:
-            vip = check_vip(name, vip)
-        if node_port is not None:
-            if type == "ClusterIP":
-                raise ConfigError(f"service '{name}': node port {node_port!r} given for a ClusterIP service; "
-                                  f"expected type NodePort or LoadBalancer")
-            check_node_port(name, node_port)
-        if lb_vip is not None:
-            if type != "LoadBalancer":
-                raise ConfigError(f"service '{name}': LoadBalancer VIP {lb_vip!r} given for a {type} service; "
-                                  f"expected type LoadBalancer")
-            lb_vip = check_lb_vip(name, lb_vip)
+        spec = self._check_spec(dict(name=name, port=port, backends=backends, vip=vip, protocol=protocol,
+                                     affinity=affinity, type=type, node_port=node_port, lb_vip=lb_vip, etp=etp,
+                                     algorithm=algorithm))
         with self.store.lock():
             state = self._state()
             if name in state.services:
                 old = state.services[name]
                 raise ConfigError(f"service '{name}' already exists in lab '{self.lab}' ({old.frontend}); "
                                   f"expected a new name (`labkit service del {name}` removes it)")
-            if vip is None:
-                vip = self._free_vip(state)
-            if type != "ClusterIP":
-                if node_port is None:
-                    node_port = self._free_node_port(state, protocol, profile(self.cilium).has("lb_proto_keys"))
-                elif (protocol, node_port) in state.node_ports:
-                    other = state.first(state.node_ports[(protocol, node_port)])
-                    raise ConfigError(f"service '{name}': node port {node_port}/{protocol} is already "
-                                      f"service '{other}'; expected a node port no other {protocol} service uses")
-            if type == "LoadBalancer" and lb_vip is None:
-                lb_vip = self._free_lb_vip(state)
-            wanted = [("ClusterIP", vip, port)]
-            if type != "ClusterIP":
-                wanted += [("NodePort", n.ip, node_port) for n in self.topology.nodes]
-            if type == "LoadBalancer":
-                wanted.append(("LoadBalancer", lb_vip, port))
-            self._check_frontends_free(state, name, protocol, [(address, p) for _, address, p in wanted])
-            sids, next_sid = state.new_service_ids(len(wanted))
-            frontends = [Frontend(address, p, fe_type, sid) for (fe_type, address, p), sid in zip(wanted, sids)]
-            svc = Service(name, vip, port, protocol, tuple(parsed), affinity, frontends[0].id, type,
-                          node_port or 0, lb_vip, tuple(frontends), etp, algorithm)
-            change = state.put(svc, self.topology, next_service_id=next_sid)
+            change = self._new_service(state, spec)
             self._commit(change, f"adding service '{name}'")
         return change.after
+
+    def apply(self, specs: Sequence[dict]) -> dict[str, list[str]]:
+        """Make each service of ``specs`` exist as described, in one agent call (``kubectl apply -f``;
+        ``labkit service apply FILE``). A spec is :meth:`add`'s keywords as a dict (``backends`` a list of
+        ``'pod:port'``). A new name is added; a known one whose backends differ gets them (its ids kept);
+        a known one whose frontend differs is replaced; an equal one is left alone. Every spec is checked
+        before anything is written, and if one is refused on the way the ones already applied are undone:
+        the call changes all or nothing. Returns the names ``added``, ``updated``, ``replaced``, ``unchanged``.
+
+            >>> from labkit.net.topology import Topology
+            >>> svcs = Services.in_memory(Topology.default())
+            >>> svcs.apply([{"name": "web", "port": 80, "backends": ["b1:8080"]},
+            ...             {"name": "api", "port": 8080, "backends": ["a2:8080"]}])["added"]
+            ['web', 'api']
+            >>> svcs.apply([{"name": "web", "port": 80, "backends": ["b1:8080", "b2:8080"]}])["updated"]
+            ['web']
+        """
+        if isinstance(specs, dict) or not isinstance(specs, (list, tuple)):
+            raise ConfigError(f"service apply: expected a list of services, got {type(specs).__name__}")
+        checked, seen = [], set()
+        for i, raw in enumerate(specs):
+            if not isinstance(raw, dict):
+                raise ConfigError(f"service apply: item {i + 1} is a {type(raw).__name__}; expected a mapping "
+                                  f"with name, port and backends")
+            spec = self._check_spec(raw, f"service apply: item {i + 1}")
+            if spec["name"] in seen:
+                raise ConfigError(f"service apply: service '{spec['name']}' is listed twice; expected each once")
+            seen.add(spec["name"])
+            checked.append(spec)
+        out: dict[str, list[str]] = {"added": [], "updated": [], "replaced": [], "unchanged": []}
+        done: list[tuple[str, Service | None]] = []  # (name, the service before) of what this call changed
+        with self.store.lock():
+            state = self._state()
+            try:
+                for spec in checked:
+                    name = spec["name"]
+                    old = state.services.get(name)
+                    if old is None:
+                        self._commit(self._new_service(state, spec), f"adding service '{name}'")
+                        out["added"].append(name)
+                    elif _same_frontend(old, spec):
+                        bes = tuple(self._apply_backends(old, spec["backends"]))
+                        if bes == old.backends:  # pods, ports and states (ids do not compare)
+                            out["unchanged"].append(name)
+                            continue
+                        self._change(state, replace(old, backends=bes), "applying backends")
+                        out["updated"].append(name)
+                    else:
+                        self._commit(state.drop(name), f"removing service '{name}'")
+                        done.append((name, old))
+                        self._commit(self._new_service(state, spec), f"adding service '{name}'")
+                        out["replaced"].append(name)
+                        continue
+                    done.append((name, old))
+            except BaseException:
+                self._undo(state, done)
+                raise
+        return out
+
+    def _undo(self, state: AgentState, done: list[tuple[str, Service | None]]) -> None:
+        """Put back what an :meth:`apply` changed before it was refused, newest first."""
+        for name, before in reversed(done):
+            if before is not None:  # its ids come back with it (:meth:`AgentState.put` reuses free ones)
+                self._commit(state.put(before, self.topology), f"undoing service '{name}'")
+            elif name in state.services:
+                self._commit(state.drop(name), f"undoing service '{name}'")
+
+    def _apply_backends(self, old: Service, wanted: list[Backend]) -> list[Backend]:
+        """``wanted`` with the ids ``old`` already gave the same pod:port."""
+        ids = {(b.pod, b.port): b.id for b in old.backends}
+        return [replace(b, id=ids.get((b.pod, b.port), 0)) for b in wanted]
+
+    def _check_spec(self, spec: dict, where: str | None = None) -> dict:
+        """One service's description, checked without the state: names, ranges, combinations. Returns it
+        with defaults filled in and values as the agent spells them."""
+        known = {"name", "port", "backends", "vip", "protocol", "affinity", "type", "node_port", "lb_vip", "etp",
+                 "algorithm"}
+        extra = set(spec) - known
+        if extra or "name" not in spec or "port" not in spec:
+            what = (f"unknown field(s) {', '.join(sorted(extra))}" if extra else
+                    f"no {'name' if 'name' not in spec else 'port'}")
+            raise ConfigError(f"{where or 'service'}: {what}; expected the fields {', '.join(sorted(known))}")
+        s = {"backends": (), "vip": None, "protocol": "TCP", "affinity": 0, "type": "ClusterIP", "node_port": None,
+             "lb_vip": None, "etp": "Cluster", "algorithm": "random", **spec}
+        name = s["name"]
+        check_name(name)
+        s["type"] = type_ = check_type(name, s["type"])
+        s["etp"] = check_choice(name, "externalTrafficPolicy", s["etp"], TRAFFIC_POLICIES)
+        s["algorithm"] = check_choice(name, "algorithm", s["algorithm"], ALGORITHMS)
+        if s["etp"] == "Local" and type_ == "ClusterIP":
+            raise ConfigError(f"service '{name}': externalTrafficPolicy Local given for a ClusterIP service; "
+                              f"expected type NodePort or LoadBalancer")
+        s["protocol"] = check_protocol(name, s["protocol"])
+        check_port(f"service '{name}': port", s["port"])
+        check_affinity(name, s["affinity"])
+        s["backends"] = self._check_backends(name, s["backends"] if s["backends"] is not None else ())
+        if s["vip"] is not None:
+            s["vip"] = check_vip(name, s["vip"])
+        if s["node_port"] is not None:
+            if type_ == "ClusterIP":
+                raise ConfigError(f"service '{name}': node port {s['node_port']!r} given for a ClusterIP service; "
+                                  f"expected type NodePort or LoadBalancer")
+            check_node_port(name, s["node_port"])
+        if s["lb_vip"] is not None:
+            if type_ != "LoadBalancer":
+                raise ConfigError(f"service '{name}': LoadBalancer VIP {s['lb_vip']!r} given for a {type_} "
+                                  f"service; expected type LoadBalancer")
+            s["lb_vip"] = check_lb_vip(name, s["lb_vip"])
+        return s
+
+    def _new_service(self, state: AgentState, s: dict) -> Change:
+        """A checked spec (:meth:`_check_spec`) of a name not in ``state`` → its change: free VIP, node port
+        and LoadBalancer VIP picked where not given, frontends checked against the others, ids given."""
+        name, protocol, type_, port = s["name"], s["protocol"], s["type"], s["port"]
+        vip, node_port, lb_vip = s["vip"], s["node_port"], s["lb_vip"]
+        if vip is None:
+            vip = self._free_vip(state)
+        if type_ != "ClusterIP":
+            if node_port is None:
+                node_port = self._free_node_port(state, protocol, profile(self.cilium).has("lb_proto_keys"))
+            elif (protocol, node_port) in state.node_ports:
+                other = state.first(state.node_ports[(protocol, node_port)])
+                raise ConfigError(f"service '{name}': node port {node_port}/{protocol} is already "
+                                  f"service '{other}'; expected a node port no other {protocol} service uses")
+        if type_ == "LoadBalancer" and lb_vip is None:
+            lb_vip = self._free_lb_vip(state)
+        wanted = [("ClusterIP", vip, port)]
+        if type_ != "ClusterIP":
+            wanted += [("NodePort", n.ip, node_port) for n in self.topology.nodes]
+        if type_ == "LoadBalancer":
+            wanted.append(("LoadBalancer", lb_vip, port))
+        self._check_frontends_free(state, name, protocol, [(address, p) for _, address, p in wanted])
+        sids, next_sid = state.new_service_ids(len(wanted))
+        frontends = [Frontend(address, p, fe_type, sid) for (fe_type, address, p), sid in zip(wanted, sids)]
+        svc = Service(name, vip, port, protocol, tuple(s["backends"]), s["affinity"], frontends[0].id, type_,
+                      node_port or 0, lb_vip, tuple(frontends), s["etp"], s["algorithm"])
+        return state.put(svc, self.topology, next_service_id=next_sid)
 
     def remove(self, name: str) -> None:
         """Remove service ``name`` from every node (head first, then slots, reverse NAT, backends)."""
@@ -420,6 +516,11 @@ class Services:
             backends = [backends]
         out: list[Backend] = []
         for spec in backends:
+            if isinstance(spec, dict):  # an apply file's {pod, port[, state]}
+                try:
+                    spec = Backend(str(spec["pod"]), spec["port"], spec.get("state", "active"))
+                except KeyError as exc:
+                    raise ConfigError(f"service '{name}': backend {spec!r} has no {exc}; expected pod and port")
             be = Backend.parse(spec, name)
             try:
                 self.topology.pod(be.pod)
@@ -483,3 +584,11 @@ class Services:
                 return str(ip)
             ip += 1
         raise ConfigError(f"no free VIP left in the ClusterIP range {CLUSTERIP_RANGE} from {FIRST_VIP}")
+
+
+def _same_frontend(svc: Service, spec: dict) -> bool:
+    """True if a checked spec describes ``svc``'s frontends (what is not given is whatever it has)."""
+    return (svc.port == spec["port"] and svc.protocol == spec["protocol"] and svc.type == spec["type"]
+            and svc.affinity_timeout == spec["affinity"] and svc.etp == spec["etp"]
+            and svc.algorithm == spec["algorithm"] and spec["vip"] in (None, svc.vip)
+            and spec["node_port"] in (None, svc.node_port or None) and spec["lb_vip"] in (None, svc.lb_vip))

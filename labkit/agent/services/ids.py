@@ -123,7 +123,8 @@ class AgentState:
 
     # -- changes ---------------------------------------------------------------------
     def put(self, svc: Service, topo: Topology, next_service_id: int | None = None) -> Change:
-        """``svc`` in (replacing one of its name), with backend ids assigned; nothing applied yet."""
+        """``svc`` in (replacing one of its name), with backend ids assigned (a backend keeps an id it
+        carries if that id is free); nothing applied yet."""
         before = self.services.get(svc.name)
         next_bid = self.next_backend_id
         taken: dict[str, int] = {}
@@ -131,6 +132,8 @@ class AgentState:
         for b in svc.backends:
             l4 = l4_key(topo.pod(b.pod).ip, b.port, svc.protocol)
             bid = self.backend_ids.get(l4) or taken.get(l4)
+            if bid is None and b.id and b.id not in self.backend_l4 and b.id not in taken.values():
+                bid = taken[l4] = b.id  # a service put back as it was (an undone apply) keeps its ids
             if bid is None:
                 bid, next_bid = allocate(next_bid, _Either(self.backend_l4, set(taken.values())),
                                          MAX_BACKEND_ID, "backend id")
