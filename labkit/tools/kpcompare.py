@@ -2,7 +2,7 @@
 
 At each size n two labs are up at once (native routing, tracing off unless asked, the CT GC timer off):
 an iptables-mode lab whose node-a nat table holds n services as a kube-proxy full sync writes them, and
-an eBPF lab whose agent holds the same n services in its own state (added through ``lab.services``, so
+an eBPF lab whose agent holds the same n services in its own state (added by ``lab.services.apply``, so
 its maps are what the agent wrote, never rows written behind it). The services are ``s00000``… on
 ClusterIPs from 198.19.1.1, port 80, one endpoint b1:8080 (pod b1 on node-b); kube-proxy orders
 KUBE-SERVICES by service port name, so ``s<n-1>`` is the last service rule (rule n of n + 1: the NodePorts
@@ -34,12 +34,13 @@ What is measured, each figure the median of ``rounds`` (>= 5) samples:
 
     sizes                 the sizes measured, ascending
     conditions            routing, tracing, rounds, connects per first-packet sample, client, endpoint,
-                          kernel, cpus, how the eBPF side was loaded ("apply" or "add per service")
+                          kernel, cpus, how the eBPF side was loaded
     iptables[n]           rules (nat rules of the full table), full_lines / partial_lines (restore input
                           lines), add_endpoint_s (full), add_endpoint_partial_s, save_nat_s,
                           partial_equals_full (bool), partial_diff (first differences, empty when equal),
                           first_packet_s (worst), first_packet_typical_s, samples {same keys: lists}
-    ebpf[n]               services_in_agent, load_s (adding the services this size added), add_endpoint_s,
+    ebpf[n]               services_in_agent, load_s (the apply call that added this size's new services),
+                          add_endpoint_s,
                           first_packet_s (worst), first_packet_typical_s, samples
     positions[n]          {"worst": rule number of the last service, "typical": rule number of the
                           random one} in KUBE-SERVICES (1-based), and the two services' names
@@ -85,7 +86,7 @@ _STEPS_PER_SIZE = 4
 
 
 def service_specs(n: int, start: int = 0) -> list[dict]:
-    """Services ``start`` .. ``n - 1`` as keyword dicts for ``lab.services.add`` (or ``apply``): one endpoint
+    """Services ``start`` .. ``n - 1`` as specs for ``lab.services.apply`` (``add``'s keywords): one endpoint
     b1:8080 each, ClusterIPs from 198.19.1.1.
 
     >>> service_specs(2)
@@ -106,16 +107,13 @@ def synthetic_services(n: int) -> list[Service]:
             for i, s in enumerate(service_specs(n))]
 
 
-def _apply(services, specs: list[dict]) -> str:
-    """Add ``specs`` to the agent's own state: ``services.apply(specs)`` where the agent has it, else one
-    ``services.add(**spec)`` each (slower, the same services). Returns which way it went."""
-    bulk = getattr(services, "apply", None)
-    if bulk is not None:
-        bulk(specs)
-        return "apply"
-    for spec in specs:
-        services.add(**spec)
-    return "add per service"
+def _apply(services, specs: list[dict]) -> None:
+    """Add ``specs`` to the agent's own state in one agent call (``lab.services.apply``), and check it added
+    every one (none was there before)."""
+    added = services.apply(specs)["added"]
+    if len(added) != len(specs):
+        raise DatapathError(f"lab '{services.lab}': expected apply to add {len(specs)} services, it added "
+                            f"{len(added)}")
 
 
 def _grown(services: list, name: str) -> list:
@@ -274,7 +272,8 @@ def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "
                           "connects_per_first_packet_sample": connects,
                           "client": "python in a1's network namespace (node-a), connect() to VIP:80",
                           "endpoints": "b1:8080 (node-b); the endpoint added: " + ENDPOINT,
-                          "kernel": platform.release(), "cpus": os.cpu_count() or 0}}
+                          "kernel": platform.release(), "cpus": os.cpu_count() or 0,
+                          "ebpf_loaded_by": "lab.services.apply (one agent call per size)"}}
     labs = {}
     try:
         for mode, name in names.items():
@@ -286,7 +285,7 @@ def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "
         loaded = 0
         for n in sizes:
             t = time.perf_counter()
-            out["conditions"]["ebpf_loaded_by"] = _apply(labs["ebpf"].services, service_specs(n, loaded))
+            _apply(labs["ebpf"].services, service_specs(n, loaded))
             load_s = time.perf_counter() - t
             loaded = n
             tick(f"{n:,} services in both labs")
@@ -383,8 +382,8 @@ def report_lines(kp: dict) -> list[str]:
     c = kp["conditions"]
     lines = [f"kube-proxy (iptables) vs eBPF agent, sizes {', '.join(f'{n:,}' for n in kp['sizes'])} services, both "
              f"labs up at once: {c['routing']} routing, tracing {c['tracing']}, medians of {c['rounds']} samples, "
-             f"{c['cpus']} CPUs, kernel {c['kernel']}; eBPF services added through the agent "
-             f"({c.get('ebpf_loaded_by', '?')}); client {c['client']}; {c['endpoints']}", "",
+             f"{c['cpus']} CPUs, kernel {c['kernel']}; the eBPF services are in the agent's own state, loaded by "
+             f"{c['ebpf_loaded_by']}; client {c['client']}; {c['endpoints']}", "",
              "| services | add endpoint: iptables full restore | iptables partial (--noflush) | eBPF agent call "
              "| iptables-save -t nat | partial == full |", "|---|---|---|---|---|---|"]
     for n in kp["sizes"]:
