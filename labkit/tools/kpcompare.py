@@ -26,7 +26,7 @@ What is measured, each figure the median of ``rounds`` (>= 5) samples:
 * **the stall**: a client in a1's namespace opening connections back to back (connect, close with RST) to
   the typical service while (a) the iptables full restore with one endpoint changed runs, (b) the partial
   restore of the same change runs, (c) the eBPF agent adds the same endpoint; and while nothing changes,
-  in each lab, for as long as the median full restore took (the baseline). Connects whose
+  in each lab, for as long as the median full restore took, at most 0.5 s (the baseline). Connects whose
   [start, end] overlaps the change's window are counted; p50, p99 and max are over all of them across the
   rounds.
 
@@ -44,7 +44,7 @@ What is measured, each figure the median of ``rounds`` (>= 5) samples:
                           first_packet_s (worst), first_packet_typical_s, samples
     positions[n]          {"worst": rule number of the last service, "typical": rule number of the
                           random one} in KUBE-SERVICES (1-based), and the two services' names
-    stall[n]              {iptables_full, iptables_partial, ebpf, baseline_iptables, baseline_ebpf}: each
+    stall[n]              (at the sizes of ``stall_sizes``) {iptables_full, iptables_partial, ebpf, baseline_iptables, baseline_ebpf}: each
                           window_s (median), connects (total in the windows), connects_per_window (median),
                           p50_s, p99_s, max_s, rounds
     growth_sizes, ebpf_growth, iptables_growth
@@ -63,7 +63,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from labkit.agent.kubeproxy import chains_in, diff_tables, nat_table, partial_table, restore, restore_noflush
 from labkit.agent.kubeproxy.sync import NetnsIptables
@@ -83,6 +83,8 @@ ENDPOINT = "b2:8080"
 _BASE_VIP = int(ipaddress.IPv4Address("198.19.1.1"))
 _NAME_WIDTH = 5  # s00000 ... s99999: name order is index order, as KUBE-SERVICES sorts by name
 _STEPS_PER_SIZE = 4
+#: the longest window of the stall's baseline (nothing changing): the median full restore's, up to this
+BASELINE_MAX_S = 0.5
 
 
 def service_specs(n: int, start: int = 0) -> list[dict]:
@@ -246,19 +248,21 @@ def _median(samples: list[float], digits: int = 7) -> float:
 
 # -- the comparison -------------------------------------------------------------------------------------
 def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "bench", rounds: int = ROUNDS,
-                          connects: int = CONNECTS, tracing: bool = False) -> dict:
+                          connects: int = CONNECTS, tracing: bool = False, stall_sizes=None) -> dict:
     """Measure both modes at each of ``sizes`` (ascending; see the module docstring for what and how, and
     for the keys of the dict returned). ``progress(done, total, text)`` is called after each step (lab 09
     draws a progress bar with it). The two labs are ``<prefix>-bipt`` and ``<prefix>-bebpf`` (a notebook
     passes its own lab's name, so two notebooks measuring at once never share a lab), taken down at the end.
+    The stall is measured at ``stall_sizes`` (default: every size; lab 09 measures it at its largest only).
 
     >>> compare_service_modes((10,), rounds=5, connects=20)["ebpf"][10]["services_in_agent"]  # doctest: +SKIP
     10
     """
     sizes = tuple(sorted(sizes))
+    stall_sizes = set(sizes if stall_sizes is None else stall_sizes)
     if rounds < 1 or not sizes or sizes[0] < 2:
         raise ValueError(f"compare_service_modes: expected sizes >= 2 and rounds >= 1, got {sizes}, {rounds}")
-    total, done = 2 + _STEPS_PER_SIZE * len(sizes), 0
+    total, done = 2 + _STEPS_PER_SIZE * len(sizes) - len(set(sizes) - stall_sizes), 0
 
     def tick(text: str) -> None:
         nonlocal done
@@ -289,7 +293,9 @@ def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "
             load_s = time.perf_counter() - t
             loaded = n
             tick(f"{n:,} services in both labs")
-            _measure_size(labs, n, rounds, connects, out, load_s, tick)
+            change = _measure_size(labs, n, rounds, connects, out, load_s, tick)
+            if n in stall_sizes:
+                out["stall"][n] = _measure_stall(labs, n, rounds, change, tick)
     finally:
         for name in names.values():
             Lab.cleanup(name)
@@ -300,8 +306,21 @@ def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "
     return out
 
 
-def _measure_size(labs: dict, n: int, rounds: int, connects: int, out: dict, load_s: float, tick) -> None:
-    """Every figure at size ``n``: the eBPF agent holds n services, node-a's nat table gets them now."""
+@dataclass(frozen=True)
+class _Change:
+    """One size's change: the service that gets ENDPOINT, the one clients connect to, and the restore inputs."""
+
+    worst: Service  #: the last service of KUBE-SERVICES; it gets the endpoint
+    typical: Service  #: at a random position; the stall's client connects to it
+    base: str  #: the full nat table before (for a flushing restore)
+    grown: str  #: the full nat table with the endpoint added
+    partial: str  #: the partial sync adding it (--noflush onto ``base``)
+    back: str  #: the partial sync taking it out again (--noflush onto ``grown``)
+
+
+def _measure_size(labs: dict, n: int, rounds: int, connects: int, out: dict, load_s: float, tick) -> _Change:
+    """First packet and adding one endpoint at size ``n`` (the eBPF agent holds n services; node-a's nat table
+    gets them now); returns the change, for the stall."""
     ipt, ebpf = labs["iptables"], labs["ebpf"]
     agent = ebpf.services
     services = agent.list()
@@ -312,6 +331,7 @@ def _measure_size(labs: dict, n: int, rounds: int, connects: int, out: dict, loa
     typical = services[random.Random(n).randrange(n - 1)]
     base, grown = nat_table(services, ipt.topology), nat_table(_grown(services, worst.name), ipt.topology)
     partial = partial_table(_grown(services, worst.name), ipt.topology, {worst.name}, chains_in(base))
+    back = partial_table(services, ipt.topology, {worst.name}, chains_in(grown))  # the partial sync undoing it
     restore(netns, base)
     out["positions"][n] = {"worst": _rule_number(base, worst.vip), "typical": _rule_number(base, typical.vip),
                            "worst_service": worst.name, "typical_service": typical.name}
@@ -331,37 +351,16 @@ def _measure_size(labs: dict, n: int, rounds: int, connects: int, out: dict, loa
         full_s.append(_timed(lambda: restore(netns, grown)))
         if r == 0:
             saved["full"] = NetnsIptables(netns).save("nat")
-        restore(netns, base)
+        restore_noflush(netns, back)
         partial_s.append(_timed(lambda: restore_noflush(netns, partial)))
         if r == 0:
             saved["partial"] = NetnsIptables(netns).save("nat")
-        restore(netns, base)
+        restore_noflush(netns, back)
         save_s.append(_timed(lambda: NetnsIptables(netns).save("nat")))
         ebpf_s.append(_timed(lambda: agent.add_backend(worst.name, ENDPOINT)))
         agent.remove_backend(worst.name, ENDPOINT)
     differences = diff_tables(saved["partial"], saved["full"])
     tick(f"{n:,} services: add one endpoint")
-
-    stall = {k: ([], []) for k in ("iptables_full", "iptables_partial", "ebpf")}
-    changes = {"iptables_full": (a1["ipt"], lambda: restore(netns, grown), lambda: restore(netns, base)),
-               "iptables_partial": (a1["ipt"], lambda: restore_noflush(netns, partial), lambda: restore(netns, base)),
-               "ebpf": (a1["ebpf"], lambda: agent.add_backend(worst.name, ENDPOINT),
-                        lambda: agent.remove_backend(worst.name, ENDPOINT))}
-    for _ in range(rounds):
-        for key, (ns, change, undo) in changes.items():
-            window, inside = _stall_window(ns, typical.vip, change)
-            undo()
-            stall[key][0].append(window)
-            stall[key][1].append(inside)
-    quiet = statistics.median(stall["iptables_full"][0])
-    for key, ns in (("baseline_iptables", a1["ipt"]), ("baseline_ebpf", a1["ebpf"])):
-        stall[key] = ([], [])
-        for _ in range(rounds):
-            window, inside = _stall_window(ns, typical.vip, lambda: time.sleep(quiet))
-            stall[key][0].append(window)
-            stall[key][1].append(inside)
-    out["stall"][n] = {k: _stall_summary(*v) for k, v in stall.items()}
-    tick(f"{n:,} services: the stall")
 
     out["iptables"][n] = {
         "rules": base.count("\n-A "), "full_lines": base.count("\n"), "partial_lines": partial.count("\n"),
@@ -375,6 +374,36 @@ def _measure_size(labs: dict, n: int, rounds: int, connects: int, out: dict, loa
         "first_packet_s": _median(fp["ebpf_worst"]), "first_packet_typical_s": _median(fp["ebpf_typical"]),
         "samples": {"add_endpoint_s": ebpf_s, "first_packet_s": fp["ebpf_worst"],
                     "first_packet_typical_s": fp["ebpf_typical"]}}
+    return _Change(worst, typical, base, grown, partial, back)
+
+
+def _measure_stall(labs: dict, n: int, rounds: int, change: _Change, tick) -> dict:
+    """The stall at one size: connects to the typical service while each change lands, and while nothing
+    changes (for as long as the median full restore took, at most BASELINE_MAX_S)."""
+    ipt, ebpf = labs["iptables"], labs["ebpf"]
+    netns, agent, c = ipt.topology.netns("node-a"), ebpf.services, change
+    a1 = {"ipt": ipt.topology.netns("a1"), "ebpf": ebpf.topology.netns("a1")}
+    stall = {k: ([], []) for k in ("iptables_full", "iptables_partial", "ebpf")}
+    changes = {"iptables_full": (a1["ipt"], lambda: restore(netns, c.grown), lambda: restore_noflush(netns, c.back)),
+               "iptables_partial": (a1["ipt"], lambda: restore_noflush(netns, c.partial),
+                                    lambda: restore_noflush(netns, c.back)),
+               "ebpf": (a1["ebpf"], lambda: agent.add_backend(c.worst.name, ENDPOINT),
+                        lambda: agent.remove_backend(c.worst.name, ENDPOINT))}
+    for _ in range(rounds):
+        for key, (ns, change_fn, undo) in changes.items():
+            window, inside = _stall_window(ns, c.typical.vip, change_fn)
+            undo()
+            stall[key][0].append(window)
+            stall[key][1].append(inside)
+    quiet = min(statistics.median(stall["iptables_full"][0]), BASELINE_MAX_S)
+    for key, ns in (("baseline_iptables", a1["ipt"]), ("baseline_ebpf", a1["ebpf"])):
+        stall[key] = ([], [])
+        for _ in range(rounds):
+            window, inside = _stall_window(ns, c.typical.vip, lambda: time.sleep(quiet))
+            stall[key][0].append(window)
+            stall[key][1].append(inside)
+    tick(f"{n:,} services: the stall")
+    return {k: _stall_summary(*v) for k, v in stall.items()}
 
 
 def report_lines(kp: dict) -> list[str]:
@@ -401,7 +430,7 @@ def report_lines(kp: dict) -> list[str]:
                      f"{e['first_packet_typical_s'] * 1e6:.0f} µs | rule {p['typical']:,} of {n + 1:,} |")
     lines += ["", "| services | stall while | window | connects in it | connect p50 | p99 | max |",
               "|---|---|---|---|---|---|---|"]
-    for n in kp["sizes"]:
+    for n in sorted(kp["stall"]):
         for key, what in (("iptables_full", "iptables full restore"), ("iptables_partial", "iptables partial restore"),
                           ("ebpf", "eBPF agent call"), ("baseline_iptables", "nothing (iptables lab)"),
                           ("baseline_ebpf", "nothing (eBPF lab)")):
@@ -412,5 +441,5 @@ def report_lines(kp: dict) -> list[str]:
     lines.append("stall: a client in a1 connects back to back (connect, close with RST) to the typical service; a "
                  "connect counts when its [start, end] meets the change's window; p50/p99/max over every connect in "
                  "the rounds' windows (with fewer than 100 connects, p99 is their maximum); the baselines change "
-                 "nothing for as long as the median full restore took")
+                 f"nothing for as long as the median full restore took, at most {BASELINE_MAX_S} s")
     return lines
