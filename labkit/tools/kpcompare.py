@@ -30,7 +30,8 @@ What is measured, each figure the median of ``rounds`` (>= 5) samples:
   [start, end] overlaps the change's window are counted; p50, p99 and max are over all of them across the
   rounds.
 
-``compare_service_modes`` returns a dict (sizes are int keys; ``json`` makes them strings)::
+``compare_service_modes`` (and ``ServiceModes.result``) returns a dict (sizes are int keys; ``json`` makes
+them strings)::
 
     sizes                 the sizes measured, ascending
     conditions            routing, tracing, rounds, connects per first-packet sample, client, endpoint,
@@ -72,7 +73,7 @@ from labkit.config import DatapathConfig
 from labkit.errors import DatapathError
 from labkit.lab import Lab
 
-__all__ = ["compare_service_modes", "service_specs", "synthetic_services", "ROUNDS", "CONNECTS", "ENDPOINT"]
+__all__ = ["compare_service_modes", "ServiceModes", "service_specs", "synthetic_services", "ROUNDS", "CONNECTS", "ENDPOINT"]
 
 #: Samples behind every figure.
 ROUNDS = 5
@@ -247,63 +248,120 @@ def _median(samples: list[float], digits: int = 7) -> float:
 
 
 # -- the comparison -------------------------------------------------------------------------------------
+class ServiceModes:
+    """The two labs of the comparison, kept up between calls, so a notebook can spread the measurement over
+    cells (each well inside a cell's time limit): :meth:`up`, then :meth:`measure` at each size ascending and
+    :meth:`stall` where wanted, then :meth:`result`; :meth:`down` (or leaving the ``with`` block) removes the
+    labs. ``sizes`` and ``stall_sizes`` are what will be measured, for the progress count;
+    ``progress(done, total, text)`` is called after each step. The labs are ``<prefix>-bipt`` and
+    ``<prefix>-bebpf`` (lab 09 passes its own lab's name, so two notebooks measuring at once never share a
+    lab; ``lab.down()`` removes them with the lab, as :data:`labkit.lab.session.VARIANTS`).
+
+    >>> with ServiceModes((10,), rounds=5, connects=20) as run:  # doctest: +SKIP
+    ...     run.measure(10)["ebpf"]["services_in_agent"]
+    10
+    """
+
+    def __init__(self, sizes: tuple[int, ...], progress=None, prefix: str = "bench", rounds: int = ROUNDS,
+                 connects: int = CONNECTS, tracing: bool = False, stall_sizes=None):
+        sizes = tuple(sorted(sizes))
+        if rounds < 1 or not sizes or sizes[0] < 2:
+            raise ValueError(f"service mode comparison: expected sizes >= 2 and rounds >= 1, got {sizes}, {rounds}")
+        self.sizes, self.rounds, self.connects, self.progress = sizes, rounds, connects, progress
+        self.stall_sizes = tuple(sorted(set(sizes if stall_sizes is None else stall_sizes)))
+        self.names = {"iptables": f"{prefix}-bipt", "ebpf": f"{prefix}-bebpf"}
+        self.labs: dict = {}
+        self.done, self.total = 0, 2 + _STEPS_PER_SIZE * len(sizes) - len(set(sizes) - set(self.stall_sizes))
+        self.loaded = 0
+        self.changes: dict[int, _Change] = {}
+        self.out = {"sizes": [], "iptables": {}, "ebpf": {}, "positions": {}, "stall": {},
+                    "conditions": {"routing": "native", "tracing": "on" if tracing else "off", "rounds": rounds,
+                                   "connects_per_first_packet_sample": connects,
+                                   "client": "python in a1's network namespace (node-a), connect() to VIP:80",
+                                   "endpoints": "b1:8080 (node-b); the endpoint added: " + ENDPOINT,
+                                   "kernel": platform.release(), "cpus": os.cpu_count() or 0,
+                                   "ebpf_loaded_by": "lab.services.apply (one agent call per size)"}}
+
+    def tick(self, text: str) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, text)
+
+    def __enter__(self) -> "ServiceModes":
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def up(self) -> "ServiceModes":
+        """Bring both labs up (native routing, GC timer off, tracing as asked), removing leftovers first."""
+        tracing = self.out["conditions"]["tracing"] == "on"
+        for mode, name in self.names.items():
+            Lab.cleanup(name)
+            self.labs[mode] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, service_mode=mode,
+                                                                 lb_map_size=131072))
+            self.labs[mode].trace_mode("all" if tracing else "none")
+            self.tick(f"{mode} lab up")
+        return self
+
+    def down(self) -> None:
+        """Remove both labs (also what they left from an interrupted run)."""
+        for name in self.names.values():
+            Lab.cleanup(name)
+        self.labs = {}
+
+    def measure(self, n: int) -> dict:
+        """Grow both labs to ``n`` services and measure the first packet and adding one endpoint there;
+        returns ``{"iptables": ..., "ebpf": ..., "positions": ...}`` at ``n`` (also kept for :meth:`result`)."""
+        if not self.labs:
+            raise DatapathError(f"service mode comparison: labs {', '.join(self.names.values())} are not up; "
+                                "expected up() first")
+        if n <= self.loaded:
+            raise ValueError(f"service mode comparison: expected a size above {self.loaded:,}, got {n:,}")
+        t = time.perf_counter()
+        _apply(self.labs["ebpf"].services, service_specs(n, self.loaded))
+        load_s = time.perf_counter() - t
+        self.loaded = n
+        self.out["sizes"].append(n)
+        self.tick(f"{n:,} services in both labs")
+        self.changes[n] = _measure_size(self.labs, n, self.rounds, self.connects, self.out, load_s, self.tick)
+        return {k: self.out[k][n] for k in ("iptables", "ebpf", "positions")}
+
+    def stall(self) -> dict:
+        """The stall at the size measured last (see the module docstring); also kept for :meth:`result`."""
+        if not self.changes or not self.labs:
+            raise DatapathError("service mode comparison: expected up() and measure(n) before stall()")
+        n = self.loaded
+        self.out["stall"][n] = _measure_stall(self.labs, n, self.rounds, self.changes[n], self.tick)
+        return self.out["stall"][n]
+
+    def result(self) -> dict:
+        """Everything measured so far, with the first-packet growth (the module docstring lists the keys)."""
+        out = dict(self.out, sizes=list(self.out["sizes"]))
+        sizes = out["sizes"]
+        if sizes:
+            small, big = min(sizes), max((s for s in sizes if s <= 10000), default=max(sizes))
+            out["growth_sizes"] = [small, big]
+            for mode in ("ebpf", "iptables"):
+                out[f"{mode}_growth"] = round(out[mode][big]["first_packet_s"] / out[mode][small]["first_packet_s"], 3)
+        return out
+
+
 def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "bench", rounds: int = ROUNDS,
                           connects: int = CONNECTS, tracing: bool = False, stall_sizes=None) -> dict:
-    """Measure both modes at each of ``sizes`` (ascending; see the module docstring for what and how, and
-    for the keys of the dict returned). ``progress(done, total, text)`` is called after each step (lab 09
-    draws a progress bar with it). The two labs are ``<prefix>-bipt`` and ``<prefix>-bebpf`` (a notebook
-    passes its own lab's name, so two notebooks measuring at once never share a lab), taken down at the end.
-    The stall is measured at ``stall_sizes`` (default: every size; lab 09 measures it at its largest only).
+    """Measure both modes at each of ``sizes`` in one call (:class:`ServiceModes` up, measure each size, the
+    stall at ``stall_sizes`` (default: every size), down); the module docstring says what and how, and lists
+    the keys of the dict returned.
 
     >>> compare_service_modes((10,), rounds=5, connects=20)["ebpf"][10]["services_in_agent"]  # doctest: +SKIP
     10
     """
-    sizes = tuple(sorted(sizes))
-    stall_sizes = set(sizes if stall_sizes is None else stall_sizes)
-    if rounds < 1 or not sizes or sizes[0] < 2:
-        raise ValueError(f"compare_service_modes: expected sizes >= 2 and rounds >= 1, got {sizes}, {rounds}")
-    total, done = 2 + _STEPS_PER_SIZE * len(sizes) - len(set(sizes) - stall_sizes), 0
-
-    def tick(text: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, text)
-
-    names = {"iptables": f"{prefix}-bipt", "ebpf": f"{prefix}-bebpf"}
-    out = {"sizes": list(sizes), "iptables": {}, "ebpf": {}, "positions": {}, "stall": {},
-           "conditions": {"routing": "native", "tracing": "on" if tracing else "off", "rounds": rounds,
-                          "connects_per_first_packet_sample": connects,
-                          "client": "python in a1's network namespace (node-a), connect() to VIP:80",
-                          "endpoints": "b1:8080 (node-b); the endpoint added: " + ENDPOINT,
-                          "kernel": platform.release(), "cpus": os.cpu_count() or 0,
-                          "ebpf_loaded_by": "lab.services.apply (one agent call per size)"}}
-    labs = {}
-    try:
-        for mode, name in names.items():
-            Lab.cleanup(name)
-            labs[mode] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, service_mode=mode,
-                                                            lb_map_size=131072))
-            labs[mode].trace_mode("all" if tracing else "none")
-            tick(f"{mode} lab up")
-        loaded = 0
-        for n in sizes:
-            t = time.perf_counter()
-            _apply(labs["ebpf"].services, service_specs(n, loaded))
-            load_s = time.perf_counter() - t
-            loaded = n
-            tick(f"{n:,} services in both labs")
-            change = _measure_size(labs, n, rounds, connects, out, load_s, tick)
-            if n in stall_sizes:
-                out["stall"][n] = _measure_stall(labs, n, rounds, change, tick)
-    finally:
-        for name in names.values():
-            Lab.cleanup(name)
-    small, big = min(sizes), max((s for s in sizes if s <= 10000), default=max(sizes))
-    out["growth_sizes"] = [small, big]
-    for mode in ("ebpf", "iptables"):
-        out[f"{mode}_growth"] = round(out[mode][big]["first_packet_s"] / out[mode][small]["first_packet_s"], 3)
-    return out
+    with ServiceModes(sizes, progress, prefix, rounds, connects, tracing, stall_sizes) as run:
+        for n in run.sizes:
+            run.measure(n)
+            if n in run.stall_sizes:
+                run.stall()
+        return run.result()
 
 
 @dataclass(frozen=True)
