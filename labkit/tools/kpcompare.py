@@ -13,7 +13,9 @@ What is measured, each figure the median of ``rounds`` (>= 5) samples:
 * **add one endpoint** (b2:8080 to the last service): iptables full sync (a flushing ``iptables-restore``
   of the whole nat table, rendered beforehand: :func:`labkit.agent.kubeproxy.nat_table`), iptables partial
   sync (``iptables-restore --noflush --counters`` of what kube-proxy >= 1.27 writes:
-  :func:`labkit.agent.kubeproxy.partial_table`), and one ``lab.services.add_backend`` with all n services
+  :func:`labkit.agent.kubeproxy.partial_table`; above 1,000 endpoints both are rendered as kube-proxy's
+  large cluster mode writes them, without comments in the service chains), and one
+  ``lab.services.add_backend`` with all n services
   in the agent. Each sample is one add; the state is put back, untimed, before the next. At each size the
   partial restore is checked on the kernel: ``iptables-save -t nat`` after it equals ``iptables-save -t nat``
   after the full restore (counters stripped, chain by chain). Also timed: ``iptables-save -t nat`` itself,

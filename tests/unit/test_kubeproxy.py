@@ -665,6 +665,27 @@ def test_partial_table_without_the_old_chains_leaves_a_stale_chain():
     assert diff_tables(ipt.save("nat"), nat_table([one], TOPO)) == [f"nat {stale}: chain unexpected"]
 
 
+def _many(n: int) -> list[Service]:
+    """``n`` one-endpoint services (b1:8080) on ClusterIPs from 198.19.1.1."""
+    return [svc(f"s{i:04d}", f"198.19.{1 + i // 250}.{1 + i % 250}", 80, "b1:8080") for i in range(n)]
+
+
+def test_more_than_1000_endpoints_leave_the_comments_out_of_service_chains():
+    """largeClusterMode: at 1,000 endpoints every KUBE-SVC/KUBE-SEP rule has its comment, at 1,001 none has
+    (KUBE-SERVICES keeps its comments); a partial sync renders the same way."""
+    for n, large in ((1000, False), (1001, True)):
+        services = _many(n)
+        restore = render(services, TOPO, "node-a")
+        nat = parse_tables(restore.text)["nat"]
+        own = [r for c, rules in nat.items() if c.startswith(("KUBE-SVC-", "KUBE-SEP-")) for r in rules]
+        commented = [r for r in own if "--comment" in r and "cluster IP" not in r]  # the masquerade rule keeps its
+        assert restore.large_cluster is large and (not commented) is large, n
+        assert all("--comment" in r for r in nat["KUBE-SERVICES"])
+    last = services[-1]
+    partial = partial_table(services, TOPO, {last.name})
+    assert f"-A {sep_chain(last, '198.18.2.11:8080')} -s 198.18.2.11 -j KUBE-MARK-MASQ" in partial.splitlines()
+
+
 def test_parse_conntrack_udp_and_flags():
     """UDP lines have no state; [UNREPLIED] and [ASSURED] become flags; other protocols are skipped."""
     rows = parse_conntrack(
