@@ -30,7 +30,8 @@ What is measured, each figure the median of ``rounds`` (>= 5) samples:
   restore of the same change runs, (c) the eBPF agent adds the same endpoint; and while nothing changes,
   in each lab, for as long as the median full restore took, at most 0.5 s (the baseline). Connects whose
   [start, end] overlaps the change's window are counted; p50, p99 and max are over all of them across the
-  rounds.
+  rounds. (The connect in progress when a window opens is length-biased, more likely a slow one; in a window
+  of a few ms, as the agent call's, it is a large share of the few connects.)
 
 ``compare_service_modes`` (and ``ServiceModes.result``) returns a dict (sizes are int keys; ``json`` makes
 them strings)::
@@ -140,6 +141,12 @@ def _percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in 0..100) of a non-empty list."""
     ordered = sorted(values)
     return ordered[max(0, min(len(ordered), math.ceil(q / 100 * len(ordered))) - 1)]
+
+
+def _iptables_version() -> str:
+    """``iptables --version`` (``v1.8.9 (nf_tables)``: which backend restores the tables)."""
+    out = subprocess.run(["iptables", "--version"], capture_output=True, text=True).stdout.strip()
+    return out.removeprefix("iptables ") or "unknown"
 
 
 def _timed(fn) -> float:
@@ -282,6 +289,7 @@ class ServiceModes:
                                    "client": "python in a1's network namespace (node-a), connect() to VIP:80",
                                    "endpoints": "b1:8080 (node-b); the endpoint added: " + ENDPOINT,
                                    "kernel": platform.release(), "cpus": os.cpu_count() or 0,
+                                   "iptables": _iptables_version(),
                                    "ebpf_loaded_by": "lab.services.apply (one agent call per size)"}}
 
     def tick(self, text: str) -> None:
@@ -471,7 +479,7 @@ def report_lines(kp: dict) -> list[str]:
     c = kp["conditions"]
     lines = [f"kube-proxy (iptables) vs eBPF agent, sizes {', '.join(f'{n:,}' for n in kp['sizes'])} services, both "
              f"labs up at once: {c['routing']} routing, tracing {c['tracing']}, medians of {c['rounds']} samples, "
-             f"{c['cpus']} CPUs, kernel {c['kernel']}; the eBPF services are in the agent's own state, loaded by "
+             f"{c['cpus']} CPUs, kernel {c['kernel']}, iptables {c.get('iptables', '?')}; the eBPF services are in the agent's own state, loaded by "
              f"{c['ebpf_loaded_by']}; client {c['client']}; {c['endpoints']}", "",
              "| services | add endpoint: iptables full restore | iptables partial (--noflush) | eBPF agent call "
              "| iptables-save -t nat | partial == full |", "|---|---|---|---|---|---|"]
@@ -500,6 +508,8 @@ def report_lines(kp: dict) -> list[str]:
                          f"windows | {us[0]} | {us[1]} | {us[2]} |")
     lines.append("stall: a client in a1 connects back to back (connect, close with RST) to the typical service; a "
                  "connect counts when its [start, end] meets the change's window; p50/p99/max over every connect in "
-                 "the rounds' windows (with fewer than 100 connects, p99 is their maximum); the baselines change "
+                 "the rounds' windows (with fewer than 100 connects, p99 is their maximum; the connect in progress when "
+                 "a window opens is more likely a slow one, which weighs most in short windows such as the agent "
+                 "call's); the baselines change "
                  f"nothing for as long as the median full restore took, at most {BASELINE_MAX_S} s")
     return lines
