@@ -31,10 +31,14 @@ LoadBalancer VIP in dsr and in snat mode, two labs side by side, rounds
 alternating, and their ratio.
 
 kube-proxy's iptables mode against eBPF, at 100 / 1,000 / 5,000 / 10,000 /
-50,000 services (``SCALE_SIZES``): first-packet latency (median connect() to
-the last-added service; target: eBPF grows <= 10% from 100 to 10,000) and the
-cost of adding one endpoint (iptables-restore of the whole table vs one agent
-call); and iperf3 throughput pod to pod, same node and across nodes, with the
+50,000 services (``SCALE_SIZES``; the report names the sizes that ran), the
+eBPF side holding every service in its agent's own state
+(:mod:`labkit.tools.kpcompare`): adding one endpoint (iptables full restore,
+iptables partial sync as kube-proxy >= 1.27 writes it, one agent call), the
+first packet to the last service of KUBE-SERVICES (worst case) and to one at a
+random position, and the stall a client sees while each change lands (the eBPF
+first-packet growth target, 100 to 10,000 services, is measured eBPF against eBPF
+by ``_first_packet_side_by_side``); and iperf3 throughput pod to pod, same node and across nodes, with the
 datapath attached vs the same lab with its tc programs removed (target >= 85%).
 """
 from __future__ import annotations
@@ -53,8 +57,6 @@ from pathlib import Path
 import nbformat
 
 from labkit.agent.gc import collect_node, fill_synthetic
-from labkit.agent.kubeproxy import nat_table, restore
-from labkit.agent.services import Backend, Service
 from labkit.config import DatapathConfig
 from labkit.grading.answers import load_key
 from labkit.grading.grade import answer_cells, grade
@@ -64,6 +66,8 @@ from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4
 from labkit.maps.lb import Lb4Backend, Lb4BackendKey, Lb4Key, Lb4RevNatKey, Lb4ReverseNat, Lb4Service
 from labkit.net.ledger import Ledger
 from labkit.notebook.widgets import CtTable
+from labkit.tools.kpcompare import compare_service_modes, report_lines as kp_report_lines
+from labkit.tools.kpcompare import synthetic_services as _synthetic_services
 
 __all__ = ["main", "TARGETS", "compare_service_modes", "grade_side_by_side"]
 
@@ -399,14 +403,6 @@ print(statistics.median(times[0]), statistics.median(times[1]))
 """
 
 
-def _paired_first_packet(lab_a, lab_b, vip: str, pairs: int) -> tuple[float, float]:
-    """Median connect() time from a1 of ``lab_a`` and of ``lab_b`` to ``vip``:80, one client taking turns."""
-    argv = [sys.executable, "-c", _CONNECT_PAIRS, lab_a.topology.netns("a1"), vip, lab_b.topology.netns("a1"), vip,
-            str(pairs)]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300).stdout.split()
-    return float(out[0]), float(out[1])
-
-
 def _first_packet_side_by_side(small: int, big: int, rounds: int) -> dict:
     """First-packet time to the last-added service with ``small`` and with ``big`` services loaded: two eBPF
     labs up at once, and one client process that takes turns between a1 of one and a1 of the other, connect()
@@ -435,78 +431,6 @@ def _first_packet_side_by_side(small: int, big: int, rounds: int) -> dict:
     return {"small": small, "big": big, "rounds": rounds, "median_s": {str(n): round(v, 7) for n, v in med.items()},
             "samples_s": {str(n): [round(x, 7) for x in t] for n, t in times.items()},
             "ratio": round(med[big] / med[small], 3)}
-
-
-def _synthetic_services(n: int) -> list:
-    """``n`` one-endpoint ClusterIP services (b1:8080) on VIPs from 198.19.1.1, as Service objects."""
-    import ipaddress
-
-
-    base = int(ipaddress.IPv4Address("198.19.1.1"))
-    return [Service(f"s{i}", str(ipaddress.IPv4Address(base + i)), 80, "TCP", (Backend("b1", 8080),), id=i + 1)
-            for i in range(n)]
-
-
-def compare_service_modes(sizes: tuple[int, ...], progress=None, prefix: str = "bench") -> dict:
-    """At each size, side by side: an iptables-mode lab with that many services in node-a's nat table and an
-    eBPF lab with as many in its maps. First packet: median connect() from a1 to the last-added service, one
-    client taking turns between the two labs (300 pairs).
-    Adding one endpoint: iptables-restore of the whole table with one more endpoint, vs one agent call.
-    ``progress(done, total, text)`` is called after each step (lab 09 draws a progress bar with it).
-    The two labs are ``<prefix>-bipt`` and ``<prefix>-bebpf`` (a notebook passes its own lab's name, so that two
-    notebooks measuring at once never share a lab), taken down at the end."""
-    total, done = 2 + len(sizes), 0
-
-    def tick(text: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, text)
-
-    from dataclasses import replace as _replace
-
-
-    names = {"iptables": f"{prefix}-bipt", "ebpf": f"{prefix}-bebpf"}
-    out = {"sizes": list(sizes), "iptables": {}, "ebpf": {}}
-    labs = {}
-    try:
-        for mode, name in names.items():
-            Lab.cleanup(name)
-            labs[mode] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, service_mode=mode,
-                                                            lb_map_size=131072))
-            tick(f"{mode} lab up")
-        ebpf = labs["ebpf"]
-        ebpf.services.add("probe", 80, ["b2:8080"], vip="198.19.0.9")
-        for n in sizes:
-            svcs = _synthetic_services(n)
-            text = nat_table(svcs, labs["iptables"].topology)
-            t = time.perf_counter()
-            restore(labs["iptables"].topology.netns("node-a"), text)
-            restore_s = time.perf_counter() - t
-            _bulk_services(ebpf, n, write=True)
-            first_ipt, first_ebpf = _paired_first_packet(labs["iptables"], labs["ebpf"], svcs[-1].vip, 300)
-            grown = svcs[:-1] + [_replace(svcs[-1], backends=svcs[-1].backends + (Backend("b2", 8080),))]
-            text2 = nat_table(grown, labs["iptables"].topology)
-            t = time.perf_counter()
-            restore(labs["iptables"].topology.netns("node-a"), text2)
-            endpoint_ipt = time.perf_counter() - t
-            t = time.perf_counter()
-            ebpf.services.add_backend("probe", "b1:8080")
-            endpoint_ebpf = time.perf_counter() - t
-            ebpf.services.remove_backend("probe", "b1:8080")
-            _bulk_services(ebpf, n, write=False)
-            out["iptables"][n] = {"first_packet_s": round(first_ipt, 7), "add_endpoint_s": round(endpoint_ipt, 5),
-                                  "restore_s": round(restore_s, 4), "rules": text.count("\n-A ")}
-            out["ebpf"][n] = {"first_packet_s": round(first_ebpf, 7), "add_endpoint_s": round(endpoint_ebpf, 6)}
-            tick(f"{n:,} services measured")
-    finally:
-        for name in names.values():
-            Lab.cleanup(name)
-    small, big = min(sizes), max((s for s in sizes if s <= 10000), default=max(sizes))
-    out["ebpf_growth"] = round(out["ebpf"][big]["first_packet_s"] / out["ebpf"][small]["first_packet_s"], 3)
-    out["iptables_growth"] = round(out["iptables"][big]["first_packet_s"] / out["iptables"][small]["first_packet_s"], 3)
-    out["growth_sizes"] = [small, big]
-    return out
 
 
 _IPERF_JSON_KEY = ("end", "sum_received", "bits_per_second")
@@ -684,20 +608,8 @@ def report(result: dict) -> str:
     lines.append(f"GC of a CT map with {gc['entries']:,} entries, half expired (median of {gc['rounds']}): batch "
                  f"{statistics.median(gc['batch_s']):.3f} s, per-entry {statistics.median(gc['per_entry_s']):.3f} s, "
                  f"batch {gc['speedup']}x faster")
-    kp = result["kube_proxy"]
     lines.append("")
-    lines.append("| services | first packet, iptables | first packet, eBPF | add one endpoint, iptables "
-                 "(restore the table) | add one endpoint, eBPF (agent call) |")
-    lines.append("|---|---|---|---|---|")
-    for n in kp["sizes"]:
-        i, e = kp["iptables"][n], kp["ebpf"][n]
-        lines.append(f"| {n:,} | {i['first_packet_s'] * 1e6:.0f} µs | {e['first_packet_s'] * 1e6:.0f} µs | "
-                     f"{i['add_endpoint_s'] * 1e3:.1f} ms ({i['rules']:,} rules) | {e['add_endpoint_s'] * 1e3:.2f} ms |")
-    small, big = kp["growth_sizes"]
-    lines.append(f"first packet in this table: one client taking turns between the two labs, so both columns share "
-                 f"the machine, and the eBPF column also pays for the caches iptables' table takes; growth from "
-                 f"{small:,} to {big:,} services: eBPF x{kp['ebpf_growth']}, iptables x{kp['iptables_growth']} "
-                 f"(the eBPF target is the eBPF-against-eBPF line above)")
+    lines += kp_report_lines(result["kube_proxy"])
     tp = result["throughput"]
     lines.append("")
     lines.append(" ".join(f"iperf3 {pair.replace('_', ' ')}: {tp[pair]['bpf'] / 1e9:.2f} Gbit/s with the datapath, "

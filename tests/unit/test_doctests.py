@@ -48,6 +48,7 @@ MODULES = [
     "labkit.agent.gc",
     "labkit._tabwriter",
     "labkit.lab.session",
+    "labkit.tools.kpcompare",
     *FLAGS,
 ]
 

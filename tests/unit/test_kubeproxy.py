@@ -24,8 +24,9 @@ import pytest
 from labkit.agent import kubeproxy
 from labkit.errors import ConfigError, DatapathError
 from labkit.agent.kubeproxy import (CANARY, MemoryIptables, NodeOptions, changed_services, diff_tables, ext_chain,
-                              nat_table, parse_conntrack, parse_tables, probability, render, sep_chain, svc_chain,
-                              svl_chain, sync)
+                              nat_table, parse_conntrack, parse_tables, partial_table, probability, render,
+                              sep_chain, svc_chain, svl_chain, sync)
+from labkit.agent.kubeproxy.text import chains_in
 from labkit.agent.kubeproxy.names import _hash
 from labkit.agent.services import Backend, Service, Services
 from labkit.net.topology import Topology
@@ -607,6 +608,82 @@ def test_nat_table_is_a_whole_table_for_a_flushing_restore():
                          ":POSTROUTING ACCEPT [0:0]", ":KUBE-PROXY-CANARY - [0:0]"]
     assert '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES' in lines
     assert lines[-1] == "COMMIT" and any(l.startswith(f"-A {svc_chain(web)} ") for l in lines)
+
+
+def _memory_with(table: str) -> MemoryIptables:
+    """A node whose nat table is ``table`` (a nat_table() text), restored into empty in-memory tables."""
+    ipt = MemoryIptables()
+    ipt.restore_all(table)
+    return ipt
+
+
+def test_partial_table_writes_the_top_chains_and_only_the_changed_services_chains():
+    """A partial sync's text declares the nat top-level chains, holds every service's KUBE-SERVICES rule and
+    the NodePorts jump, and the KUBE-SVC/KUBE-SEP chains of the changed service only (db's are left out)."""
+    web, db = svc("web", "198.19.0.41", 80, "b1:8080"), svc("db", "198.19.0.42", 5432, "b2:5432")
+    grown = dataclasses.replace(web, backends=web.backends + (Backend.parse("a1:8080", "web"),))
+    text = partial_table([grown, db], TOPO, {"web"}, chains_in(nat_table([web, db], TOPO)))
+    nat = parse_tables(text)["nat"]
+    names = chains(svc1=grown, svc2=db)
+    assert set(nat) == {"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ", names["svc1"],
+                        names["sep1_b1"], names["sep1_a1"]}
+    assert [r.split(" -j ")[-1] for r in nat["KUBE-SERVICES"]] == [names["svc2"], names["svc1"], "KUBE-NODEPORTS"]
+    assert len(nat[names["svc1"]]) == 3  # the masquerade rule, then 1/2 and the rest
+    assert "KUBE-SERVICES" in parse_tables(text)["filter"] and "-X" not in nat
+
+
+def test_partial_table_deletes_the_chains_of_a_removed_endpoint():
+    """Taking an endpoint out declares its KUBE-SEP chain (flushing it) and -X-deletes it, because the
+    nat table before the change had it."""
+    two = svc("web", "198.19.0.41", 80, "b1:8080", "b2:8080")
+    one = dataclasses.replace(two, backends=two.backends[:1])
+    text = partial_table([one], TOPO, {"web"}, chains_in(nat_table([two], TOPO)))
+    gone = chains(svc1=two)["sep1_b2"]
+    assert f":{gone} - [0:0]" in text.splitlines() and parse_tables(text)["nat"]["-X"] == [gone]
+
+
+def test_partial_restore_onto_the_old_table_equals_a_full_render_of_the_new():
+    """--noflush of the partial text onto a node holding the old full table leaves the nat table a full render
+    of the new state would write: adding an endpoint, then removing it again (with -X)."""
+    web, db = svc("web", "198.19.0.41", 80, "b1:8080"), svc("db", "198.19.0.42", 5432, "b2:5432")
+    grown = dataclasses.replace(web, backends=web.backends + (Backend.parse("a2:8080", "web"),))
+    ipt = _memory_with(nat_table([web, db], TOPO))
+    ipt.restore_all(partial_table([grown, db], TOPO, {"web"}, chains_in(ipt.save("nat"))))
+    assert_tables(ipt.save("nat"), nat_table([grown, db], TOPO))
+    ipt.restore_all(partial_table([web, db], TOPO, {"web"}, chains_in(ipt.save("nat"))))
+    assert_tables(ipt.save("nat"), nat_table([web, db], TOPO))
+
+
+def test_partial_table_without_the_old_chains_leaves_a_stale_chain():
+    """Without ``existing`` (kube-proxy's large-cluster mode skips iptables-save) nothing is -X-deleted: the
+    removed endpoint's chain stays, unreferenced."""
+    two = svc("web", "198.19.0.41", 80, "b1:8080", "b2:8080")
+    one = dataclasses.replace(two, backends=two.backends[:1])
+    ipt = _memory_with(nat_table([two], TOPO))
+    ipt.restore_all(partial_table([one], TOPO, {"web"}))
+    stale = chains(svc1=two)["sep1_b2"]
+    assert diff_tables(ipt.save("nat"), nat_table([one], TOPO)) == [f"nat {stale}: chain unexpected"]
+
+
+def _many(n: int) -> list[Service]:
+    """``n`` one-endpoint services (b1:8080) on ClusterIPs from 198.19.1.1."""
+    return [svc(f"s{i:04d}", f"198.19.{1 + i // 250}.{1 + i % 250}", 80, "b1:8080") for i in range(n)]
+
+
+def test_more_than_1000_endpoints_leave_the_comments_out_of_service_chains():
+    """largeClusterMode: at 1,000 endpoints every KUBE-SVC/KUBE-SEP rule has its comment, at 1,001 none has
+    (KUBE-SERVICES keeps its comments); a partial sync renders the same way."""
+    for n, large in ((1000, False), (1001, True)):
+        services = _many(n)
+        restore = render(services, TOPO, "node-a")
+        nat = parse_tables(restore.text)["nat"]
+        own = [r for c, rules in nat.items() if c.startswith(("KUBE-SVC-", "KUBE-SEP-")) for r in rules]
+        commented = [r for r in own if "--comment" in r and "cluster IP" not in r]  # the masquerade rule keeps its
+        assert restore.large_cluster is large and (not commented) is large, n
+        assert all("--comment" in r for r in nat["KUBE-SERVICES"])
+    last = services[-1]
+    partial = partial_table(services, TOPO, {last.name})
+    assert f"-A {sep_chain(last, '198.18.2.11:8080')} -s 198.18.2.11 -j KUBE-MARK-MASQ" in partial.splitlines()
 
 
 def test_parse_conntrack_udp_and_flags():

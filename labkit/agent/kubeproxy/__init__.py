@@ -36,12 +36,13 @@ from labkit.agent.kubeproxy.conntrack import ConntrackRow, parse_conntrack
 from labkit.agent.kubeproxy.endpoints import Endpoint, categorize, endpoints
 from labkit.agent.kubeproxy.names import MASQ_MARK, SERVICE_MODES, ext_chain, port_name, probability, sep_chain, svc_chain, svl_chain
 from labkit.agent.kubeproxy.rules import NodeOptions, Restore, render
-from labkit.agent.kubeproxy.sync import (nat_table, CANARY, JUMPS, KUBELET_JUMPS, Iptables, MemoryIptables, MemoryTables, NetnsIptables, cleanup,
-                   restore, sync)
+from labkit.agent.kubeproxy.sync import (nat_table, partial_table, CANARY, JUMPS, KUBELET_JUMPS, Iptables, MemoryIptables,
+                                         MemoryTables, NetnsIptables, cleanup, restore, restore_noflush, sync)
 from labkit.agent.kubeproxy.text import chains_in, diff_tables, parse_tables
 
 __all__ = ["SERVICE_MODES", "MASQ_MARK", "svc_chain", "svl_chain", "ext_chain", "sep_chain", "port_name",
            "probability", "Endpoint", "endpoints", "categorize", "NodeOptions", "Restore", "render", "nat_table",
+           "partial_table", "restore_noflush",
            "CANARY", "JUMPS", "KUBELET_JUMPS", "Iptables", "MemoryIptables", "MemoryTables", "NetnsIptables",
            "chains_in", "parse_tables", "diff_tables", "sync", "cleanup", "restore", "check_service", "changed_services", "ConntrackRow",
            "parse_conntrack"]

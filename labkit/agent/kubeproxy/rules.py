@@ -29,7 +29,7 @@ iptables mode (see :func:`labkit.agent.kubeproxy.sync.setup`), so there is no IN
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from labkit.net.topology import POD_SUPERNET, Topology
@@ -47,7 +47,7 @@ from labkit.agent.kubeproxy.names import (
 )
 
 __all__ = ["NodeOptions", "Restore", "render", "chain_line", "NFACCT_INVALID", "NFACCT_LOCALHOST",
-           "FILTER_TOP", "NAT_TOP"]
+           "FILTER_TOP", "NAT_TOP", "LARGE_CLUSTER_ENDPOINTS"]
 
 #: metrics.IPTablesCTStateInvalidDroppedNFAcctCounter and metrics.LocalhostNodePortAcceptedNFAcctCounter
 NFACCT_INVALID = "ct_state_invalid_dropped_pkts"
@@ -55,6 +55,10 @@ NFACCT_LOCALHOST = "localhost_nps_accepted_pkts"
 #: the top-level chains every sync declares (and so flushes and refills), in kube-proxy's order
 FILTER_TOP = ("KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS", "KUBE-PROXY-FIREWALL")
 NAT_TOP = ("KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ")
+#: largeClusterEndpointsThreshold: with more endpoints than this in all services together, kube-proxy is in
+#: "large cluster mode" and leaves the comments out of the KUBE-SVC/KUBE-SVL and KUBE-SEP rules
+#: (appendServiceCommentLocked), which makes the restore input much smaller
+LARGE_CLUSTER_ENDPOINTS = 1000
 _MASQ = f"{MASQ_VALUE}/{MASQ_VALUE}"
 
 
@@ -78,6 +82,7 @@ class Restore:
     active: frozenset
     deleted: tuple
     full: bool
+    large_cluster: bool = False  #: more than LARGE_CLUSTER_ENDPOINTS endpoints: no comments in service chains
 
 
 @dataclass
@@ -108,7 +113,8 @@ def render(services: Iterable, topology: Topology, node: str, options: NodeOptio
            changed: set | None = None, existing: Iterable[str] = ()) -> Restore:
     """The restore input of one sync on ``node``: full when ``changed`` is None, else partial (only the
     chains of the services named in ``changed``). ``existing`` are the nat chains ``iptables-save`` shows
-    now; those that look like kube-proxy's service chains and are no longer used get ``-X``."""
+    now; those that look like kube-proxy's service chains and are no longer used get ``-X``. With more than
+    LARGE_CLUSTER_ENDPOINTS endpoints in all services, the service chains' rules carry no comments."""
     b = _Buffers()
     b.filter_chains += [chain_line(c) for c in FILTER_TOP]
     b.nat_chains += [chain_line(c) for c in NAT_TOP]
@@ -116,17 +122,19 @@ def render(services: Iterable, topology: Topology, node: str, options: NodeOptio
     if options.localhost_nodeports:
         _write_localnet_firewall(b)
     active: set[str] = set()
-    for svc in sorted(services, key=port_name):
+    services = sorted(services, key=port_name)
+    large = sum(len(endpoints(svc, topology)) for svc in services) > LARGE_CLUSTER_ENDPOINTS
+    for svc in services:
         use = categorize(endpoints(svc, topology), svc, node)
         rewrite = changed is None or svc.name in changed
-        _write_service(b, svc, use, options, active, rewrite)
+        _write_service(b, svc, use, options, active, rewrite, large)
     deleted = tuple(sorted(c for c in set(existing) - active if is_service_chain(c)))
     for chain in deleted:
         b.nat_chains.append(chain_line(chain))  # declaring it flushes it; then it can go
         b.nat_rules.append(f"-X {chain}")
     _write_nodeports_jump(b, options)
     _write_forward(b, options)
-    return Restore(b.text(), frozenset(active), deleted, changed is None)
+    return Restore(b.text(), frozenset(active), deleted, changed is None, large)
 
 
 def _write_masquerade(b: _Buffers, options: NodeOptions) -> None:
@@ -173,6 +181,11 @@ class _Svc:
     has_external: bool  #: hasExternalEndpoints
     filter_target: str  #: REJECT (no endpoints at all) or DROP (none on this node for eTP Local); "" if neither
     filter_comment: str
+    large_cluster: bool = False  #: proxier.largeClusterMode: service chain rules without comments
+
+    def comment(self, text: str) -> str:
+        """appendServiceCommentLocked: `` -m comment --comment <text>``, or nothing in large cluster mode."""
+        return "" if self.large_cluster else f" -m comment --comment {text}"
 
     @property
     def name(self) -> str:
@@ -199,9 +212,10 @@ def _plan(svc, use: Categorized) -> _Svc:
     return _Svc(svc, use, True, "", "")
 
 
-def _write_service(b: _Buffers, svc, use: Categorized, options: NodeOptions, active: set, rewrite: bool) -> None:
+def _write_service(b: _Buffers, svc, use: Categorized, options: NodeOptions, active: set, rewrite: bool,
+                   large: bool = False) -> None:
     """Everything one service port adds: top-level rules always, its own chains only if ``rewrite``."""
-    s = _plan(svc, use)
+    s = replace(_plan(svc, use), large_cluster=large)
     _capture_cluster_ip(b, s)
     _capture_load_balancer(b, s)
     _capture_node_port(b, s, options)
@@ -291,11 +305,11 @@ def _write_policy_chain(chains: list, rules: list, s: _Svc, chain: str, eps: tup
     if svc.affinity_timeout:
         for ep in eps:
             sep = sep_chain(svc, str(ep))
-            rules.append(f"-A {chain} -m comment --comment {_q(f'{s.name} -> {ep}')} -m recent --name {sep} "
+            rules.append(f"-A {chain}{s.comment(_q(f'{s.name} -> {ep}'))} -m recent --name {sep} "
                          f"--rcheck --seconds {svc.affinity_timeout} --reap -j {sep}")
     for i, ep in enumerate(eps):
         pick = f" -m statistic --mode random --probability {probability(len(eps) - i)}" if i < len(eps) - 1 else ""
-        rules.append(f"-A {chain} -m comment --comment {_q(f'{s.name} -> {ep}')}{pick} -j {sep_chain(svc, str(ep))}")
+        rules.append(f"-A {chain}{s.comment(_q(f'{s.name} -> {ep}'))}{pick} -j {sep_chain(svc, str(ep))}")
 
 
 def _write_endpoint_chain(chains: list, rules: list, s: _Svc, ep, active: set, options: NodeOptions) -> None:
@@ -305,6 +319,6 @@ def _write_endpoint_chain(chains: list, rules: list, s: _Svc, ep, active: set, o
     chains.append(chain_line(sep))
     active.add(sep)
     if options.self_masq:
-        rules.append(f"-A {sep} -m comment --comment {s.name} -s {ep.ip} -j KUBE-MARK-MASQ")
+        rules.append(f"-A {sep}{s.comment(s.name)} -s {ep.ip} -j KUBE-MARK-MASQ")
     recent = f" -m recent --name {sep} --set" if svc.affinity_timeout else ""
-    rules.append(f"-A {sep} -m comment --comment {s.name}{recent} {s.match} -j DNAT --to-destination {ep}")
+    rules.append(f"-A {sep}{s.comment(s.name)}{recent} {s.match} -j DNAT --to-destination {ep}")

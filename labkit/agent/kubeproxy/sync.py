@@ -48,7 +48,8 @@ from labkit.agent.kubeproxy.rules import NFACCT_INVALID, NFACCT_LOCALHOST, NodeO
 from labkit.agent.kubeproxy.text import chains_in
 
 __all__ = ["CANARY", "Jump", "JUMPS", "KUBELET_JUMPS", "jumps_into", "Iptables", "MemoryIptables", "MemoryTables",
-           "NetnsIptables", "sync", "setup", "cleanup", "chains_in", "restore", "NODE_SYSCTLS", "nat_table"]
+           "NetnsIptables", "sync", "setup", "cleanup", "chains_in", "restore", "restore_noflush", "NODE_SYSCTLS",
+           "nat_table", "partial_table"]
 
 CANARY = "KUBE-PROXY-CANARY"
 CANARY_TABLES = ("mangle", "nat", "filter")
@@ -325,6 +326,13 @@ def restore(netns: str, text: str) -> None:
     :func:`labkit.agent.kubeproxy.nat_table`; the agent syncs with :func:`sync` instead)."""
     NetnsIptables(netns)._run(["iptables-restore", "-w"], text)
 
+
+def restore_noflush(netns: str, text: str) -> None:
+    """``iptables-restore -w --noflush --counters`` in namespace ``netns``, as kube-proxy loads every sync
+    (utiliptables.RestoreAll with NoFlushTables and RestoreCounters): the chains ``text`` declares are
+    flushed and refilled, every other chain keeps its rules (what the bench times for :func:`partial_table`)."""
+    NetnsIptables(netns).restore_all(text)
+
 def nat_table(services: Iterable, topology: Topology, node: str | None = None,
               options: NodeOptions = NodeOptions()) -> str:
     """The whole ``nat`` table of a kube-proxy node after a full sync, built-in chains and their jumps
@@ -336,3 +344,40 @@ def nat_table(services: Iterable, topology: Topology, node: str | None = None,
     head = ["*nat"] + [f":{c} ACCEPT [0:0]" for c in ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING")]
     jumps = [j.rule() for j in jumps_into("nat")]
     return "\n".join(head + [chain_line(CANARY)] + declared + jumps + body[len(declared):]) + "\n"
+
+
+def partial_table(services: Iterable, topology: Topology, changed: Iterable[str], existing: Iterable[str] = (),
+                  node: str | None = None, options: NodeOptions = NodeOptions()) -> str:
+    """The input of one **partial** sync (kube-proxy >= 1.27, MinimizeIPTablesRestore) for an
+    ``iptables-restore --noflush`` (:func:`restore_noflush`) onto a node whose tables hold the state before
+    the change: the whole ``filter`` table (kube-proxy always writes it), in ``nat`` the declarations (which
+    flush) and every rule of KUBE-SERVICES, KUBE-NODEPORTS, KUBE-POSTROUTING and KUBE-MARK-MASQ, and the
+    KUBE-SVC/SVL/EXT/SEP chains only of the services named in ``changed`` (kube-proxy's
+    serviceUpdateResult/endpointUpdateResult UpdatedServices). ``existing`` are the nat chains
+    ``iptables-save`` shows before the change: service chains no longer used are declared (flushed) and
+    ``-X``-deleted. Unchanged services' chains are not in the text; ``--noflush`` keeps them.
+
+    Adding endpoint b2 to ``web`` writes ``web``'s chains and the new endpoint's KUBE-SEP, not ``db``'s:
+
+    >>> from labkit.agent.services import Services
+    >>> topo = Topology.default("demo")
+    >>> svcs = Services.in_memory(topo)
+    >>> web, db = svcs.add("web", 80, ["b1:8080"]), svcs.add("db", 5432, ["b1:5432"])
+    >>> before = chains_in(nat_table(svcs.list(), topo))
+    >>> text = partial_table([svcs.add_backend("web", "b2:8080"), db], topo, {"web"}, before)
+    >>> [line.split()[0] for line in text[text.index("*nat"):].splitlines() if line.startswith(":")]
+    [':KUBE-SERVICES', ':KUBE-NODEPORTS', ':KUBE-POSTROUTING', ':KUBE-MARK-MASQ', ':KUBE-SVC-LOLE4ISW44XBNF3G', \
+':KUBE-SEP-AYUPPDUJE3VKXBT5', ':KUBE-SEP-POV4HANKZOY4OMY6']
+    >>> sum(line.startswith("-A KUBE-SERVICES") for line in text.splitlines())  # web, db, the NodePorts jump (nat)
+    3
+
+    Taking it out again ``-X``-deletes the endpoint's chain (it was in ``existing``)::
+
+    >>> after = chains_in(nat_table(svcs.list(), topo))
+    >>> [l for l in partial_table([svcs.remove_backend("web", "b2:8080"), db], topo, {"web"}, after).splitlines()
+    ...  if l.startswith("-X")]
+    ['-X KUBE-SEP-POV4HANKZOY4OMY6']
+    """
+    node = node or topology.nodes[0].name
+    return render(services, topology, node, options, set(changed), existing).text
+
