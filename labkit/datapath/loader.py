@@ -1,9 +1,11 @@
 """Build one node's datapath: compile with BCC (or take the cached image), pin the maps, attach the programs.
 
-Runs as a child process, one per node (``python -m labkit loader``),
-so two nodes compile at once and the lab process never holds BCC's state. A
-build whose text and flags were compiled before loads from the image BCC made
-then (:mod:`labkit.datapath.image`). It talks JSON lines:
+Runs in a child process per node, so two nodes compile at once and the lab process never holds BCC's
+state. :func:`start` starts one ``python -m labkit loader`` for all of a lab's nodes: it imports this
+module and pyroute2 once, then forks the child of each node, which enters the node's namespace (a lab
+of two nodes pays one Python start-up and one set of imports, not two). A build whose text and flags
+were compiled before loads from the image BCC made then (:mod:`labkit.datapath.image`). Each node's
+child talks JSON lines on its own pipes:
 
 - stdin, first line: ``{"topology": ..., "config": ..., "node": ..., "pin_dir": ...}``
 - stdout: ``{"created": {...}}`` for every pin and tc filter, *as it is made*,
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -27,7 +31,7 @@ from labkit.errors import DatapathError
 from labkit.net import netns as _netns
 from labkit.net.topology import Topology
 
-__all__ = ["main"]
+__all__ = ["main", "start", "NodeLoader"]
 
 
 def _say(**msg) -> None:
@@ -107,16 +111,110 @@ def _attach_cgroup(prog_fd: int, prog, spec: dict, node: str) -> None:
                       "name": prog.filter_name})
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the child process."""
+class NodeLoader:
+    """One node's loader as the lab process sees it: ``stdin`` (the lab's answers) and ``stdout`` (the JSON
+    lines) of the child building that node, ``errfile`` (its stderr), and ``poll``/``kill``/``wait`` of the
+    process the lab started, which every node's child ends with (killing it kills them)."""
+
+    def __init__(self, process: subprocess.Popen, stdin, stdout, errfile):
+        self.process, self.stdin, self.stdout, self.errfile = process, stdin, stdout, errfile
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def kill(self) -> None:
+        self.process.kill()  # the nodes' children have PR_SET_PDEATHSIG: they go with it
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.process.wait(timeout)
+
+
+def start(specs: dict[str, dict]) -> dict[str, NodeLoader]:
+    """Start the loader of every node of ``specs`` (node -> its spec, the first line of the protocol) in one
+    process; node -> its :class:`NodeLoader`, already given its spec.
+
+        loaders = start({"node-a": spec_a, "node-b": spec_b})
+        json.loads(loaders["node-a"].stdout.readline())   # {"created": ...}, ..., {"pinned": true}
+    """
+    nodes, passed, ends = [], [], {}
+    for node, spec in specs.items():
+        child_in, lab_in = os.pipe()
+        lab_out, child_out = os.pipe()
+        # stderr to a file, not a pipe: a verifier log can be far larger than a pipe holds,
+        # and a loader blocked writing it would never report its error.
+        errfile = tempfile.TemporaryFile("w+")
+        nodes.append({"spec": spec, "stdin": child_in, "stdout": child_out, "stderr": errfile.fileno()})
+        passed += [child_in, child_out, errfile.fileno()]
+        ends[node] = (lab_in, lab_out, errfile)
+    first = next(iter(ends.values()))[2]  # the shared process's own errors land in the first node's file
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "labkit", "loader"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.DEVNULL, stderr=first, pass_fds=passed, text=True)
+    finally:
+        for n in nodes:  # the children's ends: only theirs, so that a child's exit is the lab's end of file
+            os.close(n["stdin"])
+            os.close(n["stdout"])
+    process.stdin.write(json.dumps({"nodes": nodes}) + "\n")
+    process.stdin.close()
+    return {node: NodeLoader(process, os.fdopen(lab_in, "w"), os.fdopen(lab_out, "r"), errfile)
+            for node, (lab_in, lab_out, errfile) in ends.items()}
+
+
+def _die_with_parent() -> None:
     import ctypes
     import signal
 
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the lab process
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the process that started this one
+
+
+def _run_reporting(spec: dict) -> None:
+    try:
+        run(spec)
+    except Exception as exc:
+        _say(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+
+
+def _fork_nodes(nodes: list[dict]) -> None:
+    """One child per node, each on its own pipes (``stdin``, ``stdout``, ``stderr`` fds); return once all ended."""
+    from pyroute2 import IPRoute  # noqa: F401  imported once, here, for every node's child
+
+    fds = [n[k] for n in nodes for k in ("stdin", "stdout", "stderr")]
+    children = []
+    for n in nodes:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _die_with_parent()
+                for target, k in enumerate(("stdin", "stdout", "stderr")):
+                    os.dup2(n[k], target)
+                for fd in fds:
+                    os.close(fd)
+                sys.stdin, sys.stdout, sys.stderr = (open(0, "r", closefd=False), open(1, "w", closefd=False),
+                                                     open(2, "w", closefd=False))
+                _run_reporting(n["spec"])
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(0)
+        children.append(pid)
+    for fd in fds:
+        os.close(fd)
+    for pid in children:
+        os.waitpid(pid, 0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the loader process: ``{"nodes": [...]}`` from :func:`start`, or one node's spec."""
+    _die_with_parent()
     if os.getppid() == 1:
         return
     try:
-        run(json.loads(sys.stdin.readline()))
+        first = json.loads(sys.stdin.readline())
     except Exception as exc:
         _say(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        return
+    if "nodes" in first:
+        _fork_nodes(first["nodes"])
+    else:
+        _run_reporting(first)
 

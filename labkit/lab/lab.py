@@ -21,12 +21,11 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from dataclasses import replace as _replace
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from labkit.agent import endpoints as agent
 from labkit.agent.gc import LabGc, flush_address
@@ -56,6 +55,9 @@ from labkit.maps.nat import NAT_MAP, NatEntry, NatKey4, NatRow
 from labkit.net.topology import Topology
 from labkit.observe.evidence import JOURNAL, Snapshot
 from labkit.observe.trace import EVENT_SIZE, EventLog
+
+if TYPE_CHECKING:
+    from labkit.datapath.loader import NodeLoader
 
 __all__ = ["Lab", "PodHandle", "NodeHandle", "BPFFS_ROOT"]
 
@@ -305,44 +307,32 @@ class Lab:
         return out
 
     @staticmethod
-    def _start_loaders(name, topology, config, ledger, state) -> dict[str, subprocess.Popen]:
+    def _start_loaders(name, topology, config, ledger, state) -> dict[str, NodeLoader]:
         root = BPFFS_ROOT
         if not root.exists():
             root.mkdir(parents=True)
         lab_pins = root / name
         ledger.record("pindir", path=str(lab_pins))
         lab_pins.mkdir()
-        procs = {}
+        specs = {}
         for n in topology.nodes:
             pin_dir = Path(state.pin_dirs[n.name])
             ledger.record("pindir", path=str(pin_dir))
             pin_dir.mkdir()
-            # stderr to a file, not a pipe: a verifier log can be far larger than a pipe holds,
-            # and a loader blocked writing it would never report its error.
-            errfile = tempfile.TemporaryFile("w+")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "labkit", "loader"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errfile,
-                text=True,
-            )
-            proc.errfile = errfile
             cgroups = state.cgroups
             sock_cgroups = []  # where socket LB applies: the node's own processes, and with "full" its pods
             if config.socket_lb != "off" and n.name in cgroups:
                 sock_cgroups.append(cgroups[n.name])
                 if config.socket_lb == "full":
                     sock_cgroups += [cgroups[p.name] for p in topology.pods_on(n.name)]
-            spec = {"topology": topology.to_dict(), "config": config.to_dict(), "node": n.name, "pin_dir": str(pin_dir),
-                    "cgroups": sock_cgroups}
-            proc.stdin.write(json.dumps(spec) + "\n")
-            proc.stdin.flush()
-            procs[n.name] = proc
-        return procs
+            specs[n.name] = {"topology": topology.to_dict(), "config": config.to_dict(), "node": n.name,
+                             "pin_dir": str(pin_dir), "cgroups": sock_cgroups}
+        from labkit.datapath import loader  # here: only a lab being built needs it
+
+        return loader.start(specs)  # one process, a child per node: the imports are paid once
 
     @staticmethod
-    def _loader_until(proc: subprocess.Popen, ledger: Ledger, node: str, until: str) -> dict:
+    def _loader_until(proc: NodeLoader, ledger: Ledger, node: str, until: str) -> dict:
         while True:
             line = proc.stdout.readline()
             if not line:
@@ -907,7 +897,7 @@ class Lab:
         }
 
 
-def _stderr_tail(proc: subprocess.Popen, size: int = 4000) -> str:
+def _stderr_tail(proc: NodeLoader, size: int = 4000) -> str:
     """The last ``size`` characters a loader wrote to its stderr file."""
     errfile = getattr(proc, "errfile", None)
     if errfile is None:
