@@ -53,12 +53,11 @@ def agent_pid(lab) -> int:
 
 
 def bpftool_lb(lab) -> dict[str, str]:
-    """Every node's LB maps as ``bpftool map dump pinned`` prints them (the kernel's own bytes)."""
+    """Every node's LB maps as ``bpftool map dump pinned`` prints them (the kernel's own bytes). The Maglev
+    map's values are the ids of its inner maps: a table written again would show a new id."""
     out = {}
     for node in lab.topology.nodes:
         for m in LB_MAPS:
-            if m == MAGLEV_MAP:  # map of maps: its values are ids of inner maps, which a rewrite would change
-                continue
             r = subprocess.run(["bpftool", "map", "dump", "pinned", f"{lab.pin_dir(node.name)}/{m}"],
                                capture_output=True, text=True, check=True)
             out[f"{node.name}/{m}"] = r.stdout
