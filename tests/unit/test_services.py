@@ -1177,3 +1177,16 @@ def test_flush_takes_every_head_out_first(svcs):
     assert len(after) == 6 and all(op.startswith("delete") and op.endswith("slot 0") for op in after)
     assert all(not table for node in svcs.maps.data.values() for table in node.values())
     assert svcs.list() == [] and svcs.add("web", 80).id == 1
+
+
+def test_apply_in_batches_is_still_all_or_nothing(svcs, monkeypatch):
+    """Batches of new services past the first are undone too when a later one is refused (their service ids
+    are not handed out again at once, as ids never are)."""
+    monkeypatch.setattr(services_core, "APPLY_CHUNK", 2)
+    maps = snapshot(svcs)
+    specs = [{"name": f"s{i}", "port": 80, "backends": ["b1:8080"]} for i in range(5)]
+    specs.append({"name": "clash", "port": 80, "vip": "198.19.0.10"})  # s0's VIP
+    with pytest.raises(ConfigError, match="already service 's0'"):
+        svcs.apply(specs)
+    assert snapshot(svcs) == maps and svcs.list() == []
+    assert len(svcs.apply(specs[:5])["added"]) == 5 and min(s.id for s in svcs.list()) > 4

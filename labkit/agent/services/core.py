@@ -40,7 +40,11 @@ from labkit.release import DEFAULT_RELEASE, profile
 
 
 
-__all__ = ["Services"]
+__all__ = ["Services", "APPLY_CHUNK"]
+
+#: An apply writes its new services this many at a time (each batch heads last), so its peak memory is
+#: bounded whatever the number of services; the call stays all or nothing.
+APPLY_CHUNK = 4096
 
 
 class Services:
@@ -236,13 +240,15 @@ class Services:
         with self.store.lock():
             state = self._state()
             fresh = [spec for spec in checked if spec["name"] not in state.services]
-            if len(fresh) > 1 and hasattr(self.writer, "commit_new"):
-                out["added"] = self._add_many(state, fresh)
-                state = self._state()
-                done = [(name, None) for name in out["added"]]
-                added = set(out["added"])
-                checked = [spec for spec in checked if spec["name"] not in added]
             try:
+                if len(fresh) > 1 and hasattr(self.writer, "commit_new"):
+                    for i in range(0, len(fresh), APPLY_CHUNK):  # a bounded batch at a time: a bounded peak
+                        names = self._add_many(state, fresh[i:i + APPLY_CHUNK])
+                        out["added"] += names
+                        done += [(name, None) for name in names]
+                        state = self._state()
+                    added = set(out["added"])
+                    checked = [spec for spec in checked if spec["name"] not in added]
                 for spec in checked:
                     name = spec["name"]
                     old = state.services.get(name)
@@ -264,6 +270,7 @@ class Services:
                         continue
                     done.append((name, old))
             except BaseException:
+                state = self._state()  # a refused batch left the state to be read again from the store
                 self._undo(state, done)
                 raise
         return out
