@@ -289,13 +289,7 @@ class LbMapsWriter:
                         self.maps.delete(n, m, key)
                     except (OSError, LabkitError) as err:
                         problems.append(f"{n} {m} {key}: {err}")
-            left = f"; could not undo: {'; '.join(problems)}" if problems else "; every map is as it was"
-            if isinstance(exc, OSError):
-                where = f"{map_name} on node '{node}'" if map_name is not None else f"the service list ({exc.filename})"
-                raise DatapathError(f"{what}: writing {where} failed ({exc.strerror or exc}){left}") from exc
-            if problems:
-                raise DatapathError(f"{what}: {exc}{left}") from exc
-            raise
+            _refused(exc, what, map_name, node, problems)
         finally:
             self.maps.close()
 
@@ -312,12 +306,18 @@ class LbMapsWriter:
             save()
         except BaseException as exc:
             problems = txn.rollback()
-            left = f"; could not undo: {'; '.join(problems)}" if problems else "; every map is as it was"
-            if isinstance(exc, OSError):
-                where = f"{op.map_name} on node '{node}'" if op is not None else f"the service list ({exc.filename})"
-                raise DatapathError(f"{what}: writing {where} failed ({exc.strerror or exc}){left}") from exc
-            if problems:
-                raise DatapathError(f"{what}: {exc}{left}") from exc
-            raise
+            _refused(exc, what, op and op.map_name, node, problems)
         finally:
             self.maps.close()
+
+
+def _refused(exc: BaseException, what: str, map_name: str | None, node: str | None, problems: list[str]) -> None:
+    """Raise what a refused change was, once its writes were undone: a kernel refusal names the map and node
+    (or the service list, if saving failed), and either says what could not be undone; anything else as it is."""
+    left = f"; could not undo: {'; '.join(problems)}" if problems else "; every map is as it was"
+    if isinstance(exc, OSError):
+        where = f"{map_name} on node '{node}'" if map_name is not None else f"the service list ({exc.filename})"
+        raise DatapathError(f"{what}: writing {where} failed ({exc.strerror or exc}){left}") from exc
+    if problems:
+        raise DatapathError(f"{what}: {exc}{left}") from exc
+    raise exc
