@@ -390,6 +390,15 @@ step_pip() {
 }
 step_pip
 
+# ---------------------------------------------------------------- bytecode
+# An editable install leaves labkit's modules uncompiled, and a process started with
+# PYTHONDONTWRITEBYTECODE never writes their .pyc: then every kernel, loader, agent and pod
+# server compiles labkit again at start.  compileall writes only what is missing or stale.
+if [ -f "$REPO/labkit/__init__.py" ]; then
+    run "$VENV/bin/python" -m compileall -q "$REPO/labkit" || die "python -m compileall $REPO/labkit failed"
+    step bytecode "ok ($REPO/labkit compiled)"
+fi
+
 # ---------------------------------------------------------------- labkit on PATH
 LABKIT_BIN="$VENV/bin/labkit"
 LABKIT_LINK=/usr/local/bin/labkit

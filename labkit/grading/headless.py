@@ -1,6 +1,8 @@
 """Run a notebook headless, as grading and the notebook tests both do: top to bottom in a python3
 kernel whose environment names the lab (``LABKIT_LAB``) and the grade log its checks append to
-(``LABKIT_GRADE_LOG``), cell errors kept as outputs.
+(``LABKIT_GRADE_LOG``), cell errors kept as outputs. The kernel runs OpenBLAS on one thread
+(``OPENBLAS_NUM_THREADS=1`` unless the caller's environment sets it): notebooks run side by side,
+one per core, and BLAS threads left spinning after numpy's work would take the core of the next.
 
     >>> import nbformat
     >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1/0")])
@@ -38,7 +40,8 @@ def run_notebook(nb, lab: str, grade_log: str | Path, cwd: str | Path, cell_time
         client.on_notebook_start = started
     if on_cell is not None:
         client.on_cell_start = lambda cell=None, cell_index=None, **_: on_cell(cell_index)
-    client.execute(env={**os.environ, "LABKIT_LAB": lab, "LABKIT_GRADE_LOG": str(grade_log)})
+    client.execute(env={"OPENBLAS_NUM_THREADS": "1", **os.environ, "LABKIT_LAB": lab,
+                        "LABKIT_GRADE_LOG": str(grade_log)})
 
 
 def error_outputs(nb) -> Iterator[tuple[int, Any]]:
