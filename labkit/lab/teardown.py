@@ -115,11 +115,9 @@ def _undo(entries: list[dict], ledger: Ledger | None = None) -> list[str]:
                 for e in items:
                     _detach_cgroup_prog(e)
             elif phase == "netns":
-                from pyroute2 import netns
-
                 for e in items:
                     if _netns.exists(e["name"]):
-                        netns.remove(e["name"])
+                        _netns.remove(e["name"])
             else:
                 for e in items:
                     _remove_path(e["path"], rmdir=phase in ("pindir", "cgroup", "dir"))

@@ -130,14 +130,12 @@ def _nl(what: str):
 def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dict:
     """Create every namespace and link; returns per-node facts the datapath needs:
     ``{"endpoints": {node: [EndpointFacts]}, "devices": {node: {ifindex: name}}}``."""
-    from pyroute2 import netns as pyroute2_netns
-
     for name in topo.all_netns():
         if _netns.exists(name):
             raise NetnsError(17, f"network namespace '{name}' already exists; expected lab '{topo.lab}' to own it")
         ledger.record("netns", name=name)  # first: a kill between the two steps leaves nothing unlisted
         with _nl(f"ip netns add {name}"):
-            pyroute2_netns.create(name)
+            _netns.create(name)
         _sysctls(name, _COMMON_SYSCTLS)
     for n in topo.nodes:
         _sysctls(topo.netns(n.name), _NODE_SYSCTLS)

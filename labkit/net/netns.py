@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from labkit.errors import NetnsError
 
-__all__ = ["entered", "preexec", "exists", "NETNS_DIR", "sysctl", "enter_process"]
+__all__ = ["entered", "preexec", "exists", "create", "remove", "NETNS_DIR", "sysctl", "enter_process"]
 
 NETNS_DIR = "/run/netns"
 _CLONE_NEWNET = 0x40000000
@@ -31,6 +31,24 @@ def _setns(fd: int, what: str) -> None:
 def exists(name: str) -> bool:
     """Whether ``ip netns`` would list ``name``."""
     return os.path.exists(os.path.join(NETNS_DIR, name))
+
+
+def create(name: str) -> None:
+    """``ip netns add name``: a new namespace, bind-mounted at ``/run/netns/<name>``.
+
+    pyroute2 makes it in a forked child; handing it this module's libc spares that child a
+    ``find_library('c')``, which runs ``ldconfig -p`` once per namespace (about 30 ms each).
+    """
+    from pyroute2 import netns
+
+    netns.create(name, libc=_libc)
+
+
+def remove(name: str) -> None:
+    """``ip netns delete name``: unmount ``/run/netns/<name>`` and remove the file."""
+    from pyroute2 import netns
+
+    netns.remove(name, libc=_libc)
 
 
 @contextlib.contextmanager
