@@ -39,6 +39,7 @@ from labkit.lab.teardown import leftovers, remove_part, teardown
 from labkit.maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
 from labkit.net import build as _build
 from labkit.net import netns as _netns
+from labkit.net import pod_argv
 from labkit.net.build import cgroup_root
 from labkit.notebook.steps import PodClient, TcpConn, ping_step, raw_step, udp_step
 from labkit.notebook.widgets import watch
@@ -446,7 +447,7 @@ class Lab:
         """The :mod:`labkit.net.podclient` process of ``pod`` (started on first use)."""
         client = self._clients.get(pod)
         if client is None or client.proc.poll() is not None:
-            proc = self.popen(pod, [sys.executable, "-m", "labkit", "podclient"], stdin=subprocess.PIPE,
+            proc = self.popen(pod, pod_argv("podclient"), stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
             Ledger(self.name).record_process(f"podclient-{pod}", proc.pid, netns=self.topology.netns(pod))
             client = self._clients[pod] = PodClient(proc)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING
 from labkit.config import VXLAN_PORT, DatapathConfig
 from labkit.errors import NetnsError
 from labkit.net import netns as _netns
+from labkit.net import pod_argv
 from labkit.net.ledger import Ledger
 from labkit.net.topology import LB_RANGE, Topology
 
@@ -252,7 +252,7 @@ def start_pod_servers(topo: Topology, ledger: Ledger, cgroups: dict[str, str]) -
         ledger.record("file", path=str(logs / f"{pod.name}.err"))
         log.touch()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "labkit", "podserver", "--pod", pod.name, "--port", str(POD_PORT), "--log", str(log)],
+            pod_argv("podserver", "--pod", pod.name, "--port", str(POD_PORT), "--log", str(log)),
             preexec_fn=_netns.preexec(topo.netns(pod.name), cgroups.get(pod.name)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

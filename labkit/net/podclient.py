@@ -1,7 +1,7 @@
 """A client that lives in a pod and opens, feeds and closes connections on
 command, so a notebook can advance TCP one step at a time.
 
-    python -m labkit podclient         # started by labkit in the pod's netns and cgroup
+    python -S labkit/net/podclient.py  # started by labkit in the pod's netns and cgroup (labkit.net.pod_argv)
 
 It reads one JSON command per line on stdin and answers one JSON line:
 
@@ -167,3 +167,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
     os._exit(0)
 
+
+if __name__ == "__main__":  # run as a file (labkit.net.pod_argv), without site
+    main()

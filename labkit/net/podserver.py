@@ -1,6 +1,8 @@
 """The program every pod runs: a TCP/HTTP server and a UDP echo on one port.
 
-    python -m labkit podserver --pod a1 --port 8080 --log /run/labkit/demo/pods/a1.log
+    python -S labkit/net/podserver.py --pod a1 --port 8080 --log /run/labkit/demo/pods/a1.log
+
+(``labkit.net.pod_argv``; ``python -m labkit podserver ...`` runs the same code.)
 
 TCP: an HTTP request (``GET /``) is answered with one line naming the pod and
 the client address:port the server saw, then the connection closes; any
@@ -129,3 +131,6 @@ def main(argv: list[str] | None = None) -> None:
         except KeyboardInterrupt:
             sys.exit(0)
 
+
+if __name__ == "__main__":  # run as a file (labkit.net.pod_argv), without site
+    main()

@@ -16,6 +16,10 @@ each exercise's checks must then say:
   run (no try spent);
 - ``fault-N``: reference answers, each exercise's fault switched on around its own cells (rounds keep
   two exercises' cells apart), and the fault cell of each break-it exercise removed -> none passes.
+
+A cell marked ``measure`` is a measurement no exercise reads (lab 09's kube-proxy scaling, lab 08's
+timed scans): it leaves nothing a later cell uses, so only ``paced`` (the notebook as a learner runs
+it) runs it; the other mutants drop it, which changes no exercise's cells or evidence.
 """
 from __future__ import annotations
 
@@ -102,8 +106,15 @@ def paced(lab: str, nb, key: dict) -> Mutant:
     return Mutant(lab, "paced", out, expect)
 
 
+def _without_measurements(nb):
+    """``nb`` without its cells marked ``measure`` (see the module's docstring)."""
+    out = copy.deepcopy(nb)
+    out.cells = [c for c in out.cells if not _meta(c).get("measure")]
+    return out
+
+
 def no_evidence(lab: str, nb, key: dict) -> Mutant:
-    out = _with_answers(nb, key)
+    out = _with_answers(_without_measurements(nb), key)
     evidence = _index(out, "evidence")
     drop = {i for idx in evidence.values() for i in idx}
     out.cells = [c for i, c in enumerate(out.cells) if i not in drop]
@@ -136,7 +147,7 @@ for _l in _notebook_labs():
 
 def faults(lab: str, nb, key: dict, exercises) -> list[Mutant]:
     """The fault mutants: rounds of exercises whose cells (first evidence cell to check cell) do not overlap."""
-    base = _with_answers(nb, key)
+    base = _with_answers(_without_measurements(nb), key)
     evidence, checks, fault_cells = _index(base, "evidence"), _index(base, "check"), _index(base, "fault")
     spans = []
     for ex in exercises:

@@ -4,6 +4,7 @@ a check without its cells' evidence says which cell to run, and no check passes 
 not do the thing. Mutants run two at a time, each in a lab of its own that is torn down after it."""
 from __future__ import annotations
 
+import ast
 import os
 import re
 from concurrent.futures import ProcessPoolExecutor
@@ -86,6 +87,47 @@ def test_every_exercise_has_a_key_with_two_wrong_answers(lab_id):
         assert len(key[e.id]["wrong"]) >= 2 and all(w["message"] for w in key[e.id]["wrong"]), e.id
         assert len(e.hints) == 3, f"{e.id}: three hints (where to look, narrower, the answer)"
         assert e.fault or e.break_it, f"{e.id}: no fault to prove the check reads the datapath"
+
+
+def _assigned(source: str) -> set[str]:
+    """Names a cell's code binds at top level (assignments, imports, defs, for targets)."""
+    tree = ast.parse("\n".join(line for line in source.splitlines() if not line.lstrip().startswith("%")))
+    names = set()
+    for node in tree.body:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                names.add(sub.id)
+            elif isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                names.add(sub.name)
+            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in sub.names)
+    return names
+
+
+def _used(source: str) -> set[str]:
+    tree = ast.parse("\n".join(line for line in source.splitlines() if not line.lstrip().startswith("%")))
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+@pytest.mark.parametrize("lab_id", LAB_IDS)
+def test_measurement_cells_leave_nothing_the_exercises_use(lab_id):
+    """A cell marked ``measure`` (run only by the paced mutant) is no exercise's evidence, answer, check or fault
+    cell, and no later cell reads a name it binds unless an earlier cell bound it too."""
+    nb = load(lab_id)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    for k, cell in enumerate(cells):
+        meta = cell.get("metadata", {}).get("labkit", {})
+        if not meta.get("measure"):
+            continue
+        assert set(meta) == {"measure"}, f"lab {lab_id} cell {k}: a measurement cell carries {sorted(meta)}"
+        bound_before = set().union(*(_assigned(c.source) for c in cells[:k] if not
+                                     c.get("metadata", {}).get("labkit", {}).get("measure")))
+        own = _assigned(cell.source) - bound_before
+        for later in cells[k + 1:]:
+            if later.get("metadata", {}).get("labkit", {}).get("measure"):
+                continue
+            leaked = own & _used(later.source)
+            assert not leaked, f"lab {lab_id}: a cell after measurement cell {k} reads {sorted(leaked)}"
 
 
 @pytest.mark.parametrize("lab_id", LAB_IDS)

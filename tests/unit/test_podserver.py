@@ -6,15 +6,13 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from labkit.net import pod_argv
 from labkit.net.podserver import http_answer
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_http_answer_format():
@@ -28,6 +26,18 @@ def test_http_answer_format():
     assert headers[b"Connection"] == b"close"
     assert body == b"pod=a1 client=198.18.2.11:40000\n"
     assert int(headers[b"Content-Length"]) == len(body)
+
+
+def test_pod_programs_run_from_their_file_without_site():
+    """pod_argv runs podserver and podclient as files under ``python -S``: they import only the standard library
+    (no labkit on the path, no site-packages) and start (here: --help, and a client at end of input)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(pod_argv("podserver", "--help"), env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "--pod" in out.stdout, out.stderr
+    client = subprocess.run(pod_argv("podclient"), env=env, input="", capture_output=True, text=True, timeout=30)
+    assert client.returncode == 0, client.stderr
+    with pytest.raises(ValueError, match="expected one of podserver, podclient"):
+        pod_argv("loader")
 
 
 def _free_port() -> int:
@@ -50,10 +60,9 @@ def server(tmp_path):
     """A pod server 'x' in a subprocess; yields (port, log path) once it listens."""
     port = _free_port()
     log = tmp_path / "x.log"
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the pod's command line needs no labkit on the path
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from labkit.net.podserver import main; main(sys.argv[1:])",
-         "--pod", "x", "--port", str(port), "--log", str(log)],
+        pod_argv("podserver", "--pod", "x", "--port", str(port), "--log", str(log)),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
