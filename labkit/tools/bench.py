@@ -87,6 +87,8 @@ MIN_SAMPLES = 5
 GC_ENTRIES = 1_000_000
 GC_MAP_SIZE = 2 ** 21
 SERVICES_AT_SCALE = 50_000
+#: The eBPF first-packet growth target compares 100 services loaded with this many.
+GROWTH_SERVICES = 10_000
 #: 50,000 services need 100,000 slots: more than Cilium's default --bpf-lb-map-max (65536), as on a real node.
 BENCH_CONFIG = {"lb_map_size": 131072, "gc_timer": False}
 LAB = "bench"
@@ -179,7 +181,7 @@ def measure(runs: int) -> dict:
     lb_modes = _lb_mode_rates(max(runs, MIN_SAMPLES))
     kube_proxy = compare_service_modes(SCALE_SIZES, stall_sizes=[n for n in STALL_SIZES if n in SCALE_SIZES]
                                        or SCALE_SIZES[-1:])
-    growth = _first_packet_side_by_side(100, 10_000, rounds=max(runs, MIN_SAMPLES))
+    growth = _first_packet_side_by_side(100, GROWTH_SERVICES, rounds=max(runs, MIN_SAMPLES))
     medians["ebpf_first_packet_growth_100_to_10k"] = growth["ratio"]
     throughput = _throughput(THROUGHPUT_SECONDS, rounds=max(runs, MIN_SAMPLES))
     medians["no_bpf_over_bpf_throughput"] = round(

@@ -44,8 +44,8 @@ IDS = [e.id for e in exercises_for("02")]
 #: The labs of a grading run with this tag: g<pid>n<k><tag>, and its variants.
 GRADE_LAB = re.compile(rf"^g\d+n\d+{re.escape(TAG)}(-({'|'.join(VARIANTS)}))?$")
 #: --notebook-timeout of the run with a hanging notebook: the test waits this long for it, so it is kept short, yet
-#: several times what lab 02 takes to run to its end on a busy two-core machine (10-30 s).
-HANG_LIMIT = 90
+#: several times what lab 02 takes to run to its end beside another notebook on a two-core machine (8-15 s).
+HANG_LIMIT = 60
 #: Learner -> exercise -> which wrong answer of the key (its index, taken modulo the key's count), or None
 #: for the unanswered placeholder; exercises not named get the reference answer.
 PLANTED = {
