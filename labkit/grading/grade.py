@@ -24,6 +24,7 @@ starts with. Reports (table, CSV, JSON, HTML) are in :mod:`labkit.grading.report
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -491,8 +492,15 @@ def grade(paths: Iterable[str | Path], jobs: int | None = None, cell_timeout: fl
 
         if executor is execute and work:
             _preload()
-        run_jobs(work, executor, workers=jobs or default_jobs(), timeout=notebook_timeout + kill_grace,
-                 finish=finish, progress=scored)
+        # Every object this process holds goes to the collector's permanent generation before the jobs fork:
+        # a child's collections then never walk (and copy, page by page) the parent's heap.
+        gc.collect()
+        gc.freeze()
+        try:
+            run_jobs(work, executor, workers=jobs or default_jobs(), timeout=notebook_timeout + kill_grace,
+                     finish=finish, progress=scored)
+        finally:
+            gc.unfreeze()
     return [scores[i] for i in range(len(items))]
 
 

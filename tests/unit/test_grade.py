@@ -5,6 +5,7 @@ runner: test_jobs.py. Re-execution on the datapath: tests/labs/test_grade_notebo
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import os
 import time
@@ -157,6 +158,22 @@ def test_grade_scores_what_each_notebook_reached(tmp_path):
     assert {e.status for e in by["hangs"].exercises[3:]} == {"not checked"}
     assert len({s.lab_name for s in scores}) == 3 and all(s.lab_name.startswith(f"g{os.getpid()}n") for s in scores)
     assert sorted(d for d, _, _ in seen) == [1, 2, 3] and {n for _, n, _ in seen} == {3}
+
+
+def test_jobs_fork_from_a_frozen_heap(tmp_path):
+    """grade() moves its heap to the collector's permanent generation before the jobs fork (a child's collections
+    never walk the parent's objects) and unfreezes it afterwards."""
+    (tmp_path / "ann").mkdir()
+    nbformat.write(handed_in("02", answers={}), tmp_path / "ann" / "02-tcp.ipynb")
+    seen = tmp_path / "frozen"
+
+    def executor(job):
+        seen.write_text(str(gc.get_freeze_count()))
+        return {"cell_errors": [], "stopped": None, "stopped_at": None, "teardown": []}
+
+    grade([tmp_path / "ann" / "02-tcp.ipynb"], jobs=1, executor=executor)
+    assert int(seen.read_text()) > 0
+    assert gc.get_freeze_count() == 0
 
 
 def test_grade_lab_names_fit_with_their_variants():
