@@ -60,7 +60,7 @@ import nbformat
 from labkit.agent.gc import collect_node, fill_synthetic
 from labkit.config import DatapathConfig
 from labkit.grading.answers import load_key
-from labkit.grading.grade import answer_cells, grade
+from labkit.grading.grade import answer_cells
 from labkit.lab import Lab
 from labkit.maps.base import PinnedMap
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4
@@ -312,12 +312,10 @@ def _gc_scale(rounds: int) -> dict:
 
 
 def grade_side_by_side(rounds: int, copies: int | None = None) -> dict:
-    """Wall time of ``labkit grade`` on the same ``copies`` copies of lab 02 (reference answers, a learner
-    folder each) with ``--jobs GRADE_JOBS`` and with ``--jobs 1``, ``rounds`` runs of each, alternating;
-    medians and their ratio. Every notebook runs in a fresh lab, as an instructor's grading does."""
-
-
-
+    """Wall time of the ``labkit grade`` command, as an instructor runs it (a fresh process each time, its
+    start-up included), on the same ``copies`` copies of lab 02 (reference answers, a learner folder each),
+    with ``--jobs GRADE_JOBS`` and with ``--jobs 1``, ``rounds`` runs of each, alternating; medians and their
+    ratio. Every notebook runs in a fresh lab, as an instructor's grading does."""
     copies = copies or GRADE_COPIES
     labs = Path(__file__).resolve().parents[2] / "labs"
     [source] = labs.glob(f"{GRADE_LAB}-*.ipynb")
@@ -333,13 +331,16 @@ def grade_side_by_side(rounds: int, copies: int | None = None) -> dict:
             path = Path(tmp) / f"learner{k}" / source.name
             path.parent.mkdir()
             nbformat.write(nb, path)
-            paths.append(path)
+            paths.append(str(path))
         for _ in range(rounds):
             for jobs in times:
+                argv = [sys.executable, "-m", "labkit", "cli", "grade", *paths, "--jobs", str(jobs),
+                        "--lab-tag=-bench", "--json", "--quiet"]
                 t = time.perf_counter()
-                scores = grade(paths, jobs=jobs, lab_tag="-bench")
+                out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=1800)
                 times[jobs].append(time.perf_counter() - t)
-                passed[jobs].append(sum(s.score for s in scores))
+                report = json.loads(out.stdout)
+                passed[jobs].append(sum(e["passed"] for n in report["notebooks"] for e in n["exercises"]))
     med = {jobs: statistics.median(t) for jobs, t in times.items()}
     return {"copies": copies, "lab": GRADE_LAB, "jobs": GRADE_JOBS, "rounds": rounds,
             "median_s": {str(j): round(v, 2) for j, v in med.items()},
@@ -350,7 +351,8 @@ def grade_side_by_side(rounds: int, copies: int | None = None) -> dict:
 
 def grade_line(g: dict, cpus: int) -> str:
     """The report's line for :func:`grade_side_by_side`."""
-    return (f"labkit grade, the same {g['copies']} copies of lab {g['lab']} (reference answers, a fresh lab each): "
+    return (f"labkit grade (the command, start-up included), the same {g['copies']} copies of lab {g['lab']} "
+            f"(reference answers, a fresh lab each): "
             f"--jobs {g['jobs']} {g['median_s'][str(g['jobs'])]:.1f} s, --jobs 1 {g['median_s']['1']:.1f} s, ratio "
             f"{g['ratio']} (medians of {g['rounds']} runs each, alternating, {cpus} CPUs; exercises passed per run: "
             f"{', '.join(map(str, g['exercises_passed'][str(g['jobs'])]))} of {g['exercises']})")

@@ -30,7 +30,7 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     lb = result["lb_modes"]
     assert lb["median_rps"]["dsr"] > 0 and lb["median_rps"]["snat"] > 0 and lb["ratio_dsr_vs_snat"] > 0
     assert "ratio dsr/snat" in table and "GC of a CT map with 20,000 entries" in table
-    assert "labkit grade, the same 2 copies of lab 02" in table and result["grade"]["ratio"] > 0
+    assert "labkit grade (the command, start-up included), the same 2 copies of lab 02" in table and result["grade"]["ratio"] > 0
     assert result["grade"]["rounds"] == 2 and all(len(v) == 2 for v in result["grade"]["samples_s"].values())
     assert result["gc"]["read_deleted"] == {"batch": [20_000, 10_000], "per-entry": [20_000, 10_000]}
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in bench.LB_MODE_LABS.values())
