@@ -28,7 +28,7 @@ from labkit.addr import be32
 from labkit.constants import Hook, Verdict
 from labkit.errors import LabkitError, LabTimeoutError
 from labkit.maps.ct import CtDiff, CtRow, TcpFlags, diff_rows
-from labkit.notebook import viz
+from labkit.notebook import stepview, viz
 from labkit.observe.evidence import JOURNAL
 from labkit.observe.monitor import flushed_past
 from labkit.observe.trace import Flow
@@ -159,34 +159,17 @@ class Step:
         return "\n".join(out)
 
     def _repr_html_(self) -> str:
+        """The step as one display: the path picture, its numbered hop list (repeats grouped ×N, with
+        trace tags, CT verdicts and drop reasons), the raw records folded, the CT diff in the row grammar."""
         status = "ok" if self.ok else html.escape(str(self.result.get("error", "failed")))
         parts = [f"<div class='lk-step'><h4>{html.escape(self.title)} — {status}</h4>"]
         parts.append(viz.path_html(self.lab.topology, self.lab.config.routing, self.flows, title=self.title))
-        parts.append("<pre style='font-size:11px'>" + html.escape("\n".join(self.lines()) or "(no packets)") + "</pre>")
-        parts.append(_diff_html(self.diff, self.lab.clock.now()))
+        parts.append(stepview.records_html(self.lines()))
+        parts.append(stepview.diff_html(self.diff, self.lab.clock.now()))
         cmds = [c for n in self.lab.topology.nodes for c in self.lab.ct_command(n.name)]
         parts.append("<details><summary>the same rows with real tools</summary><pre>" +
                      html.escape("\n".join(cmds)) + "</pre></details></div>")
         return "".join(parts)
-
-
-def _diff_html(diffs: dict[str, CtDiff], now: int) -> str:
-    rows = []
-    for node, d in diffs.items():
-        for r in d.added:
-            rows.append(("#d4f7d4", node, "+", r.line(now)))
-        for r in d.removed:
-            rows.append(("#f7d4d4", node, "−", r.line(now)))
-        for old, new, fields_ in d.changed:
-            moved = ", ".join(f"{f}: {getattr(old, f)} → {getattr(new, f)}" for f in fields_)
-            rows.append(("#f7f3c8", node, "~", f"{new.proto_name} {new.dir} {new.flow()}  [{moved}]"))
-    if not rows:
-        return "<p><i>No CT row changed.</i></p>"
-    body = "".join(
-        f"<tr style='background:{c}'><td>{html.escape(n)}</td><td>{m}</td><td><code>{html.escape(t)}</code></td></tr>"
-        for c, n, m, t in rows
-    )
-    return f"<table style='font-size:11px'><tr><th>node</th><th></th><th>CT row</th></tr>{body}</table>"
 
 
 def run_step(lab: LabView, title: str, action: Callable[[], dict], journeys: Callable[[dict], list[Journey]],

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from labkit.addr import ipv4
 from labkit.config import ROUTING_MODES, VXLAN_PORT
-from labkit.constants import DropReason, Hook, Verdict
+from labkit.constants import DropReason, Hook, TraceFlags, Verdict
 from labkit.errors import ConfigError
 from labkit.maps.ct import CtDir, CtFlags, CtResult
 from labkit.net.topology import DEVICE_HOOKS, Topology
@@ -278,7 +278,8 @@ class Hop:
     (``"from-container"``) and ``verdict`` the verdict name (``"FORWARDED"``,
     ``"REDIRECTED"``, ``"DROPPED"``). ``summary`` reads like the tail of a
     Hubble line: the packet as it reached the hook, ``=> packet`` when the hook
-    rewrote it (NAT), the CT lookup, ``→ tunnel <ip>`` and the drop reason.
+    rewrote it (NAT), its trace tags (``[snat]``, ``[dsr-opt-added]``), the CT
+    lookup, ``→ tunnel <ip>`` and the drop reason.
 
     >>> Hop(1, "node-a", "eth0", "node-a/eth0", "to-netdev", "FORWARDED", "...").text()
     '1. node-a eth0 to-netdev FORWARDED: ...'
@@ -325,6 +326,7 @@ def _summary(flow: "Flow", topology: Topology | None) -> str:
         packet += f" => {ev.after.text()}"
     if ev.inner.proto:
         packet += f" [vxlan: {ev.inner.text()}]"
+    packet += "".join(f" [{name}]" for name in TraceFlags.names(ev.flags))  # what the hook did besides NAT
     parts = [packet]
     if ev.ct_result != CtResult.NONE:
         try:

@@ -43,6 +43,8 @@ MODULES = [
     "labkit.grading.jobs",
     "labkit.maps.nat",
     "labkit.notebook.viz",
+    "labkit.notebook.svgpath",
+    "labkit.notebook.stepview",
     "labkit.notebook.widgets",
     "labkit.maglev",
     "labkit.agent.gc",
