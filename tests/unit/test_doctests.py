@@ -45,6 +45,7 @@ MODULES = [
     "labkit.notebook.viz",
     "labkit.notebook.svgpath",
     "labkit.notebook.stepview",
+    "labkit.notebook.ladder",
     "labkit.notebook.widgets",
     "labkit.maglev",
     "labkit.agent.gc",

@@ -130,3 +130,32 @@ def test_step_display_groups_repeats():
     step = Step("retries", StepLab(), syn, {"node-a": []}, {"node-a": []})
     items = [text for text, _ in Cells(step._repr_html_()).items]
     assert len(items) == 1 and "×3" in items[0]
+
+
+def test_step_save_svg_png_and_suffix(tmp_path):
+    """save() writes the path picture as .svg (labkit's own SVG, an XML file) or .png (matplotlib) and
+    refuses other suffixes with a ValueError naming the file."""
+    import xml.etree.ElementTree as ET
+
+    import pytest
+
+    step = close_step()
+    out = step.save(tmp_path / "path.svg")
+    root = ET.parse(out).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg" and [g for g in root.iter() if g.get("class") == "badge"]
+    with pytest.raises(ValueError, match="path.pdf"):
+        step.save(tmp_path / "path.pdf")
+    pytest.importorskip("matplotlib")
+    png = step.save(tmp_path / "path.png")
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_step_ladder_view_saves_svg(tmp_path):
+    """A step's ladder shows as SVG (_repr_svg_) and saves as .svg only."""
+    import pytest
+
+    view = close_step().ladder()
+    assert view._repr_svg_().startswith("<svg") and "FIN-ACK" in view.svg
+    assert open(view.save(tmp_path / "l.svg")).read().startswith("<?xml")
+    with pytest.raises(ValueError):
+        view.save(tmp_path / "l.png")
