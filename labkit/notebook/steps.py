@@ -179,11 +179,14 @@ class Step:
 
     def _repr_html_(self) -> str:
         """The step as one display: the path picture, its numbered hop list (repeats grouped ×N, with
-        trace tags, CT verdicts and drop reasons), the raw records folded, the CT diff in the row grammar."""
+        trace tags, CT verdicts and drop reasons), the raw records folded, for TCP the step's ladder
+        diagram, then the CT diff in the row grammar."""
         status = "ok" if self.ok else html.escape(str(self.result.get("error", "failed")))
         parts = [f"<div class='lk-step'><h4>{html.escape(self.title)} — {status}</h4>"]
         parts.append(viz.path_html(self.lab.topology, self.lab.config.routing, self.flows, title=self.title))
         parts.append(stepview.records_html(self.lines()))
+        if any(f.event.before.proto == _TCP or f.event.inner.proto == _TCP for f in self.flows):
+            parts.append("<div class='lk-ladder'>" + ladder.svg([self], self.lab.topology, self.title) + "</div>")
         parts.append(stepview.diff_html(self.diff, self.lab.clock.now()))
         cmds = [c for n in self.lab.topology.nodes for c in self.lab.ct_command(n.name)]
         parts.append("<details><summary>the same rows with real tools</summary><pre>" +

@@ -159,3 +159,12 @@ def test_step_ladder_view_saves_svg(tmp_path):
     assert open(view.save(tmp_path / "l.svg")).read().startswith("<?xml")
     with pytest.raises(ValueError):
         view.save(tmp_path / "l.png")
+
+
+def test_step_display_shows_ladder_for_tcp_only():
+    """A TCP step's display includes its ladder diagram; an ICMP step's does not."""
+    assert "labkit-ladder" in close_step()._repr_html_()
+    echo = tup("198.18.1.11", 7, "198.18.2.11", 0, 1, 0, 8)
+    ping = Step("ping", StepLab(), [Flow(syn_event(before=echo, after=echo), "node-a", "lxc-a1")], {"node-a": []},
+                {"node-a": []})
+    assert "labkit-ladder" not in ping._repr_html_() and "labkit-path-svg" in ping._repr_html_()
