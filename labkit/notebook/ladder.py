@@ -230,7 +230,7 @@ def hook_note(flow: Flow, created: Sequence[CtRow] = (), flags_before: int | Non
 # -- drawing -----------------------------------------------------------------
 _COL_W = 118.0
 _LEFT = 20.0
-_TOP = 64.0
+_TOP = 84.0
 _ROW = 17.0
 _PACKET_GAP = 8.0
 _STEP_GAP = 26.0
@@ -346,6 +346,13 @@ def svg(steps: Sequence, topology: Topology, title: str | None = None) -> str:
     height = y + 20
 
     # column heads and lifelines
+    hooks_at: dict[str, list[str]] = {}
+    for p in pkts:
+        for f in p.flows:
+            label = Hook(f.event.hook).label if f.event.hook in Hook._value2member_map_ else f"hook#{f.event.hook}"
+            seen = hooks_at.setdefault(f"{f.node}/{f.device}", [])
+            if label not in seen:
+                seen.append(label)
     heads = []
     for (kind, cid), x in x_of.items():
         if kind == "end":
@@ -353,7 +360,10 @@ def svg(steps: Sequence, topology: Topology, title: str | None = None) -> str:
         else:
             node, dev = cid.split("/", 1)
             lines = [node, dev]
-        heads.append(f'<line class="lifeline" x1="{_n(x)}" y1="{_n(_TOP - 14)}" x2="{_n(x)}" y2="{_n(height - 10)}" '
+            for k, hook in enumerate(sorted(hooks_at.get(cid, []))):
+                heads.append(f'<text class="column-hook" x="{_n(x)}" y="{_n(_TOP - 28 + 9 * k)}" font-size="7.5" '
+                             f'text-anchor="middle" fill="#8a5a00">{_esc(hook)}</text>')
+        heads.append(f'<line class="lifeline" x1="{_n(x)}" y1="{_n(_TOP - 12)}" x2="{_n(x)}" y2="{_n(height - 10)}" '
                      f'stroke="{"#7cb383" if kind == "end" else "#e0a100"}" stroke-width="1" '
                      f'stroke-dasharray="{"" if kind == "end" else "3 3"}"/>')
         for i, text in enumerate(lines):
