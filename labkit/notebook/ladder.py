@@ -201,8 +201,9 @@ def _matches(row: CtRow, flow: Flow) -> bool:
 
 
 def hook_note(flow: Flow, created: Sequence[CtRow] = (), flags_before: int | None = None) -> str:
-    """What a ladder writes at one hook: the hook, its CT verdict, the row it created (one of
-    ``created`` whose addresses are the packet's), the flags it changed, NAT and trace tags.
+    """What a ladder writes at one hook: the hook, its CT verdict, the rows it created (those of
+    ``created`` whose addresses are the packet's, before or after NAT), the flags it changed, NAT
+    and trace tags.
 
     >>> from tracefixtures import syn_event  # doctest: +SKIP
     >>> hook_note(Flow(syn_event(), "node-a", "lxc-a1"))  # doctest: +SKIP
@@ -213,9 +214,8 @@ def hook_note(flow: Flow, created: Sequence[CtRow] = (), flags_before: int | Non
     if ct:
         parts.append(ct)
         if flow.event.ct_result == CtResult.NEW:
-            row = next((r for r in created if _matches(r, flow)), None)
-            if row is not None:
-                parts.append(f"+ {row.proto_name} {row.dir} {row.flow()}{' related' if row.related else ''}")
+            parts += [f"+ {row.proto_name} {row.dir} {row.flow()}{' related' if row.related else ''}"
+                      for row in created if _matches(row, flow)]
         if flags_before is not None and flags_before != flow.event.ct_flags:
             new, old = flow.event.ct_flags, flags_before
             names = [f"+{n}" for n in CtFlags.names(new & ~old)] + [f"−{n}" for n in CtFlags.names(old & ~new)]

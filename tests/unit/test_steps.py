@@ -168,3 +168,14 @@ def test_step_display_shows_ladder_for_tcp_only():
     ping = Step("ping", StepLab(), [Flow(syn_event(before=echo, after=echo), "node-a", "lxc-a1")], {"node-a": []},
                 {"node-a": []})
     assert "labkit-ladder" not in ping._repr_html_() and "labkit-path-svg" in ping._repr_html_()
+
+
+def test_recorded_close_step_diff_names_closing_flags():
+    """The close step recorded on the real datapath shows node-a's OUT row gaining RxClosing and TxClosing,
+    in the row grammar, in its display."""
+    from tracefixtures import recorded_steps
+
+    closed = recorded_steps("a1-b1")[2]
+    cells = [text for text, _ in Cells(closed._repr_html_()).cells]
+    out = [c for c in cells if c.startswith("TCP OUT 198.18.1.11:")]
+    assert len(out) == 1 and "Flags=0x0010 → 0x0013 [ +RxClosing +TxClosing ]" in out[0]
