@@ -40,7 +40,7 @@ from labkit.net.topology import Topology
 from labkit.notebook.viz import VERDICT_COLOURS
 from labkit.observe.trace import Flow
 
-__all__ = ["Packet", "packets", "flag_label", "hook_note", "svg"]
+__all__ = ["Packet", "packets", "flag_label", "created_rows", "hook_note", "svg"]
 
 _FLAG_ORDER = (("SYN", 0x02), ("FIN", 0x01), ("RST", 0x04), ("PSH", 0x08), ("URG", 0x20), ("ACK", 0x10),
                ("ECE", 0x40), ("CWR", 0x80))
@@ -200,6 +200,19 @@ def _matches(row: CtRow, flow: Flow) -> bool:
     return row.proto == ev.before.proto and ((row.src, row.sport), (row.dst, row.dport)) in ends
 
 
+def created_rows(flow: Flow, created: Sequence[CtRow]) -> list[CtRow]:
+    """The rows of ``created`` that ``flow``'s CT lookup wrote: its packet's addresses (before or after
+    NAT), of the lookup's direction (OUT for egress, IN for ingress) or the Service's row (SVC).
+
+    >>> created_rows(None, [])
+    []
+    """
+    if not created:
+        return []
+    want = {CtDir.EGRESS: "OUT", CtDir.INGRESS: "IN"}.get(flow.event.ct_dir)
+    return [r for r in created if (r.dir == "SVC" or r.dir == want) and _matches(r, flow)]
+
+
 def hook_note(flow: Flow, created: Sequence[CtRow] = (), flags_before: int | None = None) -> str:
     """What a ladder writes at one hook: the hook, its CT verdict, the rows it created (those of
     ``created`` whose addresses are the packet's, before or after NAT), the flags it changed, NAT
@@ -215,7 +228,7 @@ def hook_note(flow: Flow, created: Sequence[CtRow] = (), flags_before: int | Non
         parts.append(ct)
         if flow.event.ct_result == CtResult.NEW:
             parts += [f"+ {row.proto_name} {row.dir} {row.flow()}{' related' if row.related else ''}"
-                      for row in created if _matches(row, flow)]
+                      for row in created_rows(flow, created)]
         if flags_before is not None and flags_before != flow.event.ct_flags:
             new, old = flow.event.ct_flags, flags_before
             names = [f"+{n}" for n in CtFlags.names(new & ~old)] + [f"−{n}" for n in CtFlags.names(old & ~new)]
@@ -314,7 +327,11 @@ def svg(steps: Sequence, topology: Topology, title: str | None = None) -> str:
             prev = flags_at.get(key) if f.event.ct_result != CtResult.NONE else None
             if f.event.ct_result != CtResult.NONE:
                 flags_at[key] = f.event.ct_flags
-            note = hook_note(f, created_of.get(p.step, {}).get(f.node, ()), prev)
+            remaining = created_of.get(p.step, {}).get(f.node, [])
+            made = created_rows(f, remaining) if f.event.ct_result == CtResult.NEW else []
+            for row in made:  # each created row is told once, where it was first written
+                remaining.remove(row)
+            note = hook_note(f, made, prev)
             dots.append((x, y, f, note, hop_no))
         if p.dst and ("end", p.dst) in x_of:
             y += _ROW

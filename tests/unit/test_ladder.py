@@ -4,7 +4,7 @@ from __future__ import annotations
 import socket
 import xml.etree.ElementTree as ET
 
-from labkit.addr import ipv4
+from labkit.addr import be32, ipv4
 from labkit.constants import Hook
 from labkit.maps.ct import CtDir, CtResult
 from labkit.net.topology import Topology
@@ -142,3 +142,27 @@ def test_svg_deterministic_and_scalable():
     assert first == ladder.svg(steps, TOPO, "x")
     root = ET.fromstring(first)
     assert root.get("viewBox").startswith("0 0 ") and "max-width:100%" in root.get("style")
+
+
+def test_hairpin_rows_told_once_by_direction():
+    """In a hairpin (a1 to a Service whose backend is a1, SNAT to 169.254.42.1) the OUT, IN and SVC rows
+    share addresses: from-container (egress) names the SVC and OUT rows, to-container (ingress) the IN row."""
+    from types import SimpleNamespace
+
+    from labkit.maps.ct import CtEntry, CtKey4, CtRow, TupleFlags, diff_rows
+
+    vip = tup("198.18.1.11", 40000, "198.19.0.10", 80, 6, 0x02)
+    snat = tup("169.254.42.1", 40000, "198.18.1.11", 8080, 6, 0x02)
+    out_ev = TraceEvent(ts_ns=1, node_id=1, hook=1, verdict=2, ct_result=0, ct_dir=0, before=vip, after=snat)
+    in_ev = TraceEvent(ts_ns=2, node_id=1, hook=2, verdict=1, ct_result=0, ct_dir=1, before=snat, after=snat)
+    flows = [Flow(out_ev, "node-a", "lxc-a1"), Flow(in_ev, "node-a", "lxc-a1")]
+    rows = [CtRow.of(CtKey4.make("169.254.42.1", "198.18.1.11", 40000, 8080, 6, TupleFlags.OUT), CtEntry()),
+            CtRow.of(CtKey4.make("169.254.42.1", "198.18.1.11", 40000, 8080, 6, TupleFlags.IN), CtEntry()),
+            CtRow.of(CtKey4(be32("198.19.0.10"), be32("198.18.1.11"), socket.htons(40000), socket.htons(80), 6,
+                            TupleFlags.SERVICE), CtEntry())]
+    step = SimpleNamespace(title="hairpin", flows=flows, diff={"node-a": diff_rows([], rows)})
+    root = ET.fromstring(ladder.svg([step], TOPO))
+    notes = [g.get("data-note") for g in groups(root, "hook")]
+    assert notes[0].count("+ TCP") == 2 and "+ TCP SVC" in notes[0] and "+ TCP OUT 169.254.42.1:40000" in notes[0]
+    assert notes[1].count("+ TCP") == 1 and "+ TCP IN 169.254.42.1:40000 -> 198.18.1.11:8080" in notes[1]
+    assert "DNAT → 198.18.1.11:8080" in notes[0] and "SNAT → 169.254.42.1:40000" in notes[0]
