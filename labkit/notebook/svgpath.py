@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -56,7 +57,8 @@ _COUNT_W = 0.3  # extra width of a badge that carries "×N"
 
 @dataclass(frozen=True)
 class HopGroup:
-    """Hops that repeat one another: same device, hook, verdict and summary (a retry, a retransmission).
+    """Hops that repeat one another: same device, hook, verdict and summary (a retry, a retransmission;
+    for a VXLAN record the outer UDP source port, a hash that changes per packet, is left out).
 
     ``number`` counts groups from 1 in the order of their first hop; ``hops`` are
     the repeats in time order.
@@ -86,8 +88,15 @@ class HopGroup:
         return f"{self.number} ×{self.count}" if self.count > 1 else str(self.number)
 
 
+_OUTER_SPORT = re.compile(r"^([0-9.]+):\d+ ")
+
+
 def _key(hop: Hop) -> tuple:
-    return (hop.id, hop.hook, hop.verdict, hop.summary)
+    summary = hop.summary
+    if hop.flow is not None and hop.flow.event.inner.proto:
+        # a VXLAN record: the outer source port is a per-packet hash, so a retry differs only there
+        summary = _OUTER_SPORT.sub(r"\1:* ", summary, count=1)
+    return (hop.id, hop.hook, hop.verdict, summary)
 
 
 def group_hops(path: Sequence[Hop]) -> list[HopGroup]:

@@ -16,7 +16,6 @@ from tracefixtures import tup
 NS = {"s": "http://www.w3.org/2000/svg"}
 CT_NONE = 0xFF
 SYN = tup("198.18.1.11", 40000, "198.18.2.11", 8080, 6, 0x02)
-OUTER = tup("198.51.100.11", 40001, "198.51.100.12", 8472, 17)
 VIP_SYN = tup("198.18.1.11", 40000, "198.19.0.10", 80, 6, 0x02)  # a1 -> a Service
 HAIRPIN_SYN = tup("169.254.42.1", 40000, "198.18.1.11", 8080, 6, 0x02)  # after DNAT to a1 and SNAT
 HAIRPIN_SYNACK = tup("198.18.1.11", 8080, "169.254.42.1", 40000, 6, 0x12)
@@ -33,15 +32,17 @@ def event(ts, node_id, hook, verdict, before, after=None, inner=None, tunnel=Non
 
 
 def retry_flows(tries: int = 9) -> list[Flow]:
-    """a1 -> b1 SYN in tunnel mode, dropped at node-b's to-container (as a fault makes it), retried: 6 hooks per try."""
+    """a1 -> b1 SYN in tunnel mode, dropped at node-b's to-container (as a fault makes it), retried: 6 hooks per try.
+    Each try's VXLAN packet has its own outer source port, as the kernel's flow hash gives it."""
     out = []
     for k in range(tries):
         t = 1000 * k
+        outer = tup("198.51.100.11", 40001 + 997 * k, "198.51.100.12", 8472, 17)
         out += [
             Flow(event(t + 1, 1, 1, 2, SYN, tunnel="198.51.100.12", ct_result=0), "node-a", "lxc-a1"),
             Flow(event(t + 2, 1, 6, 1, SYN, tunnel="198.51.100.12"), "node-a", "cilium_vxlan"),
-            Flow(event(t + 3, 1, 4, 1, OUTER, inner=SYN), "node-a", "eth0"),
-            Flow(event(t + 4, 2, 3, 1, OUTER, inner=SYN), "node-b", "eth0"),
+            Flow(event(t + 3, 1, 4, 1, outer, inner=SYN), "node-a", "eth0"),
+            Flow(event(t + 4, 2, 3, 1, outer, inner=SYN), "node-b", "eth0"),
             Flow(event(t + 5, 2, 5, 1, SYN), "node-b", "cilium_vxlan"),
             Flow(event(t + 6, 2, 2, 3, SYN, drop=int(DropReason.NO_TUNNEL_ENDPOINT)), "node-b", "lxc-b1"),
         ]
