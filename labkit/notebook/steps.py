@@ -11,8 +11,11 @@ time, but until the trace shows each packet it expects at the end of its
 journey (delivered into a pod by to-container, dropped, or handed to the
 fabric), and until the lab's monitor has written out everything the kernel
 produced meanwhile. Then it snapshots again. In a notebook it renders as the
-packet path on the topology, one line per packet per hook, and coloured diffs
-of the CT rows it added, changed or removed.
+packet path on the topology (SVG written by labkit), the one numbered list of
+its hops (repeats grouped ×N), its raw records folded, a TCP step's ladder
+diagram, and the CT rows it added, changed or removed in the row grammar.
+``step.save("path.svg")`` keeps the picture; ``conn.ladder()`` draws all the
+steps of a connection.
 """
 from __future__ import annotations
 
