@@ -360,9 +360,12 @@ def render(graph, pos: dict, path: Sequence[Hop], title: str | None = None, upto
     for hop in shown:
         if prev is not None:
             a, b = group_of[prev.index], group_of[hop.index]
-            if a != b and (a, b) not in drawn and a in centres and b in centres:
+            same = _where(graph, pos, prev) == _where(graph, pos, hop)
+            # a pod sending (from-container) starts a new packet: no arrow from wherever the last one ended,
+            # except a turn on the same device (into the pod and straight back out: a loop)
+            starts = hop.hook == "from-container" and not same
+            if a != b and (a, b) not in drawn and a in centres and b in centres and not starts:
                 drawn.add((a, b))
-                same = _where(graph, pos, prev) == _where(graph, pos, hop)
                 out.append(_arrow(c, centres[a], centres[b], prev, same, radius, graph, pos,
                                   bold=hop.index == current))
         prev = hop

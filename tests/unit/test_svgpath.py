@@ -14,6 +14,7 @@ from labkit.observe.trace import Flow, TraceEvent
 from tracefixtures import tup
 
 NS = {"s": "http://www.w3.org/2000/svg"}
+NS_SVG = "{http://www.w3.org/2000/svg}"
 CT_NONE = 0xFF
 SYN = tup("198.18.1.11", 40000, "198.18.2.11", 8080, 6, 0x02)
 VIP_SYN = tup("198.18.1.11", 40000, "198.19.0.10", 80, 6, 0x02)  # a1 -> a Service
@@ -115,6 +116,8 @@ def test_retries_grouped_with_count(topo):
     counts = [t.text for b in found for t in b.iter(f"{{{NS['s']}}}text") if t.get("class") == "count"]
     assert counts == ["×9"] * 6
     assert found[0].get("data-device") == "node-a/lxc-a1" and found[5].get("data-device") == "node-b/lxc-b1"
+    arrows = [p for p in root.iter(f"{NS_SVG}path") if p.get("class") == "arrow"]
+    assert len(arrows) == 5  # the path of one try; no arrow from a drop at b1 back to a1's next SYN
 
 
 def test_every_badge_inside_its_namespace(topo):
