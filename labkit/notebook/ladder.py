@@ -288,7 +288,7 @@ def svg(steps: Sequence, topology: Topology, title: str | None = None) -> str:
     pkts = packets(flows_of, topology)
     cols = _columns(pkts)
     x_of = {c: _LEFT + _COL_W * (i + 0.5) for i, c in enumerate(cols)}
-    width = _LEFT * 2 + _COL_W * max(len(cols), 1) + _NOTE_W
+    longest = 0  # characters of the longest note, for the width
     body: list[str] = []
 
     # rows: one per hop, packets apart, steps apart (with the step's title)
@@ -301,6 +301,7 @@ def svg(steps: Sequence, topology: Topology, title: str | None = None) -> str:
         created_of[k] = {node: list(d.added) for node, d in diff.items()}
     note_x = _LEFT + _COL_W * max(len(cols), 1) + 10
     hop_no = 0
+    rules: list[float] = []
     for p in pkts:
         if p.step != last_step:
             if last_step is not None:
@@ -308,8 +309,7 @@ def svg(steps: Sequence, topology: Topology, title: str | None = None) -> str:
             step_title = getattr(steps[p.step], "title", f"step {p.step + 1}") if p.step < len(steps) else ""
             body.append(f'<text class="step-title" x="{_n(_LEFT)}" y="{_n(y)}" font-size="11" font-weight="bold" '
                         f'fill="#333">{_esc(step_title)}</text>')
-            body.append(f'<line x1="{_n(_LEFT)}" y1="{_n(y + 5)}" x2="{_n(width - _LEFT)}" y2="{_n(y + 5)}" '
-                        f'stroke="#ccc" stroke-width="1"/>')
+            rules.append(y + 5)
             y += 16
             last_step = p.step
         colour = VERDICT_COLOURS["DROPPED"] if p.flows[-1].event.verdict == Verdict.DROPPED else "#37474f"
@@ -345,6 +345,10 @@ def svg(steps: Sequence, topology: Topology, title: str | None = None) -> str:
                     f'<text class="flags" x="{_n(lx)}" y="{_n(ly - 6)}" font-size="10" font-weight="bold" '
                     f'text-anchor="middle" fill="{colour}">{_esc(p.label)}</text></g>')
         for x, yy, f, note, n in dots:
+            nat = [m.split(" ")[0] for m in _nat_marks(f)]
+            if nat:  # where the rewrite happens, on the lifeline itself
+                body.append(f'<text class="nat" x="{_n(x - 6)}" y="{_n(yy + 3)}" font-size="8" font-weight="bold" '
+                            f'text-anchor="end" fill="#e65100">{_esc(" ".join(nat))}</text>')
             verdict = Verdict(f.event.verdict).name if f.event.verdict in Verdict._value2member_map_ else "?"
             fill = VERDICT_COLOURS.get(verdict, "#616161")
             short = note.split(" · ", 1)[1] if " · " in note else ""
@@ -353,6 +357,7 @@ def svg(steps: Sequence, topology: Topology, title: str | None = None) -> str:
                         f'data-note="{_esc(note)}"><title>{_esc(f"{f.node} {f.device} {note}")}</title>'
                         f'<circle cx="{_n(x)}" cy="{_n(yy)}" r="4" fill="{fill}" stroke="white" stroke-width="0.8"/>'
                         f'<text x="{_n(x + 6)}" y="{_n(yy - 3)}" font-size="8" fill="#555">{n}</text></g>')
+            longest = max(longest, len(f"{n}. {f.node} {f.device} {note}"))
             body.append(f'<text class="note" x="{_n(note_x)}" y="{_n(yy + 3)}" font-size="9" fill="#333">'
                         f'{n}. {_esc(f.node)} {_esc(f.device)} {_esc(note.split(" · ")[0])}'
                         + (f' <tspan fill="#1565c0">{_esc(short)}</tspan>' if short else "") + "</text>")
@@ -361,6 +366,9 @@ def svg(steps: Sequence, topology: Topology, title: str | None = None) -> str:
         body.append(f'<text x="{_n(_LEFT)}" y="{_n(_TOP + 10)}" font-size="11" fill="#666">no packets</text>')
         y += 20
     height = y + 20
+    width = max(note_x + _NOTE_W, note_x + longest * 5.0 + _LEFT)
+    body += [f'<line class="rule" x1="{_n(_LEFT)}" y1="{_n(r)}" x2="{_n(width - _LEFT)}" y2="{_n(r)}" stroke="#ccc" '
+             f'stroke-width="1"/>' for r in rules]
 
     # column heads and lifelines
     hooks_at: dict[str, list[str]] = {}
