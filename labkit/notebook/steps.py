@@ -163,7 +163,8 @@ class Step:
         """Write the path picture to ``path`` for slides and handouts; returns the path.
 
         ``.svg`` is written by labkit (no matplotlib). ``.png`` is drawn by matplotlib
-        (:func:`labkit.notebook.viz.draw`, imported only then): labkit has no SVG rasteriser of its own.
+        (:func:`labkit.notebook.viz.draw`, imported only then): labkit has no SVG rasteriser of its own,
+        and that picture is the older one (every hop its own badge, no ×N groups, no loops).
 
         >>> step.save("path.svg")   # doctest: +SKIP
         'path.svg'
