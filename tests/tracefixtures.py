@@ -8,7 +8,7 @@ from __future__ import annotations
 from labkit.addr import be32
 from labkit.observe.trace import TraceEvent, TraceTuple
 
-__all__ = ["be16", "tup", "syn_event"]
+__all__ = ["be16", "tup", "syn_event", "recorded_steps"]
 
 
 def be16(port: int) -> int:
@@ -44,3 +44,35 @@ def syn_event(**over) -> TraceEvent:
     for k, v in over.items():
         setattr(ev, k, v)
     return ev
+
+
+def recorded_steps(name: str, path=None) -> list:
+    """The steps of connection ``name`` ("a1-b1", "a1-web") recorded by tests/record_trace.py on the real
+    datapath, rebuilt as Step objects (records and CT rows as recorded) on a lab stand-in."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from labkit.config import DatapathConfig
+    from labkit.maps.ct import CtRow
+    from labkit.net.topology import Topology
+    from labkit.notebook.steps import Step
+    from labkit.observe.trace import Flow
+
+    path = Path(path or Path(__file__).parent / "unit" / "data" / "tcp_conn_trace.json")
+    data = json.loads(path.read_text())
+
+    def row(d: dict) -> CtRow:
+        return CtRow(**{**d, "key": bytes.fromhex(d["key"])})
+
+    out = []
+    for s in data["connections"][name]:
+        lab = SimpleNamespace(name="demo", topology=Topology.default("demo"),
+                              config=DatapathConfig().with_options(routing=data["routing"]),
+                              clock=SimpleNamespace(now=lambda now=s["now"]: now),
+                              ct_command=lambda node: [f"cilium-dbg bpf ct list global  # {node}"])
+        flows = [Flow(TraceEvent.from_buffer_copy(bytes.fromhex(f["event"])), f["node"], f["device"])
+                 for f in s["flows"]]
+        out.append(Step(s["title"], lab, flows, {n: [row(r) for r in rows] for n, rows in s["before"].items()},
+                        {n: [row(r) for r in rows] for n, rows in s["after"].items()}, s["result"], s["now"]))
+    return out

@@ -11,8 +11,11 @@ time, but until the trace shows each packet it expects at the end of its
 journey (delivered into a pod by to-container, dropped, or handed to the
 fabric), and until the lab's monitor has written out everything the kernel
 produced meanwhile. Then it snapshots again. In a notebook it renders as the
-packet path on the topology, one line per packet per hook, and coloured diffs
-of the CT rows it added, changed or removed.
+packet path on the topology (SVG written by labkit), the one numbered list of
+its hops (repeats grouped ×N), its raw records folded, a TCP step's ladder
+diagram, and the CT rows it added, changed or removed in the row grammar.
+``step.save("path.svg")`` keeps the picture; ``conn.ladder()`` draws all the
+steps of a connection.
 """
 from __future__ import annotations
 
@@ -26,15 +29,15 @@ from typing import Any, Callable
 
 from labkit.addr import be32
 from labkit.constants import Hook, Verdict
-from labkit.errors import LabkitError, LabTimeoutError
+from labkit.errors import ConfigError, LabkitError, LabTimeoutError
 from labkit.maps.ct import CtDiff, CtRow, TcpFlags, diff_rows
-from labkit.notebook import viz
+from labkit.notebook import ladder, stepview, viz
 from labkit.observe.evidence import JOURNAL
 from labkit.observe.monitor import flushed_past
 from labkit.observe.trace import Flow
 from labkit.observe.view import LabView
 
-__all__ = ["Journey", "Step", "TcpConn", "run_step", "STEP_TIMEOUT"]
+__all__ = ["Journey", "Step", "TcpConn", "LadderView", "run_step", "STEP_TIMEOUT"]
 
 STEP_TIMEOUT = 5.0
 _TCP, _UDP, _ICMP = socket.IPPROTO_TCP, socket.IPPROTO_UDP, socket.IPPROTO_ICMP
@@ -148,6 +151,26 @@ class Step:
         """The packet path drawn on the topology (matplotlib Figure)."""
         return viz.draw(self.lab.topology, self.lab.config.routing, self.flows, title=self.title)
 
+    def ladder(self, title: str | None = None) -> "LadderView":
+        """This step's packets as a ladder (sequence) diagram (:mod:`labkit.notebook.ladder`)."""
+        return LadderView([self], self.lab.topology, title or self.title)
+
+    def svg(self) -> str:
+        """The path picture as SVG text (:mod:`labkit.notebook.svgpath`, no matplotlib)."""
+        return viz.svg(self.lab.topology, self.lab.config.routing, self.flows, title=self.title)
+
+    def save(self, path: str) -> str:
+        """Write the path picture to ``path`` for slides and handouts; returns the path.
+
+        ``.svg`` is written by labkit (no matplotlib). ``.png`` is drawn by matplotlib
+        (:func:`labkit.notebook.viz.draw`, imported only then): labkit has no SVG rasteriser of its own,
+        and that picture is the older one (every hop its own badge, no ×N groups, no loops).
+
+        >>> step.save("path.svg")   # doctest: +SKIP
+        'path.svg'
+        """
+        return _save(str(path), self.svg, lambda: self.picture())
+
     def explorer(self):
         """An interactive hop-by-hop view (ipywidgets)."""
         return viz.PathExplorer(self.lab.topology, self.lab.config.routing, self.flows)
@@ -159,34 +182,59 @@ class Step:
         return "\n".join(out)
 
     def _repr_html_(self) -> str:
+        """The step as one display: the path picture, its numbered hop list (repeats grouped ×N, with
+        trace tags, CT verdicts and drop reasons), the raw records folded, for TCP the step's ladder
+        diagram, then the CT diff in the row grammar."""
         status = "ok" if self.ok else html.escape(str(self.result.get("error", "failed")))
         parts = [f"<div class='lk-step'><h4>{html.escape(self.title)} — {status}</h4>"]
         parts.append(viz.path_html(self.lab.topology, self.lab.config.routing, self.flows, title=self.title))
-        parts.append("<pre style='font-size:11px'>" + html.escape("\n".join(self.lines()) or "(no packets)") + "</pre>")
-        parts.append(_diff_html(self.diff, self.lab.clock.now()))
+        parts.append(stepview.records_html(self.lines()))
+        if any(f.event.before.proto == _TCP or f.event.inner.proto == _TCP for f in self.flows):
+            parts.append("<div class='lk-ladder'>" + ladder.svg([self], self.lab.topology, self.title) + "</div>")
+        parts.append(stepview.diff_html(self.diff, self.lab.clock.now()))
         cmds = [c for n in self.lab.topology.nodes for c in self.lab.ct_command(n.name)]
         parts.append("<details><summary>the same rows with real tools</summary><pre>" +
                      html.escape("\n".join(cmds)) + "</pre></details></div>")
         return "".join(parts)
 
 
-def _diff_html(diffs: dict[str, CtDiff], now: int) -> str:
-    rows = []
-    for node, d in diffs.items():
-        for r in d.added:
-            rows.append(("#d4f7d4", node, "+", r.line(now)))
-        for r in d.removed:
-            rows.append(("#f7d4d4", node, "−", r.line(now)))
-        for old, new, fields_ in d.changed:
-            moved = ", ".join(f"{f}: {getattr(old, f)} → {getattr(new, f)}" for f in fields_)
-            rows.append(("#f7f3c8", node, "~", f"{new.proto_name} {new.dir} {new.flow()}  [{moved}]"))
-    if not rows:
-        return "<p><i>No CT row changed.</i></p>"
-    body = "".join(
-        f"<tr style='background:{c}'><td>{html.escape(n)}</td><td>{m}</td><td><code>{html.escape(t)}</code></td></tr>"
-        for c, n, m, t in rows
-    )
-    return f"<table style='font-size:11px'><tr><th>node</th><th></th><th>CT row</th></tr>{body}</table>"
+def _save(path: str, svg_text: Callable[[], str], figure: Callable[[], Any]) -> str:
+    suffix = path.rsplit(".", 1)[-1].lower() if "." in path else ""
+    if suffix == "svg":
+        with open(path, "w", encoding="utf-8") as f:
+            f.write('<?xml version="1.0" encoding="UTF-8"?>\n' + svg_text())
+    elif suffix == "png":
+        figure().savefig(path, format="png", dpi=150)
+    else:
+        raise ConfigError(f"save {path!r}: expected a file name ending in .svg or .png, got {suffix or 'no suffix'!r}")
+    return path
+
+
+class LadderView:
+    """A ladder diagram of a connection's steps: shows as SVG in a notebook, ``.svg`` text, ``save()``.
+
+    >>> view = conn.ladder()          # doctest: +SKIP
+    >>> view.save("ladder.svg")       # doctest: +SKIP
+    """
+
+    def __init__(self, steps: list, topology, title: str | None = None):
+        self.steps = list(steps)
+        self.topology = topology
+        self.title = title
+
+    @property
+    def svg(self) -> str:
+        """The diagram as SVG text (deterministic)."""
+        return ladder.svg(self.steps, self.topology, self.title)
+
+    def _repr_svg_(self) -> str:
+        return self.svg
+
+    def save(self, path: str) -> str:
+        """Write the diagram to ``path`` (``.svg`` only: the ladder has no matplotlib drawing)."""
+        if not str(path).lower().endswith(".svg"):
+            raise ConfigError(f"save {path!r}: a ladder is saved as .svg, got {path!r}")
+        return _save(str(path), lambda: self.svg, lambda: None)
 
 
 def run_step(lab: LabView, title: str, action: Callable[[], dict], journeys: Callable[[dict], list[Journey]],
@@ -254,6 +302,19 @@ class TcpConn:
         self.state = "new"
         self.loopback = False
         self._sports: int | frozenset | None = None  #: the client's port as the server's side sees it
+        self.steps: list[Step] = []  #: open, send, close, reset: every step this connection took
+
+    def _keep(self, step: Step) -> Step:
+        self.steps.append(step)
+        return step
+
+    def ladder(self, title: str | None = None) -> LadderView:
+        """The ladder (sequence) diagram of every step this connection took so far: a1, the hooks,
+        b1 as columns, one arrow per packet with its TCP flags, CT verdicts, rows and NAT at each hook.
+
+        >>> conn.open(); conn.send(); conn.close(); conn.ladder()   # doctest: +SKIP
+        """
+        return LadderView(self.steps, self.lab.topology, title or f"{self.pod} → {self.target}:{self.port} TCP")
 
     def __repr__(self) -> str:
         return f"TcpConn({self.pod} {self.src}:{self.sport or '?'} -> {self.target} {self.dst}:{self.port}, {self.state})"
@@ -299,31 +360,31 @@ class TcpConn:
                 return [syn, self._j("RST", True, flags_all=TcpFlags.RST)]
             return []
 
-        return run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP open", act, expect,
-                        describe=self._describe("tcp-open"))
+        return self._keep(run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP open", act, expect,
+                                   describe=self._describe("tcp-open")))
 
     def send(self, data: bytes = b"hello") -> Step:
         """Send ``data``; the pod server echoes it back."""
         self._need_open("send")
-        return run_step(
+        return self._keep(run_step(
             self.lab, f"{self.pod} → {self.target}:{self.port} TCP send {len(data)} bytes",
             lambda: self._call("tcp_send", data=bytes(data).hex()),
             lambda res: [self._j("data", flags_all=TcpFlags.PSH), self._j("echo", True, flags_all=TcpFlags.PSH),
                          self._j("ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)]
             if res["ok"] and not self.loopback else [],
             describe=self._describe("tcp-send"),
-        )
+        ))
 
     def close(self) -> Step:
         """Close gracefully: our FIN, their FIN, our last ACK."""
         self._need_open("close")
         self.state = "closed"
-        return run_step(
+        return self._keep(run_step(
             self.lab, f"{self.pod} → {self.target}:{self.port} TCP close",
             lambda: self._call("tcp_close"),
             self._close_journeys,
             describe=self._describe("tcp-close"),
-        )
+        ))
 
     def _close_journeys(self, res: dict) -> list[Journey]:
         if not res["ok"] or self.loopback:
@@ -338,9 +399,10 @@ class TcpConn:
         """Abort: close with SO_LINGER 0, so the kernel sends RST."""
         self._need_open("reset")
         self.state = "reset"
-        return run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP reset", lambda: self._call("tcp_reset"),
-                        lambda res: [] if self.loopback else [self._j("RST", flags_all=TcpFlags.RST)],
-                        describe=self._describe("tcp-reset"))
+        return self._keep(run_step(
+            self.lab, f"{self.pod} → {self.target}:{self.port} TCP reset", lambda: self._call("tcp_reset"),
+            lambda res: [] if self.loopback else [self._j("RST", flags_all=TcpFlags.RST)],
+            describe=self._describe("tcp-reset")))
 
     def _describe(self, kind: str) -> Callable[[dict], dict]:
         """What the step's evidence record says of it, once its action ran (the port is known then)."""

@@ -60,14 +60,13 @@ Example::
 from __future__ import annotations
 
 import html
-import io
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from labkit.addr import ipv4
 from labkit.config import ROUTING_MODES, VXLAN_PORT
-from labkit.constants import DropReason, Hook, Verdict
+from labkit.constants import DropReason, Hook, TraceFlags, Verdict
 from labkit.errors import ConfigError
 from labkit.maps.ct import CtDir, CtFlags, CtResult
 from labkit.net.topology import DEVICE_HOOKS, Topology
@@ -279,7 +278,8 @@ class Hop:
     (``"from-container"``) and ``verdict`` the verdict name (``"FORWARDED"``,
     ``"REDIRECTED"``, ``"DROPPED"``). ``summary`` reads like the tail of a
     Hubble line: the packet as it reached the hook, ``=> packet`` when the hook
-    rewrote it (NAT), the CT lookup, ``→ tunnel <ip>`` and the drop reason.
+    rewrote it (NAT), its trace tags (``[snat]``, ``[dsr-opt-added]``), the CT
+    lookup, ``→ tunnel <ip>`` and the drop reason.
 
     >>> Hop(1, "node-a", "eth0", "node-a/eth0", "to-netdev", "FORWARDED", "...").text()
     '1. node-a eth0 to-netdev FORWARDED: ...'
@@ -326,6 +326,7 @@ def _summary(flow: "Flow", topology: Topology | None) -> str:
         packet += f" => {ev.after.text()}"
     if ev.inner.proto:
         packet += f" [vxlan: {ev.inner.text()}]"
+    packet += "".join(f" [{name}]" for name in TraceFlags.names(ev.flags))  # what the hook did besides NAT
     parts = [packet]
     if ev.ct_result != CtResult.NONE:
         try:
@@ -657,26 +658,19 @@ def draw(topology: Topology, routing: str = "tunnel", flows: Iterable["Flow"] | 
 
 
 def _svg_text(graph, pos, path, title, upto) -> str:
-    import matplotlib
+    from labkit.notebook import svgpath
 
-    with matplotlib.rc_context({"svg.hashsalt": "labkit", "svg.fonttype": "none"}):
-        fig = _render(graph, pos, path, title, None, upto)
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-    text = buf.getvalue()
-    start = text.find("<svg")
-    text = text[start:] if start >= 0 else text
-    # scale down with the page instead of overflowing it
-    return text.replace("<svg ", '<svg style="max-width:100%;height:auto" ', 1).strip() + "\n"
+    return svgpath.render(graph, pos, path, title, upto)
 
 
 def svg(topology: Topology, routing: str = "tunnel", flows: Iterable["Flow"] | None = None,
         title: str | None = None, *, upto: int | None = None) -> str:
-    """The picture of :func:`draw` as SVG text to embed in HTML (no XML prolog).
+    """The picture of :func:`draw` as SVG text to embed in HTML (no XML prolog), written by
+    :mod:`labkit.notebook.svgpath` (no matplotlib): repeated hops grouped with ``×N``, hairpin
+    loops drawn, badges inside their namespace's box, drop reasons beside dropped hops.
 
-    Identical input gives byte-identical output: element ids come from a fixed
-    hash salt and no date is written. Text stays text (``svg.fonttype`` none),
-    so names can be searched and the page's sans-serif font renders it.
+    Identical input gives byte-identical output. Text stays text, so names can
+    be searched and the page's sans-serif font renders it.
 
     >>> text = svg(Topology.default("demo"))
     >>> text.startswith("<svg") and "a1" in text and text == svg(Topology.default("demo"))
@@ -696,19 +690,23 @@ def path_html(topology: Topology, routing: str = "tunnel", flows: Iterable["Flow
               title: str | None = None) -> str:
     """The path picture (SVG) and an ordered list of its hops, as one HTML fragment.
 
-    Meant for ``_repr_html_`` of step objects and for exported HTML; all text
-    from the records is escaped.
+    Repeated hops are one item with ``×N``, numbered as their badge on the picture.
+    Meant for exported HTML and notebooks; all text from the records is escaped.
 
     >>> page = path_html(Topology.default("demo"), "native", [])
     >>> page.startswith('<div class="labkit-path">') and "no trace records" in page
     True
     """
+    from labkit.notebook import svgpath
+
     graph = lab_graph(topology, routing)
     path = hops(flows or [], topology)
     parts = ['<div class="labkit-path">', _svg_text(graph, positions(graph), path, title, None)]
     if path:
         parts.append('<ol class="labkit-hops" style="font-size:90%">')
-        parts.extend(f"<li>{_hop_item(h)}</li>" for h in path)
+        for g in svgpath.group_hops(path):
+            times = f' <b>×{g.count}</b>' if g.count > 1 else ""
+            parts.append(f'<li value="{g.number}">{_hop_item(g.first)}{times}</li>')
         parts.append("</ol>")
     else:
         parts.append("<p><i>no trace records</i></p>")
