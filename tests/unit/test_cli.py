@@ -501,3 +501,58 @@ def test_lab_option_reaches_attach(fake):
     """--lab names the lab every command attaches to."""
     cli.main(["--lab", "mylab", "ct", "list", "node-a"])
     assert fake.asked == ["mylab"]
+
+
+# -- root: sudo_argv ------------------------------------------------------------
+def test_sudo_argv_not_root_runs_again_with_sudo():
+    """As a user other than root, a lab command becomes sudo → env (LABKIT_* and PYTHONPATH kept) → python -m
+    labkit cli with the same arguments."""
+    argv = ["--lab", "demo", "exec", "a1", "--", "ping", "-c1", "198.18.2.11"]
+    got = cli.sudo_argv("exec", argv, euid=1000, which={"sudo": "/usr/bin/sudo"}.get, python="/venv/bin/python",
+                        environ={"LABKIT_LAB": "x", "PYTHONPATH": "/src", "HOME": "/home/vagrant", "PATH": "/bin"})
+    assert got == ["/usr/bin/sudo", "--", "/usr/bin/env", "LABKIT_LAB=x", "PYTHONPATH=/src",
+                   "/venv/bin/python", "-m", "labkit", "cli", *argv]
+
+
+def test_sudo_argv_root_or_root_free_commands_go_on():
+    """Root goes on as it is; so do work, export and answers for any user, and a line without a command."""
+    sudo = {"sudo": "/usr/bin/sudo"}.get
+    assert cli.sudo_argv("up", ["up"], euid=0, which=sudo) is None
+    for command in ("work", "export", "answers"):
+        assert cli.sudo_argv(command, [command], euid=1000, which=sudo) is None
+    assert cli.sudo_argv(None, ["--version"], euid=1000, which=sudo) is None
+
+
+def test_sudo_argv_without_sudo_says_so_in_one_line():
+    """Without sudo a command that needs root raises a CliError: one line naming the command and what to do."""
+    with pytest.raises(cli.CliError) as exc:
+        cli.sudo_argv("up", ["up", "--routing", "native"], euid=1000, which=lambda name: None)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith("`labkit up` needs root") and "sudo is not installed" in msg
+    assert "su -c 'labkit up --routing native'" in msg
+
+
+def test_main_with_explicit_argv_never_runs_sudo(monkeypatch):
+    """main() given argv (tests, python -m labkit cli) runs the command itself: sudo only for the real command line."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "execv", lambda *a: pytest.fail(f"execv {a}"))
+    monkeypatch.setattr(cli.common, "attach", lambda args: (_ for _ in ()).throw(NotFoundError("no lab")))
+    assert cli.main(["status"]) == 1
+
+
+def test_main_from_command_line_runs_sudo(monkeypatch, capsys):
+    """From the command line (argv None) as a non-root user, main() replaces itself with the sudo line."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr("sys.argv", ["labkit", "--lab", "demo", "status"])
+    seen = []
+
+    def fake_execv(path, args):
+        seen.append(args)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execv", fake_execv)
+    monkeypatch.setattr(cli.shutil, "which", lambda name: "/usr/bin/sudo" if name == "sudo" else None)
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert seen and seen[0][0] == "/usr/bin/sudo" and seen[0][-3:] == ["--lab", "demo", "status"]
