@@ -49,6 +49,8 @@ MODULES = [
     "labkit._tabwriter",
     "labkit.lab.session",
     "labkit.tools.kpcompare",
+    "labkit.cli",
+    "labkit.workdir",
     *FLAGS,
 ]
 
