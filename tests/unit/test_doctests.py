@@ -51,6 +51,7 @@ MODULES = [
     "labkit.tools.kpcompare",
     "labkit.cli",
     "labkit.workdir",
+    "labkit.datapath.doctor",
     *FLAGS,
 ]
 
