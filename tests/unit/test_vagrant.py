@@ -9,6 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 VAGRANTFILE = ROOT / "vagrant" / "Vagrantfile"
+#: Loads the Vagrantfile with a stand-in for Vagrant: what it configures, or its trigger run on a fake machine.
+TRIGGER_HARNESS = ROOT / "tests" / "unit" / "data" / "vagrantfile_trigger.rb"
 
 
 def _tracked() -> list[str]:
@@ -63,23 +65,84 @@ def test_vagrantfile_is_valid_ruby():
     assert out.returncode == 0 and "Syntax OK" in out.stdout, out.stderr
 
 
-def test_vagrantfile_share_needs_no_rsync_when_absent():
-    """The share type is chosen per host: rsync when it is on PATH, otherwise the upload of a tarball over
-    Vagrant's ssh (no rsync.exe needed); the comment says so."""
-    text = VAGRANTFILE.read_text()
-    assert 'Vagrant::Util::Which.which("rsync") ? "rsync" : "upload"' in text
-    assert 'type: "file", source: SRC_TARBALL' in text
-    assert "Windows without rsync.exe" in text
+def _configured(tmp_path: Path, *argv: str, no_rsync: bool = False) -> list[dict]:
+    """What the Vagrantfile configures (each call: name, args, keywords), loaded as ``vagrant ARGV`` would from
+    a copy of the repo's layout in tmp_path."""
+    ruby = shutil.which("ruby")
+    if ruby is None:
+        pytest.skip("ruby is not installed (apt-get install vagrant brings it)")
+    import json
+    import os
+
+    repo = tmp_path / "repo"
+    (repo / "vagrant").mkdir(parents=True)
+    shutil.copy(VAGRANTFILE, repo / "vagrant" / "Vagrantfile")
+    (repo / "vagrant" / "provision.sh").write_text("#!/bin/bash\n")
+    (repo / "labs").mkdir()
+    (repo / "labs" / "01-tour.ipynb").write_text("{}")
+    (repo / ".git").mkdir()
+    (repo / ".git" / "config").write_text("[core]\n")
+    (repo / "labkit" / "__pycache__").mkdir(parents=True)
+    (repo / "labkit" / "__pycache__" / "x.pyc").write_bytes(b"")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LABKIT_")}
+    if no_rsync:
+        env["NO_RSYNC"] = "1"
+    out = subprocess.run([ruby, str(TRIGGER_HARNESS), "--config", str(repo / "vagrant" / "Vagrantfile"), *argv],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
-def test_vagrantfile_jupyter_forward():
-    """The JupyterLab forward is on the host's loopback with auto_correct, reaches the guest's loopback under
-    libvirt, and a trigger after up reports the URL with the port actually forwarded."""
-    text = VAGRANTFILE.read_text()
-    assert text.count('host_ip: "127.0.0.1", auto_correct: true') == 1
-    assert 'host_ip: "127.0.0.1", guest_ip: "127.0.0.1", auto_correct: true' in text
-    assert "config.trigger.after [:up, :reload, :resume]" in text
-    assert 'provision.call(config, "127.0.0.1")' in text and 'provision.call(override, "0.0.0.0")' in text
+def test_vagrantfile_shares_with_rsync_when_it_is_on_path(tmp_path):
+    """With rsync on PATH the repo root is an rsync share at /home/vagrant/labkit, .git and caches excluded,
+    and no tarball is uploaded."""
+    calls = _configured(tmp_path, "up")
+    shares = [c for c in calls if c["call"] == "synced_folder" and c["args"][0] == ".."]
+    assert len(shares) == 1 and shares[0]["args"][1] == "/home/vagrant/labkit"
+    assert shares[0]["kw"]["type"] == "rsync" and ".git/" in shares[0]["kw"]["rsync__exclude"]
+    assert not any(c["call"] == "provision" and c["args"][0] == "labkit-source" for c in calls)
+    assert not (tmp_path / "repo" / "vagrant" / ".vagrant").exists()
+
+
+def test_vagrantfile_uploads_a_tarball_without_rsync(tmp_path):
+    """Without rsync (Windows without rsync.exe) `vagrant up` needs none: no rsync share; the repo is packed
+    (without .git and caches) and uploaded by a file provisioner, which the labkit provisioner unpacks."""
+    import tarfile
+
+    calls = _configured(tmp_path, "up", no_rsync=True)
+    assert not any(c["call"] == "synced_folder" and c["args"][0] == ".." for c in calls)
+    [upload] = [c for c in calls if c["call"] == "provision" and c["args"][0] == "labkit-source"]
+    src = Path(upload["kw"]["source"])
+    assert upload["kw"]["type"] == "file" and src == tmp_path / "repo" / "vagrant" / ".vagrant" / "labkit-src.tar.gz"
+    with tarfile.open(src) as tar:
+        names = sorted(tar.getnames())
+    assert "labs/01-tour.ipynb" in names and "vagrant/provision.sh" in names
+    assert not [n for n in names if ".git" in n.split("/") or "__pycache__" in n or ".vagrant" in n]
+    provs = [c for c in calls if c["call"] == "provision" and c["args"][0] == "labkit"]  # + VirtualBox's override
+    assert provs and all("tar -xzf /tmp/labkit-src.tar.gz" in c["kw"]["inline"] for c in provs)
+
+
+def test_vagrantfile_jupyter_forward(tmp_path):
+    """JupyterLab's forward is on the host's loopback with auto_correct; under libvirt it ends at the guest's
+    loopback and JupyterLab binds 127.0.0.1, under VirtualBox (NAT only) 0.0.0.0; a trigger after
+    up/reload/resume reports the URL."""
+    calls = _configured(tmp_path, "up")
+    names = [c["call"] for c in calls]
+    vbox, libvirt = names.index("provider"), len(names) - 1 - names[::-1].index("provider")
+    assert calls[vbox]["args"] == ["virtualbox"] and calls[libvirt]["args"] == ["libvirt"]
+
+    def forwards(part):
+        return [c["kw"] for c in part if c["call"] == "network" and c["args"] == ["forwarded_port"]]
+
+    def jupyter_ip(part):
+        return [c["kw"]["env"]["LABKIT_JUPYTER_IP"] for c in part if c["call"] == "provision" and c["args"] == ["labkit"]]
+
+    [base] = forwards(calls[:vbox])
+    assert base == {"id": "jupyter", "guest": 8888, "host": 8888, "host_ip": "127.0.0.1", "auto_correct": True}
+    [lv] = forwards(calls[libvirt:])
+    assert lv == {**base, "guest_ip": "127.0.0.1"}
+    assert jupyter_ip(calls[:vbox]) == ["127.0.0.1"] and jupyter_ip(calls[vbox:libvirt]) == ["0.0.0.0"]
+    assert {"call": "after", "args": [["up", "reload", "resume"]], "kw": {}} in calls
 
 
 # -- provision-lib.sh: one clear line per known cause ------------------------------
@@ -190,3 +253,95 @@ def test_provision_sources_the_lib_and_clears_the_status():
     assert "provision_ok\nstep finished" in text
     for fn in ("apt_update()", "apt_install()", "die()"):
         assert fn not in text, f"{fn} is defined in provision-lib.sh only"
+
+
+# -- the Vagrantfile's trigger after up: the URL, or why the forward failed -----------------
+GOOD = "0123456789abcdef0123456789abcdef"
+
+
+class _Jupyter:
+    """A stand-in for a Jupyter server on 127.0.0.1: /api/status answers 200 with JSON for ``token``, else 403."""
+
+    def __init__(self, token: str):
+        import http.server
+        import threading
+
+        want = token
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                ok = self.path == f"/api/status?token={want}"
+                body = b'{"started": "now"}' if ok else b'{"message": "Forbidden"}'
+                self.send_response(200 if ok else 403)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _trigger(port: int, token: str, data_dir: Path) -> str:
+    ruby = shutil.which("ruby")
+    if ruby is None:
+        pytest.skip("ruby is not installed (apt-get install vagrant brings it)")
+    out = subprocess.run([ruby, str(TRIGGER_HARNESS), str(VAGRANTFILE), str(port), token, str(data_dir)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_trigger_prints_the_url_when_this_vms_jupyter_answers(tmp_path):
+    """When the forwarded port answers 200 to this VM's token, the trigger prints the URL with that port."""
+    srv = _Jupyter(GOOD)
+    try:
+        out = _trigger(srv.port, GOOD, tmp_path)
+    finally:
+        srv.close()
+    assert f"SUCCESS labkit: JupyterLab: http://127.0.0.1:{srv.port}/lab?token={GOOD}" in out.splitlines()
+    assert "ERROR" not in out
+
+
+def test_trigger_says_another_server_holds_the_port(tmp_path):
+    """When another server holds the port (it refuses this VM's token), the trigger says the forward FAILED,
+    quotes the forward's log and says how to pick another port; it prints no URL."""
+    srv = _Jupyter("f" * 32)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / f"ssh-forwarding-127.0.0.1_{srv.port}-127.0.0.1_8888.log"
+    log.write_text(f"bind [127.0.0.1]:{srv.port}: Address already in use\n")
+    try:
+        out = _trigger(srv.port, GOOD, tmp_path)
+    finally:
+        srv.close()
+    [line] = [l for l in out.splitlines() if l.startswith("ERROR")]
+    assert f"the JupyterLab forward FAILED: 127.0.0.1:{srv.port} answers HTTP 403" in line
+    assert str(log) in line and "Address already in use" in line
+    assert f"LABKIT_JUPYTER_PORT={srv.port + 1} vagrant reload" in line
+    assert "SUCCESS" not in out
+
+
+def test_trigger_says_nothing_answers(tmp_path):
+    """When nothing listens on the forwarded port, the trigger says it does not answer."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = _trigger(port, GOOD, tmp_path)
+    assert f"ERROR labkit: the JupyterLab forward FAILED: 127.0.0.1:{port} does not answer" in out
+
+
+def test_trigger_without_token_says_provisioning_did_not_finish(tmp_path):
+    """A VM without a JupyterLab token (provisioning stopped) gets that said, not a URL."""
+    out = _trigger(8888, "", tmp_path)
+    assert "provisioning did not finish" in out and "SUCCESS" not in out
