@@ -46,6 +46,13 @@ die_cause() {
     die "$line"
 }
 
+# An apt step that cannot go on: the network sentence when apt-get update could
+# not reach the mirror (that is then the cause), else MESSAGE.
+die_apt() {
+    [ -n "$APT_NET_ERROR" ] && die_cause network apt-get "$APT_NET_ERROR"
+    die "$@"
+}
+
 # No headers for the running kernel -- unless the mirror was out of reach, which
 # is then the cause to name.
 die_headers() {

@@ -159,7 +159,7 @@ step_apt() {
         for c in "${BPFTOOL_PKGS[@]}"; do
             if apt_candidate "$c"; then found="$c"; break; fi
         done
-        [ -n "$found" ] || die "no installable bpftool package (tried: ${BPFTOOL_PKGS[*]})"
+        [ -n "$found" ] || die_apt "no installable bpftool package (tried: ${BPFTOOL_PKGS[*]})"
         install+=("$found")
     fi
 
@@ -183,7 +183,7 @@ step_apt() {
         return
     fi
     check_disk / "$PROVISION_NEED_MIB"
-    apt_install "${install[@]}" || die "apt-get install failed for: ${install[*]}"
+    apt_install "${install[@]}" || die_apt "apt-get install failed for: ${install[*]}"
     step apt "done (installed: ${install[*]}${note})"
 }
 step_apt
@@ -200,7 +200,7 @@ step_headers() {
     apt_lists_present || apt_update
     check_disk / 256 "installing kernel headers"
     if apt_candidate "linux-headers-$KREL"; then
-        apt_install "linux-headers-$KREL" || die "apt-get install linux-headers-$KREL failed"
+        apt_install "linux-headers-$KREL" || die_apt "apt-get install linux-headers-$KREL failed"
         if [ -d "$mod/build/include" ]; then
             step kernel-headers "done (installed linux-headers-$KREL)"
             return

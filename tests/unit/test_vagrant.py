@@ -238,6 +238,20 @@ def test_no_headers_because_no_network_names_the_network(tmp_path):
     assert _last_error(proc) == cause("network", "apt-get", "Could not resolve host: x")
 
 
+def test_apt_step_failing_without_network_names_the_network(tmp_path):
+    """An apt step that cannot go on (no bpftool candidate, an install failing) after apt-get update could not
+    reach the mirror ends with the network sentence; with the mirror reached, with its own message."""
+    from labkit.datapath.doctor import cause
+
+    proc = _lib(tmp_path, "APT_NET_ERROR='Temporary failure resolving m'; die_apt 'no installable bpftool package'",
+                _fake_bin(tmp_path))
+    assert _last_error(proc) == cause("network", "apt-get", "Temporary failure resolving m")
+    (tmp_path / "status" / "provision-failed").unlink()
+    proc = _lib(tmp_path, "die_apt 'no installable bpftool package'", _fake_bin(tmp_path))
+    assert _last_error(proc) == "no installable bpftool package"
+    assert not (tmp_path / "status" / "provision-failed").exists()
+
+
 def test_apt_candidate_reads_policy(tmp_path):
     """apt_candidate is true for a package with a Candidate version, false for '(none)' or no output."""
     fake = _fake_bin(tmp_path, apt_cache='case "$2" in\n  good) printf "good:\\n  Installed: (none)\\n  Candidate: 1.0\\n";;\n'
