@@ -424,8 +424,14 @@ step_work() {
     local out
     out="$("$LABKIT_LINK" work sync --dir "$WORKDIR" --labs "$REPO/labs" 2>&1)" ||
         die "labkit work sync --dir $WORKDIR failed: $(printf '%s' "$out" | tail -n 1)"
-    printf '%s\n' "$out" | sed '$d'
-    step work "ok ($(printf '%s' "$out" | tail -n 1))"
+    local changes
+    changes="$(printf '%s\n' "$out" | sed '$d')"
+    if [ -n "$changes" ]; then
+        printf '%s\n' "$changes"
+        step work "done ($(printf '%s' "$out" | tail -n 1))"
+    else
+        step work "ok ($(printf '%s' "$out" | tail -n 1))"
+    fi
 }
 step_work
 

@@ -237,7 +237,7 @@ lab() {
     grep -q " 0% packet loss" "$LOGS/ping.log" || { fail "pod ping: $hint"; return 1; }
     ct="$(grep -m1 -E '^  labkit --lab demo ct list ' "$LOGS/labkit-up.log" | sed 's/^  //')"
     in_vm "$ct" | tee "$LOGS/ct.log"
-    grep -qE '^ICMP OUT 198\.18\.[0-9]+\.[0-9]+:[0-9]+ -> 198\.18\.[0-9]+\.[0-9]+:0 expires=[0-9]+ Packets=[0-9]+ Bytes=[0-9]+ RxFlagsSeen=0x[0-9a-f]{2} LastRxReport=[0-9]+ TxFlagsSeen=0x[0-9a-f]{2} LastTxReport=[0-9]+ Flags=0x[0-9a-f]{4} \[[^]]*\] RevNAT=[0-9]+ SourceSecurityID=[0-9]+' "$LOGS/ct.log" ||
+    grep -qE '^ICMP OUT 198\.18\.[0-9]+\.[0-9]+:[0-9]+ -> 198\.18\.[0-9]+\.[0-9]+:0 expires=[0-9]+ Packets=[0-9]+ Bytes=[0-9]+ RxFlagsSeen=0x[0-9a-f]+ LastRxReport=[0-9]+ TxFlagsSeen=0x[0-9a-f]+ LastTxReport=[0-9]+ Flags=0x[0-9a-f]+ \[[^]]*\] RevNAT=[0-9]+ SourceSecurityID=[0-9]+' "$LOGS/ct.log" ||
         { fail "no ICMP OUT row in Cilium's grammar in '$ct'"; return 1; }
     in_vm 'labkit down' | tail -n 1
 }
