@@ -62,7 +62,7 @@ def cmd_work_sync(args) -> int:
         print(f"  {c}")
     n = len(lab_files(labs))
     beside = sum(c.kind == "beside" for c in changes)
-    summary = f"work folder {work}: {n} lab files in {labs}; " + (
+    summary = f"work folder {work}: {n} lab file(s) in {labs}; " + (
         f"{len(changes)} change(s)" if changes else "nothing new")
     if beside:
         summary += f"; {beside} updated lab(s) arrived beside your copies (yours are untouched)"

@@ -556,3 +556,39 @@ def test_main_from_command_line_runs_sudo(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         cli.main()
     assert seen and seen[0][0] == "/usr/bin/sudo" and seen[0][-3:] == ["--lab", "demo", "status"]
+
+
+# -- work sync / export ------------------------------------------------------------
+def test_work_sync_prints_what_arrived(tmp_path, capsys):
+    """`labkit work sync` prints one line per lab it added, then a summary; a second run says nothing is new."""
+    labs = tmp_path / "labs"
+    labs.mkdir()
+    (labs / "01-tour.ipynb").write_text("{}")
+    work = tmp_path / "work"
+    assert cli.main(["work", "sync", "--dir", str(work), "--labs", str(labs)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["  added 01-tour.ipynb", f"work folder {work}: 1 lab file(s) in {labs}; 1 change(s)"]
+    assert cli.main(["work", "sync", "--dir", str(work), "--labs", str(labs)]) == 0
+    assert capsys.readouterr().out.strip().endswith("nothing new")
+
+
+def test_export_to_a_directory_lists_the_notebooks(tmp_path, capsys):
+    """`labkit export --to DIR` writes the archive there and lists what it holds, with the host's recipe."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.ipynb").write_text("{}")
+    assert cli.main(["export", "--dir", str(work), "--to", str(tmp_path / "out"), "--name", "ada"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    [archive] = list((tmp_path / "out").glob("ada-labkit-work-*.tar.gz"))
+    assert out[0] == f"exported 1 notebook(s) from {work} to {archive}"
+    assert out[1] == "  ada/notes.ipynb"
+    assert "vagrant ssh -c 'labkit export --to -' -- -T > my-work.tar.gz" in out[2]
+
+
+def test_export_refuses_binary_to_a_terminal(tmp_path, monkeypatch, capsys):
+    """`labkit export --to -` on a terminal is an error saying to redirect stdout, not bytes on the screen."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    assert cli.main(["export", "--dir", str(work), "--to", "-"]) == 1
+    assert "send stdout to a file" in capsys.readouterr().err
