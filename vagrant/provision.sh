@@ -528,6 +528,10 @@ EOF
     echo "=================================================================="
     url_line "$token"
     echo "  (print it again: sudo bash $REPO/vagrant/provision.sh --print-url)"
+    if [ -n "$WORKDIR" ]; then
+        echo "  (that is the VM's own port; from your computer use the 'labkit: JupyterLab:' URL"
+        echo "   vagrant prints when it is done: the forwarded port can differ)"
+    fi
     echo "=================================================================="
 }
 if [ "$JUPYTER_SERVICE" = 1 ]; then
