@@ -1,4 +1,4 @@
-"""The learner's work folder: their own copies of the labs, which nothing but the learner ever overwrites.
+"""The learner's work folder: their own copies of the labs, which labkit never writes over.
 
 In the VM, JupyterLab serves ``/home/vagrant/work``, not the repo's ``labs/``: the repo arrives with rsync
 ``--delete`` at every ``vagrant up``/``reload`` (or is unpacked anew at ``vagrant provision``), which would
@@ -11,10 +11,9 @@ in ``labs/``, since the last sync      in the work folder
 =====================================  =============================================================
 new                                    copied (``added``)
 unchanged                              nothing, whatever the learner did to their copy
-changed, learner's copy untouched      replaced: it is still byte for byte what labkit put there,
-                                       so no work is lost (``updated``)
-changed, learner's copy edited         the new version is written *beside* it as
-                                       ``NN-name (updated YYYY-MM-DD).ipynb`` (``beside``)
+changed                                the new version is written *beside* the learner's copy as
+                                       ``NN-name (updated YYYY-MM-DD).ipynb`` (``beside``), even
+                                       a copy they never touched: JupyterLab may hold it open
 deleted                                the learner's copy stays
 removed by the learner                 not brought back, unless ``labs/`` changed it since
 =====================================  =============================================================
@@ -65,7 +64,8 @@ class WorkdirError(LabkitError, OSError):
 
 @dataclass(frozen=True)
 class Change:
-    """One thing :func:`sync` did: ``kind`` is added, updated, beside, kept-removed or kept-deleted."""
+    """One thing :func:`sync` did: ``kind`` is ``added`` (at the lab's own name) or ``beside`` (next to the
+    learner's copy)."""
 
     kind: str
     name: str
@@ -173,8 +173,7 @@ def _beside(work: Path, rel: str, today: str, sha: str) -> Path:
 
 def sync(labs: Path, work: Path, *, today: str | None = None) -> list[Change]:
     """Bring the work folder ``work`` in step with ``labs`` (see the module's table); returns what changed.
-    Creates ``work`` if needed. A learner's file is never written over unless it is byte for byte what labkit
-    itself put there."""
+    Creates ``work`` if needed. No file that exists in ``work`` is ever written over."""
     labs, work = Path(labs), Path(work)
     today = today or datetime.date.today().isoformat()
     names = lab_files(labs)
@@ -198,9 +197,6 @@ def sync(labs: Path, work: Path, *, today: str | None = None) -> list[Change]:
                 changes.append(Change("added", rel, "changed in labs/ since you removed your copy"))
         elif _sha(dst) == new:
             pass  # already these bytes (a first sync over an identical copy)
-        elif old is not None and _sha(dst) == old:
-            _copy(src, dst, work)
-            changes.append(Change("updated", rel, "you had not changed your copy"))
         else:
             target = _beside(work, rel, today, new)
             if not target.exists():

@@ -28,9 +28,9 @@ def add_commands(add) -> None:
                ).add_subparsers(dest="work_command", metavar="COMMAND", required=True)
     p = work.add_parser("sync", help="make the work folder from labs/, or bring changed labs in beside your copies",
                         description="Copy the labs that are new in labs/ into the work folder; a lab that changed in "
-                                    "labs/ replaces your copy only if you never changed it, otherwise it arrives "
-                                    "beside it as 'NN-name (updated YYYY-MM-DD).ipynb'. Nothing of yours is "
-                                    f"overwritten or deleted. What labkit put there is recorded in {STATE_FILE}.")
+                                    "labs/ arrives beside your copy as 'NN-name (updated YYYY-MM-DD).ipynb'. No file "
+                                    f"of yours is overwritten or deleted. What labkit put there is recorded in "
+                                    f"{STATE_FILE}.")
     _dir_option(p)
     p.add_argument("--labs", type=Path, default=None, metavar="DIR",
                    help="the labs to copy from (default: labs/ of the checkout labkit runs from)")

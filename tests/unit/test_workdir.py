@@ -78,14 +78,15 @@ def test_changed_lab_lands_beside_an_edited_copy(tree):
     assert (work / "02-tcp-conntrack.ipynb").read_text() == mine
 
 
-def test_changed_lab_replaces_an_untouched_copy(tree):
-    """A lab changed in labs/ replaces the learner's copy only when that copy is still what labkit put there."""
+def test_changed_lab_lands_beside_an_untouched_copy(tree):
+    """A lab changed in labs/ lands beside the learner's copy even when they never changed it (JupyterLab may
+    hold it open): no existing file is written."""
     labs, work = tree
     sync(labs, work)
     (labs / "01-tour.ipynb").write_text(_nb("tour v2"))
-    assert [c.kind for c in sync(labs, work)] == ["updated"]
-    assert (work / "01-tour.ipynb").read_text() == _nb("tour v2")
-    assert not list(work.glob("*updated*"))
+    assert [c.kind for c in sync(labs, work, today="2026-12-01")] == ["beside"]
+    assert (work / "01-tour.ipynb").read_text() == _nb("tour v1")
+    assert (work / "01-tour (updated 2026-12-01).ipynb").read_text() == _nb("tour v2")
 
 
 def test_new_lab_is_added_and_reported(tree):
