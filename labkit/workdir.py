@@ -177,9 +177,9 @@ def sync(labs: Path, work: Path, *, today: str | None = None) -> list[Change]:
     labs, work = Path(labs), Path(work)
     today = today or datetime.date.today().isoformat()
     names = lab_files(labs)
-    work.mkdir(parents=True, exist_ok=True)
-    if not work.is_dir():
+    if work.exists() and not work.is_dir():
         raise WorkdirError(f"work folder {work}: expected a directory, found a file")
+    work.mkdir(parents=True, exist_ok=True)
     state = _read_state(work)
     changes: list[Change] = []
     for rel in names:

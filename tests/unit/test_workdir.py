@@ -161,6 +161,15 @@ def test_damaged_record_is_an_error_not_a_reset(tree):
     assert (work / "01-tour.ipynb").read_text() == _nb("mine")
 
 
+def test_work_folder_that_is_a_file(tree):
+    """A work folder path that is a file is a WorkdirError naming it, and the file is left alone."""
+    labs, work = tree
+    work.write_text("not a folder")
+    with pytest.raises(WorkdirError, match="expected a directory, found a file"):
+        sync(labs, work)
+    assert work.read_text() == "not a folder"
+
+
 def test_missing_labs_is_not_found(tmp_path):
     """A labs folder that does not exist is a NotFoundError that names it."""
     with pytest.raises(LookupError, match="nope"):
