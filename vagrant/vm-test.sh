@@ -15,7 +15,7 @@
 #                  (stopped at the end: only those it started)
 #   up             `vagrant up --provider libvirt` of vagrant/Vagrantfile, unchanged:
 #                  machine-local settings (qemu driver, serial log, a management
-#                  network of its own on 192.0.2.0/24) live in $VAGRANT_HOME/Vagrantfile
+#                  network of its own on 100.64.121.0/24) live in $VAGRANT_HOME/Vagrantfile
 #   provisioned    provisioning finished, the JupyterLab URL line printed
 #   doctor, lab    as the vagrant user: `labkit doctor`, `labkit up`, the hint it
 #                  prints run as printed (pod ping), a CT row in Cilium's grammar
@@ -41,7 +41,7 @@ STATE="${LABKIT_VMTEST_DIR:-/var/tmp/labkit-vm-test}"
 BOX_NAME=debian/bookworm64
 BOX_FILE="$STATE/box/debian12-libvirt.box"
 NET_NAME=labkit-vm-test
-NET_CIDR=192.0.2.0/24
+NET_CIDR=100.64.121.0/24
 LOGS="$STATE/logs"
 URI=qemu:///system
 export VAGRANT_HOME="$STATE/vagrant.d"
