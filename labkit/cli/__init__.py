@@ -128,14 +128,18 @@ def _command_of(argv: list[str]) -> str | None:
 
 # -- root ----------------------------------------------------------------------
 def sudo_argv(command: str | None, argv: list[str], *, euid: int | None = None, which=None,
-              environ: dict | None = None, python: str | None = None) -> list[str] | None:
+              environ: dict | None = None, python: str | None = None, script: str | None = None) -> list[str] | None:
     """The command line that runs ``labkit ARGV`` again as root through sudo, or None when this one may go on
     (already root, or ``command`` needs no root). Keeps ``LABKIT_*`` and ``PYTHONPATH``, which sudo drops.
-    Raises :class:`CliError` when root is needed and sudo is not installed.
+    Runs the ``labkit`` script itself (``script``, default ``sys.argv[0]``), not ``python -m labkit``: ``-m``
+    puts the working directory first on sys.path, and in the VM's home ``~/labkit`` (the repo, no
+    ``__init__.py``) would then shadow the installed package. Raises :class:`CliError` when root is needed
+    and sudo is not installed.
 
         >>> sudo_argv("ct", ["ct", "list", "node-a"], euid=1000, which=lambda name: "/usr/bin/sudo",
-        ...           environ={"LABKIT_LAB": "x", "HOME": "/home/vagrant"}, python="/opt/labkit/venv/bin/python")
-        ['/usr/bin/sudo', '--', '/usr/bin/env', 'LABKIT_LAB=x', '/opt/labkit/venv/bin/python', '-m', 'labkit', 'cli', 'ct', 'list', 'node-a']
+        ...           environ={"LABKIT_LAB": "x", "HOME": "/home/vagrant"}, python="/opt/labkit/venv/bin/python",
+        ...           script="/opt/labkit/venv/bin/labkit")
+        ['/usr/bin/sudo', '--', '/usr/bin/env', 'LABKIT_LAB=x', '/opt/labkit/venv/bin/python', '/opt/labkit/venv/bin/labkit', 'ct', 'list', 'node-a']
         >>> sudo_argv("work", ["work", "sync"], euid=1000, which=lambda name: None) is None
         True
     """
@@ -148,7 +152,7 @@ def sudo_argv(command: str | None, argv: list[str], *, euid: int | None = None, 
                        f"run it as root (su -c 'labkit {' '.join(argv)}')")
     environ = os.environ if environ is None else environ
     keep = [f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith("LABKIT_") or k == "PYTHONPATH"]
-    return [sudo, "--", "/usr/bin/env", *keep, python or sys.executable, "-m", "labkit", "cli", *argv]
+    return [sudo, "--", "/usr/bin/env", *keep, python or sys.executable, os.path.abspath(script or sys.argv[0]), *argv]
 
 
 # -- entry point ---------------------------------------------------------------

@@ -505,13 +505,15 @@ def test_lab_option_reaches_attach(fake):
 
 # -- root: sudo_argv ------------------------------------------------------------
 def test_sudo_argv_not_root_runs_again_with_sudo():
-    """As a user other than root, a lab command becomes sudo → env (LABKIT_* and PYTHONPATH kept) → python -m
-    labkit cli with the same arguments."""
+    """As a user other than root, a lab command becomes sudo → env (LABKIT_* and PYTHONPATH kept) → python running
+    the labkit script itself (not -m, which would put the working directory first on sys.path) with the same
+    arguments."""
     argv = ["--lab", "demo", "exec", "a1", "--", "ping", "-c1", "198.18.2.11"]
     got = cli.sudo_argv("exec", argv, euid=1000, which={"sudo": "/usr/bin/sudo"}.get, python="/venv/bin/python",
+                        script="/venv/bin/labkit",
                         environ={"LABKIT_LAB": "x", "PYTHONPATH": "/src", "HOME": "/home/vagrant", "PATH": "/bin"})
     assert got == ["/usr/bin/sudo", "--", "/usr/bin/env", "LABKIT_LAB=x", "PYTHONPATH=/src",
-                   "/venv/bin/python", "-m", "labkit", "cli", *argv]
+                   "/venv/bin/python", "/venv/bin/labkit", *argv]
 
 
 def test_sudo_argv_root_or_root_free_commands_go_on():
@@ -544,7 +546,7 @@ def test_main_with_explicit_argv_never_runs_sudo(monkeypatch):
 def test_main_from_command_line_runs_sudo(monkeypatch, capsys):
     """From the command line (argv None) as a non-root user, main() replaces itself with the sudo line."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    monkeypatch.setattr("sys.argv", ["labkit", "--lab", "demo", "status"])
+    monkeypatch.setattr("sys.argv", ["/usr/local/bin/labkit", "--lab", "demo", "status"])
     seen = []
 
     def fake_execv(path, args):
@@ -555,7 +557,7 @@ def test_main_from_command_line_runs_sudo(monkeypatch, capsys):
     monkeypatch.setattr(cli.shutil, "which", lambda name: "/usr/bin/sudo" if name == "sudo" else None)
     with pytest.raises(SystemExit):
         cli.main()
-    assert seen and seen[0][0] == "/usr/bin/sudo" and seen[0][-3:] == ["--lab", "demo", "status"]
+    assert seen and seen[0][0] == "/usr/bin/sudo" and seen[0][-4:] == ["/usr/local/bin/labkit", "--lab", "demo", "status"]
 
 
 # -- work sync / export ------------------------------------------------------------
