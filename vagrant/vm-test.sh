@@ -364,6 +364,9 @@ host_left_as_it_was() {
             else
                 leftover="$leftover $tc"
             fi
+        elif [[ "$c" =~ ^(INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING)$ ]] &&
+            ! iptables-save -t "$table" | grep -q '^-A '; then
+            : # a built-in chain of a table libvirt loaded, empty: nothing of ours
         else
             leftover="$leftover $tc"
         fi
