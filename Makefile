@@ -4,7 +4,7 @@
 VENV ?= /opt/labkit/venv
 PY = $(VENV)/bin/python
 
-.PHONY: provision provision-dev test unit lab bench clean
+.PHONY: provision provision-dev test unit lab bench vm-test clean
 
 # Install system packages, kernel headers, bpffs, the venv and labkit itself.
 provision:
@@ -28,6 +28,12 @@ lab: provision
 
 bench: provision-dev
 	$(PY) -m labkit bench --readme README.md
+
+# The VM end to end with the libvirt provider (a locally built Debian 12 box, qemu emulation without
+# vmx/svm): vagrant up, labkit inside, JupyterLab's forward, lab 01 graded, the learner's work surviving
+# reload and provision, then destroy and nothing left. Not part of `make test`: ~25 min emulated.
+vm-test:
+	bash vagrant/vm-test.sh
 
 # Build artefacts only.
 clean:

@@ -14,7 +14,14 @@
 # Environment:
 #   LABKIT_VENV        venv location (default /opt/labkit/venv)
 #   LABKIT_JUPYTER_IP  address the JupyterLab service binds (default 127.0.0.1;
-#                      the Vagrantfile sets 0.0.0.0, see there why)
+#                      the Vagrantfile sets 0.0.0.0 under VirtualBox, see there why)
+#   LABKIT_WORKDIR     the learner's work folder JupyterLab serves, made and kept
+#                      in step by `labkit work sync` (the Vagrantfile sets
+#                      /home/vagrant/work; unset: JupyterLab serves labs/)
+#   LABKIT_WORK_USER   who owns the work folder (the Vagrantfile: vagrant)
+#
+# A failure with a known cause (no network, no kernel headers, a full disk)
+# ends with one line saying what to do; `labkit doctor` repeats it.
 set -euo pipefail
 
 PROG=labkit-provision
@@ -64,24 +71,10 @@ JUPYTER_PORT=8888
 export DEBIAN_FRONTEND=noninteractive
 export NEEDRESTART_SUSPEND=1 # Ubuntu: no needrestart dialog during apt-get
 
-step() { printf '%s: %s: %s\n' "$PROG" "$1" "$2"; }
-warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
-die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
-
-# Run a command; with --quiet its output goes to $LOG and only a failure
-# shows the log's last lines.
-run() {
-    if [ "$QUIET" = 1 ]; then
-        printf '\n# %s: %s\n' "$(date -Is)" "$*" >>"$LOG"
-        if ! "$@" >>"$LOG" 2>&1; then
-            echo "$PROG: command failed: $*  (last lines of $LOG:)" >&2
-            tail -n 25 "$LOG" >&2
-            return 1
-        fi
-    else
-        "$@"
-    fi
-}
+# step, warn, die, die_cause (one line for a known cause), run, check_disk,
+# apt_update, apt_install, apt_candidate:
+# shellcheck source=vagrant/provision-lib.sh
+. "$REPO/vagrant/provision-lib.sh"
 
 # ---------------------------------------------------------------- root
 if [ "$(id -u)" != 0 ]; then
@@ -118,8 +111,6 @@ BPFTOOL_PKGS=(bpftool "linux-tools-$KREL" linux-tools-generic) # first installab
 OS_ID="$(. /etc/os-release 2>/dev/null && echo "${ID:-}")"
 # shellcheck disable=SC1091
 OS_LIKE="$(. /etc/os-release 2>/dev/null && echo "${ID_LIKE:-}")"
-APT_UPDATED=0
-APT_OPTS=(-q -o DPkg::Lock::Timeout=300)
 
 # Print those of the given packages that dpkg does not have fully installed.
 missing_pkgs() {
@@ -134,31 +125,7 @@ missing_pkgs() {
 }
 pkg_installed() { [ -z "$(missing_pkgs "$1")" ]; }
 
-# True when apt has an installation candidate for the package.
-apt_candidate() {
-    local c
-    c="$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ {print $2; exit}')"
-    [ -n "$c" ] && [ "$c" != "(none)" ]
-}
-
 apt_lists_present() { compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; }
-
-apt_update() {
-    [ "$APT_UPDATED" = 1 ] && return 0
-    APT_UPDATED=1
-    run apt-get "${APT_OPTS[@]}" update || warn "apt-get update failed; continuing with the package lists on disk"
-}
-
-# One apt-get install; if it fails with lists not refreshed in this run,
-# refresh them and try once more (stale lists give 404s).
-apt_install() {
-    if run apt-get "${APT_OPTS[@]}" install -y --no-install-recommends "$@"; then
-        return 0
-    fi
-    [ "$APT_UPDATED" = 1 ] && return 1
-    apt_update
-    run apt-get "${APT_OPTS[@]}" install -y --no-install-recommends "$@"
-}
 
 step_apt() {
     local want=("${BASE_PKGS[@]}")
@@ -192,7 +159,7 @@ step_apt() {
         for c in "${BPFTOOL_PKGS[@]}"; do
             if apt_candidate "$c"; then found="$c"; break; fi
         done
-        [ -n "$found" ] || die "no installable bpftool package (tried: ${BPFTOOL_PKGS[*]})"
+        [ -n "$found" ] || die_apt "no installable bpftool package (tried: ${BPFTOOL_PKGS[*]})"
         install+=("$found")
     fi
 
@@ -215,7 +182,8 @@ step_apt() {
         step apt "ok (all packages present${note})"
         return
     fi
-    apt_install "${install[@]}" || die "apt-get install failed for: ${install[*]}"
+    check_disk / "$PROVISION_NEED_MIB"
+    apt_install "${install[@]}" || die_apt "apt-get install failed for: ${install[*]}"
     step apt "done (installed: ${install[*]}${note})"
 }
 step_apt
@@ -230,8 +198,9 @@ step_headers() {
     fi
 
     apt_lists_present || apt_update
+    check_disk / 256 "installing kernel headers"
     if apt_candidate "linux-headers-$KREL"; then
-        apt_install "linux-headers-$KREL" || die "apt-get install linux-headers-$KREL failed"
+        apt_install "linux-headers-$KREL" || die_apt "apt-get install linux-headers-$KREL failed"
         if [ -d "$mod/build/include" ]; then
             step kernel-headers "done (installed linux-headers-$KREL)"
             return
@@ -257,7 +226,8 @@ step_headers() {
     fi
     if ! pkg_installed "$generic"; then
         apt_update
-        apt_install "$generic" || die "no headers for kernel $KREL: linux-headers-$KREL has no apt candidate and installing $generic failed"
+        apt_candidate "$generic" || die_headers "$KREL" "${generic#linux-headers-}"
+        apt_install "$generic" || die_headers "$KREL" "${generic#linux-headers-}"
     fi
 
     local d dir="" src
@@ -378,8 +348,21 @@ step_pip() {
     fi
 
     rm -f "$stamp"
-    run "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e "${REPO}[${extras}]" ||
+    check_disk "$(dirname "$VENV")" 768 "installing labkit's Python packages"
+    local pip_out net pip_rc=0
+    pip_out="$(mktemp)"
+    if [ "$QUIET" = 1 ]; then
+        run "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e "${REPO}[${extras}]" || pip_rc=$?
+        [ "$pip_rc" = 0 ] || tail -n 60 "$LOG" >"$pip_out"
+    else
+        "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e "${REPO}[${extras}]" 2>&1 | tee "$pip_out" || pip_rc=$?
+    fi
+    net="$(apt_network_error <"$pip_out")"
+    rm -f "$pip_out"
+    if [ "$pip_rc" != 0 ]; then
+        [ -n "$net" ] && die_cause network pip "$net"
         die "pip install -e '${REPO}[${extras}]' failed"
+    fi
     if [ ! -f "$REPO/labkit/__init__.py" ]; then
         warn "$REPO/labkit/__init__.py does not exist yet: the labkit package has no modules to import"
     elif ! labkit_resolves; then
@@ -423,6 +406,35 @@ else
     die "'labkit --version' failed: $(printf '%s' "$out" | tail -n 5)"
 fi
 
+# ---------------------------------------------------------------- work folder
+# JupyterLab serves the learner's own copies of the labs, made from labs/ and
+# never overwritten: the repo itself is re-copied by every sync (labkit/workdir.py).
+WORKDIR="${LABKIT_WORKDIR:-}"
+WORK_USER="${LABKIT_WORK_USER:-}"
+step_work() {
+    if [ -z "$WORKDIR" ]; then
+        step work "skipped (LABKIT_WORKDIR is not set; JupyterLab serves $REPO/labs)"
+        return
+    fi
+    if [ -n "$WORK_USER" ]; then
+        install -d -o "$WORK_USER" -g "$(id -gn "$WORK_USER")" "$WORKDIR" || die "could not make the work folder $WORKDIR for $WORK_USER"
+    else
+        mkdir -p "$WORKDIR"
+    fi
+    local out
+    out="$("$LABKIT_LINK" work sync --dir "$WORKDIR" --labs "$REPO/labs" 2>&1)" ||
+        die "labkit work sync --dir $WORKDIR failed: $(printf '%s' "$out" | tail -n 1)"
+    local changes
+    changes="$(printf '%s\n' "$out" | sed '$d')"
+    if [ -n "$changes" ]; then
+        printf '%s\n' "$changes"
+        step work "done ($(printf '%s' "$out" | tail -n 1))"
+    else
+        step work "ok ($(printf '%s' "$out" | tail -n 1))"
+    fi
+}
+step_work
+
 # ---------------------------------------------------------------- JupyterLab service
 step_jupyter_service() {
     local jupyter="$VENV/bin/jupyter"
@@ -451,7 +463,7 @@ step_jupyter_service() {
     fi
     chmod 600 "$TOKEN_FILE" "$JUPYTER_ENV_FILE"
 
-    local ip="${LABKIT_JUPYTER_IP:-127.0.0.1}" root="$REPO/labs" root_note=""
+    local ip="${LABKIT_JUPYTER_IP:-127.0.0.1}" root="${WORKDIR:-$REPO/labs}" root_note=""
     if [ ! -d "$root" ]; then
         root="$REPO"
         root_note="; $REPO/labs does not exist yet, serving $REPO"
@@ -516,10 +528,15 @@ EOF
     echo "=================================================================="
     url_line "$token"
     echo "  (print it again: sudo bash $REPO/vagrant/provision.sh --print-url)"
+    if [ -n "$WORKDIR" ]; then
+        echo "  (that is the VM's own port; from your computer use the 'labkit: JupyterLab:' URL"
+        echo "   vagrant prints when it is done: the forwarded port can differ)"
+    fi
     echo "=================================================================="
 }
 if [ "$JUPYTER_SERVICE" = 1 ]; then
     step_jupyter_service
 fi
 
+provision_ok
 step finished "ok (${SECONDS}s)"

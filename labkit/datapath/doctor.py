@@ -25,10 +25,42 @@ from pathlib import Path
 
 from labkit.errors import PrivilegeError
 
-__all__ = ["Check", "run_checks", "require_datapath", "format_checks"]
+__all__ = ["Check", "run_checks", "require_datapath", "format_checks", "cause", "PROVISION_STATUS", "LAB_NEED_MIB"]
 
 _CAP_SYS_ADMIN, _CAP_NET_ADMIN, _CAP_BPF = 21, 12, 39
 _PROVISION = "sudo bash vagrant/provision.sh"
+
+#: Where vagrant/provision.sh leaves the one line that ended its last run when the cause was known (no
+#: network, no kernel headers, a full disk); removed by a run that finishes.
+PROVISION_STATUS = "/var/lib/labkit/provision-failed"
+#: Free space a lab wants on / (the BPF image cache, events.bin, the agent's journal).
+LAB_NEED_MIB = 256
+_RERUN = "provision again (vagrant provision; without a VM: sudo make provision)"
+
+
+def cause(kind: str, *args) -> str:
+    """The sentence for a known cause of a failed provisioning: what is wrong, then what to do. The same
+    words as ``cause`` in vagrant/provision-lib.sh (a unit test runs both), so doctor names the cause
+    provisioning stopped on.
+
+        >>> cause("disk", 120, "/", 1536, "provisioning")
+        'disk full: 120 MiB free on /, provisioning needs 1536 MiB; free space (sudo apt-get clean, remove files) or give the VM a bigger disk, then provision again (vagrant provision; without a VM: sudo make provision)'
+    """
+    if kind == "network":
+        tool, detail = args
+        return (f"no network: {tool} could not reach its package source ({detail}); check this computer's "
+                f"internet connection and proxy, then {_RERUN}")
+    if kind == "headers":
+        krel, flavour = args
+        return (f"no kernel headers for the running kernel {krel}: apt has no linux-headers-{krel} and no generic "
+                f"headers package could be installed; install the distribution's kernel and its headers "
+                f"(sudo apt-get install linux-image-{flavour} linux-headers-{flavour}), boot it (vagrant reload), "
+                f"then {_RERUN}")
+    if kind == "disk":
+        free, path, need, what = args
+        return (f"disk full: {free} MiB free on {path}, {what} needs {need} MiB; free space (sudo apt-get clean, "
+                f"remove files) or give the VM a bigger disk, then {_RERUN}")
+    raise ValueError(f"cause {kind!r}: expected network, headers or disk")
 
 
 @dataclass
@@ -110,11 +142,35 @@ def check_bcc() -> Check:
     return Check("bcc", True, f"{origin} ({'distribution package python3-bpfcc' if distro else 'not from the distribution'})")
 
 
+def _apt_has(package: str) -> bool | None:
+    """Whether apt has an installation candidate for ``package`` (None: no apt here)."""
+    if shutil.which("apt-cache") is None:
+        return None
+    out = subprocess.run(["apt-cache", "policy", package], capture_output=True, text=True, timeout=30).stdout
+    cand = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("Candidate:")),
+                "")
+    return bool(cand) and cand != "(none)"
+
+
+def _headers_flavour() -> str:
+    """The generic headers package's suffix: ``generic`` on Ubuntu, the architecture (amd64, arm64) on Debian."""
+    try:
+        osr = Path("/etc/os-release").read_text()
+    except OSError:
+        osr = ""
+    if "ID=ubuntu" in osr or "ubuntu" in next((l for l in osr.splitlines() if l.startswith("ID_LIKE=")), ""):
+        return "generic"
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+
+
 def check_headers() -> Check:
     build = Path(f"/lib/modules/{platform.release()}/build")
     if not (build / "include").exists():
-        return Check("headers", False, f"{build} missing: BCC cannot compile",
-                     f"{_PROVISION}  (installs headers, or wires the distribution's generic ones)")
+        fix = f"{_PROVISION}  (installs headers, or wires the distribution's generic ones)"
+        flavour = _headers_flavour()
+        if _apt_has(f"linux-headers-{platform.release()}") is False and _apt_has(f"linux-headers-{flavour}") is False:
+            fix = cause("headers", platform.release(), flavour)
+        return Check("headers", False, f"{build} missing: BCC cannot compile", fix)
     target = os.path.realpath(build)
     generic = platform.release() not in target
     note = f" → {target}" + (" (generic headers for another version: fine, tc programs use UAPI only)" if generic else "")
@@ -125,6 +181,26 @@ def check_tools() -> Check:
     missing = [t for t in ("bpftool", "tc", "ip", "ping") if shutil.which(t) is None]
     return Check("tools", not missing, "bpftool, tc, ip, ping found" if not missing else f"missing: {', '.join(missing)}",
                  "" if not missing else _PROVISION)
+
+
+def check_disk(path: str = "/", need_mib: int = LAB_NEED_MIB) -> Check:
+    """Free space on ``path``: a lab writes its BPF image cache, trace file and journal."""
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize // (1024 * 1024)
+    ok = free >= need_mib
+    return Check("disk", ok, f"{free} MiB free on {path}" + ("" if ok else f" (a lab needs {need_mib} MiB)"),
+                 "" if ok else cause("disk", free, path, need_mib, "a lab"))
+
+
+def check_provisioning(status: str | None = None) -> Check | None:
+    """The line vagrant/provision.sh ended its last run with, when it stopped on a known cause; None when it
+    did not (or never ran here)."""
+    path = Path(status or os.environ.get("LABKIT_PROVISION_STATUS") or PROVISION_STATUS)
+    try:
+        line = path.read_text().strip()
+    except OSError:
+        return None
+    return Check("provisioning", False, f"the last provisioning run stopped ({path})", line or "provision again")
 
 
 def check_compile_and_attach() -> Check:
@@ -161,8 +237,9 @@ finally:
 
 def run_checks(full: bool = True) -> list[Check]:
     """Every check; ``full`` adds the compile-and-attach probe (needs the others)."""
-    checks = [check_root(), check_kernel(), check_btf(), check_bpffs(), check_cgroup2(), check_bcc(),
-              check_headers(), check_tools()]
+    prov = check_provisioning()
+    checks = [*([prov] if prov else []), check_root(), check_kernel(), check_btf(), check_bpffs(), check_cgroup2(),
+              check_bcc(), check_headers(), check_tools(), check_disk()]
     if full and all(c.ok for c in checks if c.name in ("privileges", "bpffs", "bcc", "headers")):
         checks.append(check_compile_and_attach())
     return checks

@@ -501,3 +501,96 @@ def test_lab_option_reaches_attach(fake):
     """--lab names the lab every command attaches to."""
     cli.main(["--lab", "mylab", "ct", "list", "node-a"])
     assert fake.asked == ["mylab"]
+
+
+# -- root: sudo_argv ------------------------------------------------------------
+def test_sudo_argv_not_root_runs_again_with_sudo():
+    """As a user other than root, a lab command becomes sudo → env (LABKIT_* and PYTHONPATH kept) → python running
+    the labkit script itself (not -m, which would put the working directory first on sys.path) with the same
+    arguments."""
+    argv = ["--lab", "demo", "exec", "a1", "--", "ping", "-c1", "198.18.2.11"]
+    got = cli.sudo_argv("exec", argv, euid=1000, which={"sudo": "/usr/bin/sudo"}.get, python="/venv/bin/python",
+                        script="/venv/bin/labkit",
+                        environ={"LABKIT_LAB": "x", "PYTHONPATH": "/src", "HOME": "/home/vagrant", "PATH": "/bin"})
+    assert got == ["/usr/bin/sudo", "--", "/usr/bin/env", "LABKIT_LAB=x", "PYTHONPATH=/src",
+                   "/venv/bin/python", "/venv/bin/labkit", *argv]
+
+
+def test_sudo_argv_root_or_root_free_commands_go_on():
+    """Root goes on as it is; so do work, export and answers for any user, and a line without a command."""
+    sudo = {"sudo": "/usr/bin/sudo"}.get
+    assert cli.sudo_argv("up", ["up"], euid=0, which=sudo) is None
+    for command in ("work", "export", "answers"):
+        assert cli.sudo_argv(command, [command], euid=1000, which=sudo) is None
+    assert cli.sudo_argv(None, ["--version"], euid=1000, which=sudo) is None
+
+
+def test_sudo_argv_without_sudo_says_so_in_one_line():
+    """Without sudo a command that needs root raises a CliError: one line naming the command and what to do."""
+    with pytest.raises(cli.CliError) as exc:
+        cli.sudo_argv("up", ["up", "--routing", "native"], euid=1000, which=lambda name: None)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith("`labkit up` needs root") and "sudo is not installed" in msg
+    assert "su -c 'labkit up --routing native'" in msg
+
+
+def test_main_with_explicit_argv_never_runs_sudo(monkeypatch):
+    """main() given argv (tests, python -m labkit cli) runs the command itself: sudo only for the real command line."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "execv", lambda *a: pytest.fail(f"execv {a}"))
+    monkeypatch.setattr(cli.common, "attach", lambda args: (_ for _ in ()).throw(NotFoundError("no lab")))
+    assert cli.main(["status"]) == 1
+
+
+def test_main_from_command_line_runs_sudo(monkeypatch, capsys):
+    """From the command line (argv None) as a non-root user, main() replaces itself with the sudo line."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr("sys.argv", ["/usr/local/bin/labkit", "--lab", "demo", "status"])
+    seen = []
+
+    def fake_execv(path, args):
+        seen.append(args)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execv", fake_execv)
+    monkeypatch.setattr(cli.shutil, "which", lambda name: "/usr/bin/sudo" if name == "sudo" else None)
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert seen and seen[0][0] == "/usr/bin/sudo" and seen[0][-4:] == ["/usr/local/bin/labkit", "--lab", "demo", "status"]
+
+
+# -- work sync / export ------------------------------------------------------------
+def test_work_sync_prints_what_arrived(tmp_path, capsys):
+    """`labkit work sync` prints one line per lab it added, then a summary; a second run says nothing is new."""
+    labs = tmp_path / "labs"
+    labs.mkdir()
+    (labs / "01-tour.ipynb").write_text("{}")
+    work = tmp_path / "work"
+    assert cli.main(["work", "sync", "--dir", str(work), "--labs", str(labs)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["  added 01-tour.ipynb", f"work folder {work}: 1 lab file(s) in {labs}; 1 change(s)"]
+    assert cli.main(["work", "sync", "--dir", str(work), "--labs", str(labs)]) == 0
+    assert capsys.readouterr().out.strip().endswith("nothing new")
+
+
+def test_export_to_a_directory_lists_the_notebooks(tmp_path, capsys):
+    """`labkit export --to DIR` writes the archive there and lists what it holds, with the host's recipe."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.ipynb").write_text("{}")
+    assert cli.main(["export", "--dir", str(work), "--to", str(tmp_path / "out"), "--name", "ada"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    [archive] = list((tmp_path / "out").glob("ada-labkit-work-*.tar.gz"))
+    assert out[0] == f"exported 1 notebook(s) from {work} to {archive}"
+    assert out[1] == "  ada/notes.ipynb"
+    assert "vagrant ssh -c 'labkit export --to -' -- -T > my-work.tar.gz" in out[2]
+
+
+def test_export_refuses_binary_to_a_terminal(tmp_path, monkeypatch, capsys):
+    """`labkit export --to -` on a terminal is an error saying to redirect stdout, not bytes on the screen."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    assert cli.main(["export", "--dir", str(work), "--to", "-"]) == 1
+    assert "send stdout to a file" in capsys.readouterr().err

@@ -52,6 +52,9 @@ MODULES = [
     "labkit._tabwriter",
     "labkit.lab.session",
     "labkit.tools.kpcompare",
+    "labkit.cli",
+    "labkit.workdir",
+    "labkit.datapath.doctor",
     *FLAGS,
 ]
 

@@ -54,3 +54,46 @@ def test_check_bcc_present(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: Spec())
     c = doctor.check_bcc()
     assert c.ok and c.fix == "" and "python3-bpfcc" in c.detail
+
+
+def test_cause_sentences_say_what_and_what_to_do():
+    """Each known cause is one line: what is wrong, with the facts, then what to run."""
+    for line in (doctor.cause("network", "apt-get", "Could not resolve 'm'"),
+                 doctor.cause("headers", "6.1.0-9-amd64", "amd64"),
+                 doctor.cause("disk", 10, "/", 256, "a lab")):
+        assert "\n" not in line and line.endswith("then provision again (vagrant provision; without a VM: sudo make provision)")
+    assert "linux-headers-6.1.0-9-amd64" in doctor.cause("headers", "6.1.0-9-amd64", "amd64")
+    assert doctor.cause("disk", 10, "/", 256, "a lab").startswith("disk full: 10 MiB free on /, a lab needs 256 MiB")
+
+
+def test_check_provisioning_repeats_the_line(tmp_path):
+    """doctor shows the line provisioning stopped on as a failed 'provisioning' check; no file, no check."""
+    status = tmp_path / "provision-failed"
+    assert doctor.check_provisioning(str(status)) is None
+    line = doctor.cause("network", "apt-get", "Temporary failure resolving 'm'")
+    status.write_text(line + "\n")
+    c = doctor.check_provisioning(str(status))
+    assert c.name == "provisioning" and not c.ok and c.fix == line
+
+
+def test_check_headers_names_missing_package(monkeypatch, tmp_path):
+    """Headers missing and apt without linux-headers-$(uname -r) or the generic package: the fix is the headers
+    sentence; with a generic package available the fix is to provision (it wires them)."""
+    monkeypatch.setattr(doctor.platform, "release", lambda: "9.9.9-lk-test")
+    monkeypatch.setattr(doctor, "_headers_flavour", lambda: "amd64")
+    monkeypatch.setattr(doctor, "_apt_has", lambda pkg: False)
+    c = doctor.check_headers()
+    assert not c.ok and c.fix == doctor.cause("headers", "9.9.9-lk-test", "amd64")
+    monkeypatch.setattr(doctor, "_apt_has", lambda pkg: pkg == "linux-headers-amd64")
+    assert doctor.check_headers().fix.startswith("sudo bash vagrant/provision.sh")
+
+
+def test_check_disk_below_need(monkeypatch):
+    """Less free space than a lab needs fails with the disk sentence; enough passes."""
+    class St:
+        f_bavail, f_frsize = 100, 1024 * 1024
+
+    monkeypatch.setattr(doctor.os, "statvfs", lambda p: St())
+    c = doctor.check_disk("/", 256)
+    assert not c.ok and c.fix == doctor.cause("disk", 100, "/", 256, "a lab")
+    assert doctor.check_disk("/", 50).ok

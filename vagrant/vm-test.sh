@@ -1,0 +1,431 @@
+#!/usr/bin/env bash
+# make vm-test: the labkit VM, proven end to end on this machine with the
+# libvirt provider (KVM where the CPU has vmx/svm, qemu emulation otherwise).
+# Not part of `make test`: about 25 minutes under emulation on 2 cores.
+#
+#   sudo bash vagrant/vm-test.sh            # or: sudo make vm-test
+#   sudo bash vagrant/vm-test.sh --no-boot  # everything up to `vagrant validate`; no VM
+#
+# Steps (each prints its time):
+#   host-packages  vagrant, vagrant-libvirt, libvirt, qemu, mmdebstrap, ... (apt, when missing)
+#   box            a Debian 12 box built from Debian packages (vagrant/build-box.sh),
+#                  added as debian/bookworm64 (the project Vagrantfile's box) under
+#                  a VAGRANT_HOME of its own; reused while it is there
+#   libvirt        virtlogd, virtlockd, libvirtd started if they are not running
+#                  (stopped at the end: only those it started)
+#   up             `vagrant up --provider libvirt` of vagrant/Vagrantfile, unchanged:
+#                  machine-local settings (qemu driver, serial log, a management
+#                  network of its own on 100.64.121.0/24) live in $VAGRANT_HOME/Vagrantfile
+#   provisioned    provisioning finished, the JupyterLab URL line printed
+#   doctor, lab    as the vagrant user: `labkit doctor`, `labkit up`, the hint it
+#                  prints run as printed (pod ping), a CT row in Cilium's grammar
+#   jupyter        the host's forwarded port: 200 with the token, 403 without; the
+#                  VM's own address does not answer on 8888
+#   lab01          lab 01 run headless in the VM with instructor/answers/01.json
+#                  filled in: `labkit grade` passes every exercise
+#   work           a notebook saved through JupyterLab's API and an edited lab
+#                  survive `vagrant reload` and `vagrant provision`; `labkit export`
+#                  brings them to the host
+#   destroy        `vagrant destroy`, then nothing left: no domain, volume, network,
+#                  pool or process of its own; libvirt's host firewall chains and
+#                  ip_forward as they were
+#
+# Environment: LABKIT_VMTEST_DIR (default /var/tmp/labkit-vm-test: box, VAGRANT_HOME,
+# logs), LABKIT_VMTEST_REBUILD_BOX=1 (build the box again), LABKIT_VMTEST_KEEP=1
+# (leave the VM up for a look; `vagrant destroy` it yourself).
+set -euo pipefail
+
+PROG=vm-test
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+STATE="${LABKIT_VMTEST_DIR:-/var/tmp/labkit-vm-test}"
+BOX_NAME=debian/bookworm64
+BOX_FILE="$STATE/box/debian12-libvirt.box"
+NET_NAME=labkit-vm-test
+NET_CIDR=100.64.121.0/24
+LOGS="$STATE/logs"
+URI=qemu:///system
+export VAGRANT_HOME="$STATE/vagrant.d"
+export VAGRANT_DOTFILE_PATH="$STATE/dot"
+export VAGRANT_DEFAULT_PROVIDER=libvirt
+export VAGRANT_CHECKPOINT_DISABLE=1
+export LIBVIRT_DEFAULT_URI=$URI
+
+T_ALL=$SECONDS
+FAILED=""
+declare -a STARTED_PIDS=() STARTED_NAMES=() TIMES=()
+
+say() { printf '%s: %s\n' "$PROG" "$*"; }
+fail() { printf '%s: FAIL: %s\n' "$PROG" "$*" >&2; FAILED="${FAILED:+$FAILED; }$*"; return 1; }
+
+# step NAME FUNCTION: run it, print and keep its time.
+step() {
+    local name="$1" t=$SECONDS rc=0
+    shift
+    say "--- $name ..."
+    "$@" || rc=$?
+    TIMES+=("$(printf '%-14s %5d s  %s' "$name" $((SECONDS - t)) "$([ $rc = 0 ] && echo ok || echo FAILED)")")
+    say "$name: $([ $rc = 0 ] && echo ok || echo FAILED) ($((SECONDS - t)) s)"
+    return $rc
+}
+
+NO_BOOT=0
+case "${1:-}" in
+    --no-boot) NO_BOOT=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--no-boot]" >&2; exit 2 ;;
+esac
+[ "$(id -u)" = 0 ] || { echo "$PROG: run as root (libvirt, loop devices): sudo bash $0" >&2; exit 1; }
+mkdir -p "$STATE" "$LOGS" "$VAGRANT_HOME"
+chmod 755 "$STATE"
+
+# ------------------------------------------------------------------ host packages
+HOST_PKGS=(vagrant vagrant-libvirt libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils dnsmasq-base
+    mmdebstrap extlinux syslinux-common fdisk e2fsprogs rsync curl iptables)
+host_packages() {
+    local -a missing=()
+    local p
+    for p in "${HOST_PKGS[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    done
+    if [ "${#missing[@]}" = 0 ]; then
+        say "host packages present"
+        return 0
+    fi
+    say "installing: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get -q update >"$LOGS/apt.log" 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends "${missing[@]}" >>"$LOGS/apt.log" 2>&1 ||
+        fail "apt-get install ${missing[*]} (see $LOGS/apt.log)"
+}
+
+# ------------------------------------------------------------------ box
+box() {
+    if [ "${LABKIT_VMTEST_REBUILD_BOX:-0}" = 1 ] || [ ! -s "$BOX_FILE" ]; then
+        bash "$REPO/vagrant/build-box.sh" "$BOX_FILE" >"$LOGS/build-box.log" 2>&1 || { tail -n 20 "$LOGS/build-box.log" >&2; fail "box build (see $LOGS/build-box.log)"; return 1; }
+        tail -n 1 "$LOGS/build-box.log"
+        vagrant box remove -f --provider libvirt "$BOX_NAME" >/dev/null 2>&1 || true
+    fi
+    if ! vagrant box list 2>/dev/null | grep -q "^$BOX_NAME *(libvirt"; then
+        vagrant box add --name "$BOX_NAME" --provider libvirt "$BOX_FILE" >"$LOGS/box-add.log" 2>&1 || fail "vagrant box add (see $LOGS/box-add.log)"
+    fi
+    say "box $BOX_NAME (libvirt) from $BOX_FILE"
+}
+
+# ------------------------------------------------------------------ libvirt
+declare -A PIDFILE=([virtlogd]=/run/virtlogd.pid [virtlockd]=/run/virtlockd.pid [libvirtd]=/run/libvirtd.pid)
+daemon_running() {
+    local f="${PIDFILE[$1]}"
+    [ -s "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
+libvirt_up() {
+    local d
+    for d in virtlogd virtlockd libvirtd; do
+        if daemon_running "$d"; then
+            say "$d already running (pid $(cat "${PIDFILE[$d]}")): left alone"
+            continue
+        fi
+        "$d" -d || { fail "$d -d"; return 1; }
+        local i
+        for i in $(seq 1 50); do daemon_running "$d" && break; sleep 0.2; done
+        daemon_running "$d" || { fail "$d did not start"; return 1; }
+        STARTED_PIDS+=("$(cat "${PIDFILE[$d]}")")
+        STARTED_NAMES+=("$d")
+        say "started $d (pid $(cat "${PIDFILE[$d]}"))"
+    done
+    for i in $(seq 1 50); do virsh -q version >/dev/null 2>&1 && break; sleep 0.2; done
+    virsh -q version >/dev/null 2>&1 || fail "libvirtd does not answer on $URI"
+}
+libvirt_down() {
+    local i
+    for ((i = ${#STARTED_PIDS[@]} - 1; i >= 0; i--)); do
+        kill "${STARTED_PIDS[$i]}" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "${STARTED_PIDS[$i]}" 2>/dev/null || break; sleep 0.2; done
+        say "stopped ${STARTED_NAMES[$i]} (pid ${STARTED_PIDS[$i]})"
+    done
+    STARTED_PIDS=()
+}
+
+# What exists before, to prove afterwards that nothing of ours is left.
+snapshot_host() {
+    {
+        echo "# domains"; virsh list --all --name 2>/dev/null | sed '/^$/d' | sort
+        echo "# volumes"; for p in $(virsh pool-list --all --name 2>/dev/null); do virsh vol-list "$p" 2>/dev/null | awk -v p="$p" 'NR > 2 && NF {print p "/" $1}'; done | sort
+        echo "# networks"; virsh net-list --all --name 2>/dev/null | sed '/^$/d' | sort
+        echo "# pools"; virsh pool-list --all --name 2>/dev/null | sed '/^$/d' | sort
+    } >"$1"
+}
+# Firewall chains as TABLE/CHAIN lines.
+chains() { { iptables-save 2>/dev/null || true; } | awk '/^\*/ {t = substr($1, 2)} /^:/ {print t "/" substr($1, 2)}' | sort -u; }
+
+# ------------------------------------------------------------------ machine-local Vagrantfile
+machine_vagrantfile() {
+    local driver=qemu cpu='lv.cpu_mode = "custom"; lv.cpu_model = "qemu64"'
+    if grep -qE '\b(vmx|svm)\b' /proc/cpuinfo && [ -c /dev/kvm ]; then driver=kvm cpu=""; fi
+    cat >"$VAGRANT_HOME/Vagrantfile" <<EOF
+# Written by labkit's vagrant/vm-test.sh: this machine's settings, not the project's.
+
+# vagrant-libvirt 0.11.2 fails to merge a provider block that sets serial ports with a later one that
+# does not ("no implicit conversion of Symbol into Array"): treat the later one's as empty.
+begin
+  require "vagrant-libvirt/config"
+rescue LoadError
+end
+if defined?(VagrantPlugins::ProviderLibvirt::Config) && !VagrantPlugins::ProviderLibvirt::Config.method_defined?(:labkit_merge_fix)
+  VagrantPlugins::ProviderLibvirt::Config.prepend(Module.new do
+    def labkit_merge_fix; end
+
+    def merge(other)
+      unset = Vagrant::Plugin::V2::Config::UNSET_VALUE
+      other.serials = [] if serials != unset && other.serials == unset
+      super
+    end
+  end)
+end
+
+Vagrant.configure("2") do |config|
+  config.vm.provider :libvirt do |lv|
+    lv.driver = "$driver"   # no vmx/svm here: qemu's emulation (TCG)
+    $cpu
+    lv.management_network_name = "$NET_NAME"
+    lv.management_network_address = "$NET_CIDR"
+    lv.serial :type => "file", :source => { :path => "$LOGS/console.log" }
+  end
+end
+EOF
+    say "libvirt driver $driver; management network $NET_NAME $NET_CIDR; console log $LOGS/console.log"
+}
+
+V() { (cd "$REPO/vagrant" && vagrant "$@"); }
+# Run a command in the VM as the vagrant user; its output on stdout.
+in_vm() { V ssh -c "$1" -- -T -o LogLevel=ERROR 2>>"$LOGS/ssh.log"; }
+
+# ------------------------------------------------------------------ up
+up() {
+    local rc=0
+    V up --provider libvirt 2>&1 | tee "$LOGS/up.log" || rc=$?
+    if [ $rc != 0 ]; then
+        virsh list --all --name | grep -q . && virsh screenshot "$(virsh list --name | head -n 1)" "$LOGS/screen.ppm" >/dev/null 2>&1 || true
+        fail "vagrant up exited $rc (see $LOGS/up.log, $LOGS/console.log)"
+        return 1
+    fi
+}
+
+provisioned() {
+    grep -q "labkit-provision: finished: ok" "$LOGS/up.log" || { fail "provisioning did not finish (see $LOGS/up.log)"; return 1; }
+    grep -E "labkit-provision: (work|jupyter-service|finished)" "$LOGS/up.log" | sed 's/^ *default: //'
+    URL_LINE="$(grep -Eo 'labkit: JupyterLab: http://127\.0\.0\.1:[0-9]+/lab\?token=[0-9a-f]{32}' "$LOGS/up.log" | tail -n 1)"
+    [ -n "$URL_LINE" ] || { fail "no 'labkit: JupyterLab: http://127.0.0.1:PORT/lab?token=…' line after vagrant up"; return 1; }
+    PORT="$(sed -E 's/.*:([0-9]+)\/lab.*/\1/' <<<"$URL_LINE")"
+    TOKEN="$(sed -E 's/.*token=//' <<<"$URL_LINE")"
+    say "JupyterLab forwarded to host port $PORT"
+}
+
+doctor() {
+    in_vm 'labkit doctor' | tee "$LOGS/doctor.log"
+    grep -q "^ok    compile+attach" "$LOGS/doctor.log" || { fail "labkit doctor in the VM (see $LOGS/doctor.log)"; return 1; }
+    grep -q "^FAIL" "$LOGS/doctor.log" && { fail "labkit doctor reports a failed check"; return 1; }
+    return 0
+}
+
+lab() {
+    in_vm 'labkit up' | tee "$LOGS/labkit-up.log"
+    grep -q "^lab demo is up" "$LOGS/labkit-up.log" || { fail "labkit up as the vagrant user"; return 1; }
+    local hint ct
+    hint="$(grep -m1 -E '^  labkit --lab demo exec [a-z0-9]+ -- ping -c1 ' "$LOGS/labkit-up.log" | sed 's/^  //')"
+    [ -n "$hint" ] || { fail "labkit up printed no ping hint"; return 1; }
+    say "the hint, as printed, as the vagrant user: $hint"
+    in_vm "$hint" | tee "$LOGS/ping.log"
+    grep -q " 0% packet loss" "$LOGS/ping.log" || { fail "pod ping: $hint"; return 1; }
+    ct="$(grep -m1 -E '^  labkit --lab demo ct list ' "$LOGS/labkit-up.log" | sed 's/^  //')"
+    in_vm "$ct" | tee "$LOGS/ct.log"
+    grep -qE '^ICMP OUT 198\.18\.[0-9]+\.[0-9]+:[0-9]+ -> 198\.18\.[0-9]+\.[0-9]+:0 expires=[0-9]+ Packets=[0-9]+ Bytes=[0-9]+ RxFlagsSeen=0x[0-9a-f]+ LastRxReport=[0-9]+ TxFlagsSeen=0x[0-9a-f]+ LastTxReport=[0-9]+ Flags=0x[0-9a-f]+ \[[^]]*\] RevNAT=[0-9]+ SourceSecurityID=[0-9]+' "$LOGS/ct.log" ||
+        { fail "no ICMP OUT row in Cilium's grammar in '$ct'"; return 1; }
+    in_vm 'labkit down' | tail -n 1
+}
+
+http_code() { curl -s -o /dev/null -m 10 -w '%{http_code}' "$1" || true; }
+jupyter() {
+    local with without vmip far
+    with="$(http_code "http://127.0.0.1:$PORT/api/status?token=$TOKEN")"
+    without="$(http_code "http://127.0.0.1:$PORT/api/status")"
+    say "127.0.0.1:$PORT/api/status: with the token $with, without $without"
+    [ "$with" = 200 ] && [ "$without" = 403 ] || { fail "JupyterLab on 127.0.0.1:$PORT: with token $with (want 200), without $without (want 403)"; return 1; }
+    vmip="$(V ssh-config 2>/dev/null | awk '$1 == "HostName" {print $2; exit}')"
+    far="$(curl -s -o /dev/null -m 5 -w '%{http_code}' "http://$vmip:8888/api" 2>/dev/null || true)"
+    say "the VM's own address $vmip:8888: ${far:-000} (000: nothing answers)"
+    [ "${far:-000}" = 000 ] || { fail "JupyterLab answers on the VM's address $vmip:8888"; return 1; }
+}
+
+lab01() {
+    local out
+    # The learner's notebook with the reference answers in its answer cells, graded as an instructor would.
+    in_vm 'set -e; rm -rf /tmp/vmtest-handin && mkdir -p /tmp/vmtest-handin/ref &&
+        /opt/labkit/venv/bin/python - <<EOF
+import json, nbformat
+from labkit.grading.grade import answer_cells
+nb = nbformat.read("/home/vagrant/labkit/labs/01-tour.ipynb", as_version=4)
+key = json.load(open("/home/vagrant/labkit/instructor/answers/01.json"))
+cells = answer_cells(nb)
+for ex, entry in key.items():
+    nb.cells[cells[ex]].source = entry["answer"]
+nbformat.write(nb, "/tmp/vmtest-handin/ref/01-tour.ipynb")
+EOF
+        labkit grade /tmp/vmtest-handin --json --quiet > /tmp/vmtest-handin/grade.json; cat /tmp/vmtest-handin/grade.json' >"$LOGS/lab01.json" || true
+    out="$(python3 -c '
+import json, sys
+text = open(sys.argv[1]).read()
+n = json.loads(text[text.index("{"):])["notebooks"][0]
+score, total, secs, err = n["score"], n["total"], n["seconds"], n["error"]
+print(f"{score}/{total} exercises passed, {secs:.0f} s, error: {err}")
+sys.exit(0 if total and score == total and not err else 1)
+' "$LOGS/lab01.json")" || { fail "lab 01 with the reference answers: ${out:-no result} (see $LOGS/lab01.json)"; return 1; }
+    say "lab 01, reference answers: $out"
+}
+
+# JupyterLab's contents API: what the browser does when the learner saves.
+put_notebook() {
+    curl -sf -m 30 -X PUT -H 'Content-Type: application/json' \
+        "http://127.0.0.1:$PORT/api/contents/$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$1")?token=$TOKEN" \
+        --data "$(python3 -c '
+import json, sys
+nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": [sys.argv[1]]}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+print(json.dumps({"type": "notebook", "format": "json", "content": nb}))' "$2")" >/dev/null
+}
+work_sums() { in_vm 'cd /home/vagrant/work && sha256sum student-notes.ipynb 01-tour.ipynb'; }
+work() {
+    put_notebook student-notes.ipynb "my notes, saved in JupyterLab" || { fail "saving a notebook through JupyterLab's API"; return 1; }
+    put_notebook 01-tour.ipynb "01 with my answers" || { fail "saving 01-tour.ipynb through JupyterLab's API"; return 1; }
+    local before after t
+    before="$(work_sums)"
+    printf '%s\n' "$before"
+    t=$SECONDS
+    V reload 2>&1 | tee "$LOGS/reload.log" >/dev/null || { fail "vagrant reload"; return 1; }
+    TIMES+=("$(printf '%-14s %5d s' "  reload" $((SECONDS - t)))")
+    after="$(work_sums)"
+    [ "$before" = "$after" ] || { fail "the work folder changed across vagrant reload: $after"; return 1; }
+    say "vagrant reload ($((SECONDS - t)) s): both notebooks unchanged"
+    local url
+    url="$(grep -Eo 'labkit: JupyterLab: http://127\.0\.0\.1:[0-9]+/lab\?token=[0-9a-f]{32}' "$LOGS/reload.log" | tail -n 1)"
+    [ -n "$url" ] || { fail "no JupyterLab URL line after vagrant reload"; return 1; }
+    t=$SECONDS
+    V provision 2>&1 | tee "$LOGS/provision.log" >/dev/null || { fail "vagrant provision"; return 1; }
+    TIMES+=("$(printf '%-14s %5d s' "  provision" $((SECONDS - t)))")
+    grep -q "labkit-provision: finished: ok" "$LOGS/provision.log" || { fail "vagrant provision did not finish"; return 1; }
+    after="$(work_sums)"
+    [ "$before" = "$after" ] || { fail "the work folder changed across vagrant provision: $after"; return 1; }
+    say "vagrant provision ($((SECONDS - t)) s): both notebooks unchanged"
+    in_vm 'labkit export --to -' >"$STATE/work.tar.gz" || { fail "labkit export --to -"; return 1; }
+    tar -tzf "$STATE/work.tar.gz" | tee "$LOGS/export.txt"
+    grep -qx 'vagrant/student-notes.ipynb' "$LOGS/export.txt" && grep -qx 'vagrant/01-tour.ipynb' "$LOGS/export.txt" ||
+        { fail "the exported archive lacks the saved notebooks"; return 1; }
+    tar -xzOf "$STATE/work.tar.gz" vagrant/student-notes.ipynb | grep -q "my notes, saved in JupyterLab" ||
+        { fail "the exported notes are not what was saved"; return 1; }
+}
+
+# ------------------------------------------------------------------ destroy
+destroy() {
+    V destroy -f >"$LOGS/destroy.log" 2>&1 || fail "vagrant destroy (see $LOGS/destroy.log)"
+    # The box's image in the storage pool is vagrant-libvirt's copy of our box: ours too.
+    local v
+    for v in $(virsh vol-list default 2>/dev/null | awk 'NR > 2 && $1 ~ /bookworm64_vagrant_box_image/ {print $1}'); do
+        grep -qx "default/$v" "$STATE/before.txt" && continue
+        virsh vol-delete --pool default "$v" >/dev/null && say "removed volume default/$v (the box's image)"
+    done
+    if virsh net-info "$NET_NAME" >/dev/null 2>&1; then
+        virsh net-destroy "$NET_NAME" >/dev/null 2>&1 || true
+        virsh net-undefine "$NET_NAME" >/dev/null && say "removed network $NET_NAME"
+    fi
+    if ! grep -qx default <(sed -n '/^# pools/,$p' "$STATE/before.txt"); then
+        if virsh pool-info default >/dev/null 2>&1; then
+            virsh pool-destroy default >/dev/null 2>&1 || true
+            virsh pool-undefine default >/dev/null && say "removed storage pool default (vagrant-libvirt made it)"
+        fi
+    fi
+    snapshot_host "$STATE/after.txt"
+    if ! diff -u "$STATE/before.txt" "$STATE/after.txt"; then
+        fail "libvirt objects left (diff above: before vs after)"
+        return 1
+    fi
+    say "libvirt: the same domains, volumes, networks and pools as before"
+}
+
+host_left_as_it_was() {
+    local tc table c rule leftover=""
+    # libvirt's firewall chains (made with its first network) that were not there before: unhooked and removed
+    # when empty; any other new chain is reported.
+    for tc in $(comm -13 "$STATE/chains-before.txt" <(chains)); do
+        table="${tc%%/*}" c="${tc#*/}"
+        if [[ "$c" == LIBVIRT_* ]]; then
+            while read -r rule; do
+                # shellcheck disable=SC2086
+                iptables -t "$table" ${rule/-A/-D} 2>/dev/null || true
+            done < <(iptables-save -t "$table" | grep -E -- "-j $c\$")
+            if iptables -t "$table" -F "$c" 2>/dev/null && iptables -t "$table" -X "$c" 2>/dev/null; then
+                say "removed firewall chain $table/$c (libvirt's)"
+            else
+                leftover="$leftover $tc"
+            fi
+        elif [[ "$c" =~ ^(INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING)$ ]] &&
+            ! iptables-save -t "$table" | grep -q '^-A '; then
+            : # a built-in chain of a table libvirt loaded, empty: nothing of ours
+        else
+            leftover="$leftover $tc"
+        fi
+    done
+    [ "$(cat /proc/sys/net/ipv4/ip_forward)" = "$(cat "$STATE/ip_forward-before")" ] || {
+        cat "$STATE/ip_forward-before" >/proc/sys/net/ipv4/ip_forward
+        say "ip_forward back to $(cat "$STATE/ip_forward-before")"
+    }
+    libvirt_down
+    local procs
+    procs="$(ps -eo pid,args | grep -E 'qemu-system|dnsmasq.*'"$NET_NAME"'|ssh .*-L 127\.0\.0\.1:[0-9]+:127\.0\.0\.1:8888' | grep -v grep || true)"
+    [ -z "$procs" ] || { fail "processes left: $procs"; return 1; }
+    [ -z "$leftover" ] || { fail "firewall chains left: $leftover"; return 1; }
+    say "no qemu, dnsmasq or ssh forward of ours running; firewall chains and ip_forward as before"
+}
+
+VM_MADE=0
+DESTROYED=0
+finish() {
+    local rc=$?
+    trap - EXIT
+    if [ "${LABKIT_VMTEST_KEEP:-0}" = 1 ]; then
+        [ "$VM_MADE" = 1 ] && say "LABKIT_VMTEST_KEEP=1: the VM stays up (cd vagrant && VAGRANT_HOME=$VAGRANT_HOME VAGRANT_DOTFILE_PATH=$VAGRANT_DOTFILE_PATH vagrant ssh); daemons started: ${STARTED_PIDS[*]:-none}"
+    elif [ "$VM_MADE" = 1 ] && [ "$DESTROYED" = 0 ]; then
+        DESTROYED=1
+        step destroy destroy || true
+        step host host_left_as_it_was || true
+    else
+        libvirt_down
+    fi
+    echo
+    say "step times (total $((SECONDS - T_ALL)) s):"
+    printf '  %s\n' "${TIMES[@]}"
+    if [ -n "$FAILED" ] || [ $rc != 0 ]; then
+        say "FAILED: ${FAILED:-exit $rc}   (logs: $LOGS)"
+        exit 1
+    fi
+    say "passed   (logs: $LOGS)"
+}
+trap finish EXIT
+
+step host-packages host_packages
+step box box
+step libvirt libvirt_up
+snapshot_host "$STATE/before.txt"
+chains >"$STATE/chains-before.txt"
+cat /proc/sys/net/ipv4/ip_forward >"$STATE/ip_forward-before"
+machine_vagrantfile
+step validate V validate
+if [ "$NO_BOOT" = 1 ]; then
+    say "--no-boot: stopping before vagrant up"
+    exit 0
+fi
+rm -f "$LOGS/console.log"
+VM_MADE=1
+step up up
+step provisioned provisioned
+step doctor doctor || true
+step lab lab || true
+step jupyter jupyter || true
+step lab01 lab01 || true
+step work work || true
