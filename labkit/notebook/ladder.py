@@ -35,9 +35,9 @@ from typing import Sequence
 
 from labkit.addr import ipv4
 from labkit.constants import DropReason, Hook, TraceFlags, Verdict
-from labkit.maps.ct import CtDir, CtFlags, CtResult, CtRow, TcpFlags
+from labkit.maps.ct import CtDir, CtFlags, CtResult, CtRow
 from labkit.net.topology import Topology
-from labkit.notebook.viz import VERDICT_COLOURS
+from labkit.notebook.viz import VERDICT_COLOURS, ct_lookup
 from labkit.observe.trace import Flow
 
 __all__ = ["Packet", "packets", "flag_label", "created_rows", "hook_note", "svg"]
@@ -178,15 +178,7 @@ def _ct_text(flow: Flow) -> str:
     ev = flow.event
     if ev.ct_result == CtResult.NONE:
         return ""
-    try:
-        result = CtResult(ev.ct_result).name.lower()
-    except ValueError:
-        result = str(ev.ct_result)
-    try:
-        direction = CtDir(ev.ct_dir).name.lower()
-    except ValueError:
-        direction = str(ev.ct_dir)
-    return f"ct={result}/{direction}"
+    return f"ct={ct_lookup(ev)}"
 
 
 def _matches(row: CtRow, flow: Flow) -> bool:

@@ -83,6 +83,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "lab_graph",
+    "ct_lookup",
     "positions",
     "Hop",
     "hops",
@@ -319,6 +320,19 @@ def _verdict_name(value: int) -> str:
         return f"VERDICT#{value}"
 
 
+def ct_lookup(ev) -> str:
+    """A trace record's CT lookup as ``result/direction`` (``new/egress``); the raw number for one the enums lack."""
+    try:
+        result = CtResult(ev.ct_result).name.lower()
+    except ValueError:
+        result = str(ev.ct_result)
+    try:
+        direction = CtDir(ev.ct_dir).name.lower()
+    except ValueError:
+        direction = str(ev.ct_dir)
+    return f"{result}/{direction}"
+
+
 def _summary(flow: "Flow", topology: Topology | None) -> str:
     ev = flow.event
     packet = ev.before.text()
@@ -329,15 +343,7 @@ def _summary(flow: "Flow", topology: Topology | None) -> str:
     packet += "".join(f" [{name}]" for name in TraceFlags.names(ev.flags))  # what the hook did besides NAT
     parts = [packet]
     if ev.ct_result != CtResult.NONE:
-        try:
-            result = CtResult(ev.ct_result).name.lower()
-        except ValueError:
-            result = str(ev.ct_result)
-        try:
-            direction = CtDir(ev.ct_dir).name.lower()
-        except ValueError:
-            direction = str(ev.ct_dir)
-        parts.append(f"ct={result}/{direction} flags=[{' '.join(CtFlags.names(ev.ct_flags))}]")
+        parts.append(f"ct={ct_lookup(ev)} flags=[{' '.join(CtFlags.names(ev.ct_flags))}]")
     if ev.verdict == Verdict.DROPPED:
         parts.append(f"dropped: {DropReason.text(ev.drop_reason)}")
     elif ev.tunnel_endpoint and ev.hook in (Hook.FROM_CONTAINER, Hook.TO_OVERLAY):
