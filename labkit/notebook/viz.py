@@ -321,7 +321,14 @@ def _verdict_name(value: int) -> str:
 
 
 def ct_lookup(ev) -> str:
-    """A trace record's CT lookup as ``result/direction`` (``new/egress``); the raw number for one the enums lack."""
+    """A trace record's CT lookup as ``result/direction``; the raw number for one the enums lack.
+
+    >>> from types import SimpleNamespace
+    >>> ct_lookup(SimpleNamespace(ct_result=CtResult.NEW, ct_dir=CtDir.EGRESS))
+    'new/egress'
+    >>> ct_lookup(SimpleNamespace(ct_result=99, ct_dir=CtDir.EGRESS))
+    '99/egress'
+    """
     try:
         result = CtResult(ev.ct_result).name.lower()
     except ValueError:
