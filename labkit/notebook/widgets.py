@@ -9,10 +9,21 @@ Two layers:
   (``lk-added``), changed rows yellow (``lk-changed``) with the moved cells in
   bold, rows gone since then once more, struck through (``lk-removed``).
   Rows past their lifetime on the lab clock are grey (``lk-expired``).
+  ``columns`` leaves out columns (a view choice: the rows stay the same).
 * :class:`CtTable` wraps it in core ipywidgets: a header with the node, the lab
-  clock and the real command that shows the same maps, filter controls, the
-  table (fixed height, it scrolls on its own and keeps its scroll position
-  across refreshes) and a status line. :func:`watch` builds one and refreshes it.
+  clock and the real command that shows the same maps, filter controls, a column
+  chooser, the table (fixed height, it scrolls on its own both ways inside its
+  box and keeps its scroll position across refreshes) and a status line.
+  :func:`watch` builds one and refreshes it. Refreshes keep the filters and the
+  chosen columns.
+
+A table outlives its kernel on the page: after a kernel restart, or in a
+notebook saved with its widget state and opened again, JupyterLab still draws
+the last table from the saved widget state, and a line above it says the table
+belongs to a kernel that has stopped and to re-run the cell (it shows only
+while the widget has no live kernel behind it). Where no widget can be drawn at
+all (an untrusted notebook, a static viewer) the cell's ``text/html`` output
+shows the same sentence above the table as it was when it was displayed.
 
 In a notebook::
 
@@ -41,9 +52,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from labkit.errors import NotFoundError
 from labkit.maps.ct import CT_MAPS, CtFlags, CtRow, TcpFlags, diff_rows
 
-__all__ = ["Filters", "render_table", "CtTable", "watch", "PROTO_CHOICES", "TABLE_HEIGHT"]
+__all__ = ["Filters", "render_table", "CtTable", "watch", "COLUMNS", "PROTO_CHOICES", "TABLE_HEIGHT",
+           "STOPPED_NOTICE"]
 
 #: Choices of the protocol filter: (label, value) pairs, value None for all.
 PROTO_CHOICES = (("All", None), ("TCP", "TCP"), ("UDP", "UDP"), ("ICMP", "ICMP"))
@@ -54,6 +67,11 @@ _COLUMNS = (
     "proto", "dir", "src", "dst", "flags", "rx seen", "tx seen",
     "packets", "bytes", "expires", "remaining", "rev nat", "backend",
 )
+#: The table's column names, in order (what ``columns`` of :func:`render_table` chooses from).
+COLUMNS = _COLUMNS
+#: What a table whose kernel has stopped says above its last rows.
+STOPPED_NOTICE = ("This table belongs to a kernel that has stopped: the rows below are the last ones it showed "
+                  "and they no longer change. To see a live table, re-run this cell.")
 # Which columns show a CtRow field (diff_rows' field names), for the changed-cell emphasis.
 _FIELD_COLUMNS = {
     "flags": (4,),
@@ -72,7 +90,7 @@ _MAP_ORDER = {name: i for i, name in enumerate(CT_MAPS)}
 # Scoped by the lk-ct class: the style lands in the page once the HTML is shown.
 _STYLE = """<style>
 .lk-ct{line-height:1.35;font-size:var(--jp-code-font-size,12px)}
-.lk-ct table{border-collapse:collapse;width:100%;font-family:var(--jp-code-font-family,monospace)}
+.lk-ct table{border-collapse:collapse;min-width:100%;font-family:var(--jp-code-font-family,monospace)}
 .lk-ct th,.lk-ct td{padding:1px 8px;text-align:left;white-space:nowrap;
   border-bottom:1px solid var(--jp-border-color2,#e0e0e0)}
 .lk-ct th{position:sticky;top:0;z-index:1;background:var(--jp-layout-color2,#eee);font-weight:600}
@@ -86,11 +104,31 @@ _STYLE = """<style>
 .lk-ct .lk-empty{padding:6px 8px;color:var(--jp-ui-font-color2,#666);font-style:italic}
 </style>"""
 
-_HEAD = (
-    '<thead><tr>'
-    + "".join(f'<th class="lk-num">{c}</th>' if i in _NUMERIC else f"<th>{c}</th>" for i, c in enumerate(_COLUMNS))
-    + "</tr></thead>"
-)
+_ALL = tuple(range(len(_COLUMNS)))
+
+
+@functools.lru_cache(maxsize=64)
+def _head(shown: tuple[int, ...]) -> str:
+    return ('<thead><tr>'
+            + "".join(f'<th class="lk-num">{_COLUMNS[i]}</th>' if i in _NUMERIC else f"<th>{_COLUMNS[i]}</th>"
+                      for i in shown)
+            + "</tr></thead>")
+
+
+def _column_indexes(columns: Iterable[str] | None) -> tuple[int, ...]:
+    """Indexes of the named columns in table order (None: all); a name the table lacks is refused.
+
+    >>> _column_indexes(["src", "proto"]), _column_indexes(None) == tuple(range(len(COLUMNS)))
+    ((0, 2), True)
+    """
+    if columns is None:
+        return _ALL
+    names = [columns] if isinstance(columns, str) else list(columns)
+    unknown = [n for n in names if n not in _COLUMNS]
+    if unknown:
+        raise NotFoundError(f"CT table: no column {', '.join(map(repr, unknown))}; expected some of {', '.join(_COLUMNS)}")
+    wanted = set(names)
+    return tuple(i for i, name in enumerate(_COLUMNS) if name in wanted)
 
 
 @dataclass(frozen=True)
@@ -215,6 +253,7 @@ def _render(
     previous: Iterable[CtRow] | None,
     now: int | None,
     filters: Filters | None,
+    shown_columns: tuple[int, ...] = _ALL,
 ) -> tuple[str, _Stats]:
     filters = filters or Filters()
     keep = filters.match if filters.active else None
@@ -231,7 +270,7 @@ def _render(
     items = [(r, False) for r in shown] + [(r, True) for r in gone]
     items.sort(key=lambda item: _order(item[0]))
 
-    out = [_STYLE, '<div class="lk-ct"><table>', _HEAD, "<tbody>"]
+    out = [_STYLE, '<div class="lk-ct"><table>', _head(shown_columns), "<tbody>"]
     n_added = n_changed = 0
     for row, is_gone in items:
         classes = []
@@ -253,7 +292,9 @@ def _render(
         if expired:
             classes.append("lk-expired")
         out.append(f'<tr class="{" ".join(classes)}">' if classes else "<tr>")
-        for i, text in enumerate(_cells(row, now)):
+        cells = _cells(row, now)
+        for i in shown_columns:
+            text = cells[i]
             cls = []
             if i in _NUMERIC:
                 cls.append("lk-num")
@@ -268,7 +309,9 @@ def _render(
             out.append(f"<td{attrs}>{text}</td>")
         out.append("</tr>")
     out.append("</tbody></table>")
-    if not items:
+    if not shown_columns:
+        out.append('<div class="lk-empty">every column is hidden: choose some in "columns"</div>')
+    elif not items:
         why = "no rows match the filters" if rows else "no CT entries"
         out.append(f'<div class="lk-empty">{why}</div>')
     out.append("</div>")
@@ -281,6 +324,7 @@ def render_table(
     previous: Iterable[CtRow] | None = None,
     now: int | None = None,
     filters: Filters | None = None,
+    columns: Iterable[str] | None = None,
 ) -> str:
     """HTML of a CT table: a scoped ``<style>``, then one ``<tr>`` per shown row below the header row.
 
@@ -294,7 +338,9 @@ def render_table(
     (green), ``lk-changed`` (yellow, moved cells ``lk-diff`` with a ``was …``
     tooltip) or, for rows no longer there, shown once more as ``lk-removed``
     (struck through). Without it nothing is highlighted. ``filters`` apply to all
-    of these. Every text is HTML-escaped.
+    of these. ``columns``: the names (of :data:`COLUMNS`) of the columns to show,
+    in table order whatever order they are given in (None: all); the rows are the
+    same whichever are shown. Every text is HTML-escaped.
 
     >>> from labkit.maps.ct import CtEntry, CtKey4, CtRow
     >>> def row(sport, proto=6, lifetime=1100):
@@ -308,14 +354,28 @@ def render_table(
     (1, 1)
     >>> render_table([a, c], filters=Filters(text=":40002")).count("<tr")
     2
+    >>> narrow = render_table([a, c], columns=["src", "dst"])
+    >>> narrow.count("</th>"), narrow.count("</td>"), ">proto</th>" in narrow
+    (2, 4, False)
     """
-    html, _ = _render(list(rows), previous, now, filters)
+    html, _ = _render(list(rows), previous, now, filters, _column_indexes(columns))
     return html
 
 
 # -- the live widget --------------------------------------------------------------------
 
 _MONO = "font-family:var(--jp-code-font-family,monospace);font-size:var(--jp-code-font-size,12px)"
+
+# The notice over a table whose kernel has stopped. ipywidgets marks the element of every view whose
+# model has no live kernel connection with the class jupyter-widgets-disconnected (after a kernel
+# restart, and for every view drawn from widget state saved in the notebook): only then it shows.
+_STOPPED_CSS = (
+    "<style>.lk-ct-stopped{display:none}"
+    ".jupyter-widgets-disconnected .lk-ct-stopped{display:block;margin:4px 0;padding:4px 8px;"
+    "border-left:4px solid var(--jp-warn-color0,#e65100);background:var(--jp-warn-color3,#fff3e0);"
+    "color:var(--jp-ui-font-color0,#000);font-weight:600;line-height:1.4}</style>"
+)
+_STOPPED_DIV = f'<div class="lk-ct-stopped">{_html.escape(STOPPED_NOTICE)}</div>'
 
 
 class CtTable:
@@ -324,9 +384,15 @@ class CtTable:
     ``refresh()`` reads ``lab.ct(node)`` and ``lab.clock.now()`` and only sets widget
     values (safe from the timer thread; it never prints). It never raises either: a
     failed read leaves the last table in place and puts the error in the status line
-    (and in :attr:`last_error`). Changing a filter re-renders the rows of the last
-    refresh without reading the maps. ``interval`` is the default period of
-    :meth:`start`; nothing runs until :meth:`start` (or :func:`watch`) is called.
+    (and in :attr:`last_error`). Changing a filter, or a column in the "columns"
+    chooser (:attr:`column_boxes`, all ticked at first), re-renders the rows of the
+    last refresh without reading the maps; refreshes keep both. The table scrolls
+    both ways inside its own box, so a narrow notebook reaches every column.
+    ``interval`` is the default period of :meth:`start`; nothing runs until
+    :meth:`start` (or :func:`watch`) is called.
+
+    Its ``text/html`` output (what a page shows where the widget cannot be drawn)
+    is :data:`STOPPED_NOTICE` over the table as it was when displayed.
 
     >>> table = CtTable(lab, "node-a")          # doctest: +SKIP
     >>> table.refresh()                         # doctest: +SKIP
@@ -368,24 +434,51 @@ class CtTable:
                                 layout=w.Layout(width="160px"))
         self.hide_related = w.Checkbox(value=False, description="hide RELATED twins", indent=False,
                                        layout=w.Layout(width="auto"))
+        #: One checkbox per column of :data:`COLUMNS`, by name: ticked, the column is shown.
+        self.column_boxes = {
+            name: w.Checkbox(value=True, description=name, indent=False, layout=w.Layout(width="auto"))
+            for name in _COLUMNS
+        }
+        self.chooser = w.Accordion(
+            children=[w.HBox(list(self.column_boxes.values()), layout=w.Layout(flex_flow="row wrap"))],
+            selected_index=None,
+        )
         # The fixed height and overflow live on the widget's own element, which survives value
-        # updates, so the browser keeps the scroll position while the rows are replaced.
-        self.table = w.HTML(layout=w.Layout(height=TABLE_HEIGHT, overflow="auto", width="100%",
+        # updates, so the browser keeps the scroll position while the rows are replaced. Its
+        # width is its box's (min_width 0: never its content's), so wide rows scroll sideways in it.
+        self.table = w.HTML(layout=w.Layout(height=TABLE_HEIGHT, overflow="auto", width="100%", min_width="0",
                                             border="1px solid var(--jp-border-color2, #ddd)"))
         self.status = w.HTML(layout=w.Layout(width="100%"))
-        self.controls = w.HBox([self.text, self.proto, self.hide_related])
-        self._box = w.VBox([self.header, self.controls, self.table, self.status])
+        self.controls = w.HBox([self.text, self.proto, self.hide_related], layout=w.Layout(flex_flow="row wrap"))
+        self._box = w.VBox([self.header, self.controls, self.chooser, self.table, self.status],
+                           layout=w.Layout(width="100%", max_width="100%", min_width="0"))
         for control in (self.text, self.proto, self.hide_related):
             control.observe(self._on_filter, names="value")
+        for box in self.column_boxes.values():
+            box.observe(self._on_filter, names="value")
+        self._update_chooser_title()
         self._update_header()
-        self.table.value = _STYLE + '<div class="lk-ct"><div class="lk-empty">not read yet: call refresh()</div></div>'
+        self._render_empty()
         self._update_status()
 
     # -- reading ------------------------------------------------------------------------
     @property
     def widget(self):
-        """The ipywidgets VBox (header, filters, table, status)."""
+        """The ipywidgets VBox (header, filters, column chooser, table, status)."""
         return self._box
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The names of the shown columns, in table order (the chooser's ticked boxes)."""
+        return tuple(name for name, box in self.column_boxes.items() if box.value)
+
+    @columns.setter
+    def columns(self, names: Iterable[str] | None) -> None:
+        """Show these columns (None: all), as ticking them in the chooser would."""
+        shown = {_COLUMNS[i] for i in _column_indexes(names)}
+        with self._lock:
+            for name, box in self.column_boxes.items():
+                box.value = name in shown
 
     @property
     def filters(self) -> Filters:
@@ -408,7 +501,22 @@ class CtTable:
         return self._closed
 
     def _repr_mimebundle_(self, **kwargs):
-        return self._box._repr_mimebundle_(**kwargs)
+        bundle = self._box._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, dict):  # a frontend that cannot draw the widget shows the last table instead
+            bundle = {**bundle, "text/html": self.static_html()}
+        return bundle
+
+    def static_html(self) -> str:
+        """The table as it is now, as plain HTML under :data:`STOPPED_NOTICE`: the cell's ``text/html`` output.
+
+        >>> "re-run this cell" in CtTable(lab, "node-a").static_html()   # doctest: +SKIP
+        True
+        """
+        with self._lock:
+            notice = (f'<div class="lk-ct-stopped-static" style="margin:4px 0;padding:4px 8px;'
+                      f'border-left:4px solid #e65100;font-weight:600">{_html.escape(STOPPED_NOTICE)}</div>')
+            return (f'<div class="lk-ct-static">{notice}{self._header_html()}'
+                    f'{self.table.value}{self.status.value}</div>')
 
     def __repr__(self) -> str:
         n = "-" if self._rows is None else len(self._rows)
@@ -438,23 +546,36 @@ class CtTable:
         with self._lock:
             if self._closed:
                 return
+            self._update_chooser_title()
             if self._rows is not None:
                 self._render()
+            else:
+                self._render_empty()
             self._update_status()
 
     def _render(self) -> None:
-        html, self._stats = _render(self._rows or [], self._previous, self._now, self.filters)
+        shown = _column_indexes(self.columns)
+        html, self._stats = _render(self._rows or [], self._previous, self._now, self.filters, shown)
         self.table.value = html
 
-    def _update_header(self) -> None:
+    def _render_empty(self) -> None:
+        self.table.value = _STYLE + '<div class="lk-ct"><div class="lk-empty">not read yet: call refresh()</div></div>'
+
+    def _update_chooser_title(self) -> None:
+        self.chooser.set_title(0, f"columns: {len(self.columns)} of {len(_COLUMNS)} shown")
+
+    def _header_html(self) -> str:
         esc = _html.escape
         ip = f" ({esc(self._node_ip)})" if self._node_ip else ""
         now = "not read yet" if self._now is None else f"now = {self._now} s"
         cmds = "\n".join(esc(c) for c in self._commands)
-        self.header.value = (
+        return (
             f'<div style="line-height:1.4"><b>CT table of {esc(self.node)}</b>{ip} · lab clock {now}</div>'
             f'<pre style="{_MONO};line-height:1.3;margin:2px 0;white-space:pre-wrap">{cmds}</pre>'
         )
+
+    def _update_header(self) -> None:
+        self.header.value = _STOPPED_CSS + _STOPPED_DIV + self._header_html()
 
     def _update_status(self) -> None:
         s = self._stats
@@ -524,10 +645,11 @@ class CtTable:
             if self._closed:
                 return
             self._closed = True
-            for control in (self.text, self.proto, self.hide_related):
+            boxes = tuple(self.column_boxes.values())
+            for control in (self.text, self.proto, self.hide_related) + boxes:
                 control.unobserve(self._on_filter, names="value")
-            for wid in (self.header, self.text, self.proto, self.hide_related, self.table, self.status,
-                        self.controls, self._box):
+            for wid in (self.header, self.text, self.proto, self.hide_related, *boxes, self.chooser.children[0],
+                        self.chooser, self.table, self.status, self.controls, self._box):
                 wid.close()
 
 

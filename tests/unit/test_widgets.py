@@ -1,5 +1,6 @@
-"""The live CT table: the pure HTML renderer (highlighting, filters, expiry, escaping)
-and the ipywidgets CtTable around it (refresh, filters, timer thread, errors)."""
+"""The live CT table: the pure HTML renderer (highlighting, filters, columns, expiry, escaping)
+and the ipywidgets CtTable around it (refresh, filters, column chooser, timer thread, errors,
+what a page shows once its kernel has stopped)."""
 from __future__ import annotations
 
 import random
@@ -18,7 +19,7 @@ pytest.importorskip("ipywidgets")
 import labkit.notebook.widgets as widgets  # noqa: E402
 from labkit.errors import LabStateError, NotFoundError  # noqa: E402
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow, TupleFlags  # noqa: E402
-from labkit.notebook.widgets import CtTable, Filters, render_table, watch  # noqa: E402
+from labkit.notebook.widgets import COLUMNS, STOPPED_NOTICE, CtTable, Filters, render_table, watch  # noqa: E402
 
 C, S = "198.18.1.11", "198.18.2.11"
 NOW = 1000
@@ -32,19 +33,23 @@ def row(src=C, sport=40000, dst=S, dport=8080, proto=6, tflags=TupleFlags.OUT, m
 
 
 class _Table(HTMLParser):
-    """The body rows of a rendered table: row classes and (text, classes, title) per cell."""
+    """The body rows of a rendered table: row classes and (text, classes, title) per cell; the header's names."""
 
     def __init__(self, html: str):
         super().__init__()
         self.rows: list[dict] = []
         self.header_rows = 0
+        self.header: list[str] = []
         self._in_body = False
         self._cell = None
+        self._th = None
         self.feed(html)
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if tag == "tbody":
+        if tag == "th":
+            self._th = ""
+        elif tag == "tbody":
             self._in_body = True
         elif tag == "tr":
             if self._in_body:
@@ -55,7 +60,10 @@ class _Table(HTMLParser):
             self._cell = ["", set((a.get("class") or "").split()), a.get("title")]
 
     def handle_endtag(self, tag):
-        if tag == "tbody":
+        if tag == "th":
+            self.header.append(self._th)
+            self._th = None
+        elif tag == "tbody":
             self._in_body = False
         elif tag == "td" and self._cell is not None:
             self.rows[-1]["cells"].append(tuple(self._cell))
@@ -64,6 +72,8 @@ class _Table(HTMLParser):
     def handle_data(self, data):
         if self._cell is not None:
             self._cell[0] += data
+        elif self._th is not None:
+            self._th += data
 
 
 COL = {name: i for i, name in enumerate(widgets._COLUMNS)}
@@ -240,6 +250,41 @@ def test_style_is_scoped():
     assert '<div class="lk-ct"><table>' in html
 
 
+def test_columns_choose_what_is_rendered():
+    """columns= renders only those columns (header and cells, in table order); the rows stay the same."""
+    rows = [row(sport=1, backend_id=7), row(sport=2, proto=17)]
+    html = render_table(rows, now=NOW, columns=["backend", "src", "proto"])
+    table = _Table(html)
+    assert table.header == ["proto", "src", "backend"]
+    assert [[c[0] for c in r["cells"]] for r in table.rows] == [["TCP", f"{C}:1", "7"], ["UDP", f"{C}:2", "0"]]
+    for hidden in ("dst", "flags", "packets", "remaining"):
+        assert f">{hidden}</th>" not in html
+    assert f"{S}:8080" not in html and "100 s" not in html  # the hidden cells are not in the page at all
+    assert len(_Table(render_table(rows, columns=[])).rows) == 2 and "every column is hidden" in render_table(
+        rows, columns=[])
+
+
+def test_columns_default_to_all():
+    """Without columns= (or with None) every column of COLUMNS is rendered, in order."""
+    assert _Table(render_table([row()])).header == list(COLUMNS)
+    assert render_table([row()], now=NOW, columns=None) == render_table([row()], now=NOW)
+    assert render_table([row()], now=NOW, columns=COLUMNS) == render_table([row()], now=NOW)
+
+
+def test_columns_unknown_name_refused():
+    """A column name the table does not have is refused, naming it and the columns there are."""
+    with pytest.raises(NotFoundError, match=r"no column 'port'.*expected some of proto, dir, src"):
+        render_table([row()], columns=["src", "port"])
+
+
+def test_columns_keep_highlighting():
+    """With columns hidden, the moved cells still shown keep their emphasis and the row its class."""
+    before, after = row(sport=1), row(sport=1, packets=9)
+    [r] = parse(render_table([after], previous=[before], now=NOW, columns=["src", "packets"]))
+    assert r["classes"] == {"lk-changed"}
+    assert [(c[0], "lk-diff" in c[1]) for c in r["cells"]] == [(f"{C}:1", False), ("9", True)]
+
+
 def test_empty_dump():
     """No rows: only the header row and a note."""
     html = render_table([], now=NOW)
@@ -343,10 +388,13 @@ def make(tables, lab, node="node-a", **kw) -> CtTable:
 
 
 def test_table_layout(tables):
-    """The VBox holds header, filter controls, a fixed-height scrolling table and the status line."""
+    """The VBox holds header, filter controls, the column chooser, a fixed-height table scrolling both ways
+    inside the box's width, and the status line."""
     t = make(tables, FakeLab())
-    assert t.widget.children == (t.header, t.controls, t.table, t.status)
+    assert t.widget.children == (t.header, t.controls, t.chooser, t.table, t.status)
     assert t.table.layout.height == widgets.TABLE_HEIGHT and t.table.layout.overflow == "auto"
+    assert t.table.layout.width == "100%" and t.table.layout.min_width == "0"
+    assert t.widget.layout.max_width == "100%"
     assert t.text.placeholder == "address or port"
     assert [label for label, _ in t.proto.options] == ["All", "TCP", "UDP", "ICMP"] and t.proto.value is None
     assert t.hide_related.description == "hide RELATED twins"
@@ -497,3 +545,98 @@ def test_watch(tables):
     assert lab.wait_calls(3), "the timer of the watched table never refreshed"
     t2.stop()
     assert not t2.running
+
+
+# -- the column chooser, state kept across refreshes ------------------------------------------
+
+def test_chooser_shows_every_column_by_default(tables):
+    """The chooser has one ticked box per column, folded, and the first refresh renders all of them."""
+    t = make(tables, FakeLab([row()]))
+    assert list(t.column_boxes) == list(COLUMNS) and all(b.value for b in t.column_boxes.values())
+    assert t.chooser.children[0].children == tuple(t.column_boxes.values())
+    assert t.chooser.selected_index is None and t.chooser.titles == ("columns: 13 of 13 shown",)
+    assert t.columns == COLUMNS
+    t.refresh()
+    assert _Table(t.table.value).header == list(COLUMNS)
+
+
+def test_chooser_hides_columns_without_reading(tables):
+    """Unticking a column takes it out of the table (rows and row count unchanged) without reading the maps."""
+    lab = FakeLab([row(sport=1), row(sport=2)])
+    t = make(tables, lab)
+    t.refresh()
+    t.column_boxes["backend"].value = False
+    t.column_boxes["rev nat"].value = False
+    table = _Table(t.table.value)
+    assert table.header == [c for c in COLUMNS if c not in ("backend", "rev nat")]
+    assert len(table.rows) == 2 and all(len(r["cells"]) == 11 for r in table.rows)
+    assert t.columns == tuple(c for c in COLUMNS if c not in ("backend", "rev nat"))
+    assert t.chooser.titles == ("columns: 11 of 13 shown",) and "2 of 2 rows shown" in t.status.value
+    assert lab.calls == 1
+    t.columns = ["src", "dst"]  # the same from code
+    assert [b for b, box in t.column_boxes.items() if box.value] == ["src", "dst"]
+    assert _Table(t.table.value).header == ["src", "dst"]
+    t.columns = None
+    assert _Table(t.table.value).header == list(COLUMNS)
+    with pytest.raises(NotFoundError):
+        t.columns = ["nope"]
+
+
+def test_refresh_keeps_filters_and_columns(tables):
+    """A refresh (by hand or by the timer) keeps the filter values and the chosen columns and applies them."""
+    first = [row(sport=1), row(sport=2, proto=17)]
+    second = first + [row(sport=3, proto=17), row(sport=4)]
+    lab = FakeLab(first, second)
+    t = make(tables, lab)
+    t.refresh()
+    t.proto.value = "UDP"
+    t.text.value = "198.18"
+    t.hide_related.value = True
+    t.columns = ["proto", "src", "packets"]
+    assert t.refresh() is True and lab.calls == 2
+    assert (t.proto.value, t.text.value, t.hide_related.value) == ("UDP", "198.18", True)
+    assert t.columns == ("proto", "src", "packets")
+    table = _Table(t.table.value)
+    assert table.header == ["proto", "src", "packets"]
+    assert sorted(r["cells"][1][0] for r in table.rows) == [f"{C}:2", f"{C}:3"]
+    assert "2 of 4 rows shown" in t.status.value
+    t.start(0.01)
+    assert lab.wait_calls(4)
+    t.stop()
+    assert t.columns == ("proto", "src", "packets") and t.filters == Filters("198.18", "UDP", True)
+    assert _Table(t.table.value).header == ["proto", "src", "packets"]
+
+
+# -- a table whose kernel has stopped --------------------------------------------------------
+
+def test_stopped_notice_shows_only_when_disconnected(tables):
+    """The header carries the stopped-kernel notice, hidden by default and shown by the class ipywidgets
+    puts on a view without a live kernel (jupyter-widgets-disconnected)."""
+    t = make(tables, FakeLab([row()]))
+    t.refresh()
+    header = t.header.value
+    assert STOPPED_NOTICE in header and "re-run this cell" in STOPPED_NOTICE
+    assert "kernel that has stopped" in STOPPED_NOTICE
+    assert ".lk-ct-stopped{display:none}" in header
+    assert ".jupyter-widgets-disconnected .lk-ct-stopped{display:block" in header
+    assert header.index('<div class="lk-ct-stopped">') < header.index("CT table of node-a")
+
+
+def test_mimebundle_fallback_is_the_last_table_and_the_notice(tables):
+    """The cell's text/html output (drawn where the widget cannot be) says the kernel has stopped and to
+    re-run the cell, over the table as shown when displayed (its filters and columns), beside the widget view."""
+    lab = FakeLab([row(sport=1), row(sport=2, proto=17)])
+    t = make(tables, lab)
+    t.refresh()
+    t.proto.value = "UDP"
+    t.columns = ["proto", "src", "packets"]
+    bundle = t._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == t.widget.model_id
+    html = bundle["text/html"]
+    assert STOPPED_NOTICE in html and html.index(STOPPED_NOTICE) < html.index("<table>")
+    assert "lk-ct-stopped-static" in html and 'class="lk-ct-stopped"' not in html  # shown, not hidden by CSS
+    table = _Table(html)
+    assert table.header == ["proto", "src", "packets"]
+    assert [[c[0] for c in r["cells"]] for r in table.rows] == [["UDP", f"{C}:2", "3"]]
+    assert "CT table of node-a" in html and "1 of 2 rows shown" in html
+    assert "text/plain" in bundle
