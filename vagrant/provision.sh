@@ -373,6 +373,16 @@ step_pip() {
 }
 step_pip
 
+# ---------------------------------------------------------------- JupyterLab settings
+# labkit's JupyterLab defaults (vagrant/jupyterlab-overrides.json: widget state saved with
+# the notebook, so a notebook opened again shows its last live CT tables, not "Error
+# displaying widget: model not found"), merged into the venv's overrides.json, which the
+# JupyterLab of `make lab`, of the service and of the VM reads; other settings there are kept.
+LAB_OVERRIDES="$VENV/share/jupyter/lab/settings/overrides.json"
+out="$("$VENV/bin/python" -I "$REPO/vagrant/lab-settings.py" "$REPO/vagrant/jupyterlab-overrides.json" "$LAB_OVERRIDES")" ||
+    die "could not set labkit's JupyterLab defaults in $LAB_OVERRIDES"
+step lab-settings "$out"
+
 # ---------------------------------------------------------------- bytecode
 # An editable install leaves labkit's modules uncompiled, and a process started with
 # PYTHONDONTWRITEBYTECODE never writes their .pyc: then every kernel, loader, agent and pod

@@ -359,3 +359,69 @@ def test_trigger_without_token_says_provisioning_did_not_finish(tmp_path):
     """A VM without a JupyterLab token (provisioning stopped) gets that said, not a URL."""
     out = _trigger(8888, "", tmp_path)
     assert "provisioning did not finish" in out and "SUCCESS" not in out
+
+
+# -- JupyterLab's settings: widget state saved with notebooks ----------------------------
+LAB_SETTINGS = ROOT / "vagrant" / "lab-settings.py"
+LAB_DEFAULTS = ROOT / "vagrant" / "jupyterlab-overrides.json"
+
+
+def _lab_settings(target: Path, defaults: Path = LAB_DEFAULTS) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-I", str(LAB_SETTINGS), str(defaults), str(target)],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_lab_defaults_save_widget_state():
+    """labkit's JupyterLab defaults turn on @jupyter-widgets/jupyterlab-manager's saveState (off by default)."""
+    import json
+
+    assert json.loads(LAB_DEFAULTS.read_text()) == {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True}}
+
+
+def test_lab_settings_writes_then_leaves_alone(tmp_path):
+    """lab-settings.py makes overrides.json (and its folder) with the defaults, and a second run changes nothing."""
+    import json
+
+    target = tmp_path / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    first = _lab_settings(target)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("done (") and "saveState=true" in first.stdout
+    assert json.loads(target.read_text()) == json.loads(LAB_DEFAULTS.read_text())
+    mtime = target.stat().st_mtime_ns
+    second = _lab_settings(target)
+    assert second.returncode == 0 and second.stdout.startswith("ok (")
+    assert target.stat().st_mtime_ns == mtime and oct(target.stat().st_mode & 0o777) == "0o644"
+
+
+def test_lab_settings_keeps_other_settings(tmp_path):
+    """Settings already in overrides.json (other plugins, other keys of the same plugin) are kept; a wrong
+    saveState is corrected."""
+    import json
+
+    target = tmp_path / "overrides.json"
+    target.write_text(json.dumps({"@jupyterlab/apputils-extension:themes": {"theme": "JupyterLab Dark"},
+                                  "@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": False, "x": 1}}))
+    out = _lab_settings(target)
+    assert out.returncode == 0 and out.stdout.startswith("done (")
+    assert json.loads(target.read_text()) == {
+        "@jupyterlab/apputils-extension:themes": {"theme": "JupyterLab Dark"},
+        "@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True, "x": 1}}
+
+
+def test_lab_settings_refuses_a_broken_file(tmp_path):
+    """A target that is not JSON is reported by path and left as it was."""
+    target = tmp_path / "overrides.json"
+    target.write_text("{not json")
+    out = _lab_settings(target)
+    assert out.returncode == 1 and f"{target}: expected JSON" in out.stderr
+    assert target.read_text() == "{not json"
+
+
+def test_provision_sets_the_lab_defaults_in_the_venv():
+    """provision.sh merges the repo's defaults into the venv's JupyterLab overrides.json after installing JupyterLab."""
+    text = (ROOT / "vagrant" / "provision.sh").read_text()
+    assert 'LAB_OVERRIDES="$VENV/share/jupyter/lab/settings/overrides.json"' in text
+    call = '"$VENV/bin/python" -I "$REPO/vagrant/lab-settings.py" "$REPO/vagrant/jupyterlab-overrides.json" "$LAB_OVERRIDES"'
+    assert call in text and text.index("\nstep_pip\n") < text.index(call)
