@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import html as _html
+import re
 import socket
 import threading
 import time
@@ -368,9 +369,14 @@ _MONO = "font-family:var(--jp-code-font-family,monospace);font-size:var(--jp-cod
 
 # The notice over a table whose kernel has stopped. ipywidgets marks the element of every view whose
 # model has no live kernel connection with the class jupyter-widgets-disconnected (after a kernel
-# restart, and for every view drawn from widget state saved in the notebook): only then it shows.
+# restart, and for every view drawn from widget state saved in the notebook): only then it shows,
+# in place of ipywidgets' own broken-link icon on each widget of the table, and what only a live
+# table does (the auto-refresh note) is hidden.
+_BOX_CLASS = "lk-ct-box"
 _STOPPED_CSS = (
     "<style>.lk-ct-stopped{display:none}"
+    f".{_BOX_CLASS} .jupyter-widgets-disconnected::before{{display:none}}"
+    ".jupyter-widgets-disconnected .lk-ct-live-only{display:none}"
     ".jupyter-widgets-disconnected .lk-ct-stopped{display:block;margin:4px 0;padding:4px 8px;"
     "border-left:4px solid var(--jp-warn-color0,#e65100);background:var(--jp-warn-color3,#fff3e0);"
     "color:var(--jp-ui-font-color0,#000);font-weight:600;line-height:1.4}</style>"
@@ -425,12 +431,12 @@ class CtTable:
         #: How many refreshes read the maps successfully.
         self.refresh_count = 0
 
-        self.header = w.HTML(layout=w.Layout(width="100%"))
+        self.header = w.HTML(layout=w.Layout(width="auto"))
         self.text = w.Text(
             placeholder="address or port", description="filter", continuous_update=True,
             layout=w.Layout(width="260px"),
         )
-        self.proto = w.Dropdown(options=list(PROTO_CHOICES), value=None, description="proto",
+        self.proto = w.Dropdown(options=list(PROTO_CHOICES), index=0, description="proto",  # "All", value None
                                 layout=w.Layout(width="160px"))
         self.hide_related = w.Checkbox(value=False, description="hide RELATED twins", indent=False,
                                        layout=w.Layout(width="auto"))
@@ -445,13 +451,15 @@ class CtTable:
         )
         # The fixed height and overflow live on the widget's own element, which survives value
         # updates, so the browser keeps the scroll position while the rows are replaced. Its
-        # width is its box's (min_width 0: never its content's), so wide rows scroll sideways in it.
-        self.table = w.HTML(layout=w.Layout(height=TABLE_HEIGHT, overflow="auto", width="100%", min_width="0",
+        # width is the box's less its margins (auto; min_width 0: never its content's), so rows wider
+        # than the notebook scroll sideways inside it and the box never reaches past the cell's output.
+        self.table = w.HTML(layout=w.Layout(height=TABLE_HEIGHT, overflow="auto", width="auto", min_width="0",
                                             border="1px solid var(--jp-border-color2, #ddd)"))
-        self.status = w.HTML(layout=w.Layout(width="100%"))
+        self.status = w.HTML(layout=w.Layout(width="auto"))
         self.controls = w.HBox([self.text, self.proto, self.hide_related], layout=w.Layout(flex_flow="row wrap"))
         self._box = w.VBox([self.header, self.controls, self.chooser, self.table, self.status],
                            layout=w.Layout(width="100%", max_width="100%", min_width="0"))
+        self._box.add_class(_BOX_CLASS)
         for control in (self.text, self.proto, self.hide_related):
             control.observe(self._on_filter, names="value")
         for box in self.column_boxes.values():
@@ -515,8 +523,8 @@ class CtTable:
         with self._lock:
             notice = (f'<div class="lk-ct-stopped-static" style="margin:4px 0;padding:4px 8px;'
                       f'border-left:4px solid #e65100;font-weight:600">{_html.escape(STOPPED_NOTICE)}</div>')
-            return (f'<div class="lk-ct-static">{notice}{self._header_html()}'
-                    f'{self.table.value}{self.status.value}</div>')
+            status = re.sub(r'<span class="lk-ct-live-only">.*?</span>', "", self.status.value)
+            return f'<div class="lk-ct-static">{notice}{self._header_html()}{self.table.value}{status}</div>'
 
     def __repr__(self) -> str:
         n = "-" if self._rows is None else len(self._rows)
@@ -588,9 +596,10 @@ class CtTable:
                 parts.append(f"+{s.added} added, ~{s.changed} changed, -{s.removed} removed since the refresh before")
             stamp = time.strftime("%H:%M:%S", time.localtime(self._refreshed_at))
             parts.append(f"refreshed {stamp} (lab clock {self._now} s)")
-        if self._running_interval is not None and self.running:
-            parts.append(f"auto-refresh every {self._running_interval:g} s")
         text = _html.escape(" · ".join(parts))
+        if self._running_interval is not None and self.running:  # not said once the kernel has stopped
+            text += f'<span class="lk-ct-live-only"> · auto-refresh every {self._running_interval:g} s</span>'
+
         if self.last_error is not None:
             err = f"{type(self.last_error).__name__}: {self.last_error}"
             stamp = time.strftime("%H:%M:%S", time.localtime(self._error_at))

@@ -35,9 +35,11 @@ __all__ = [
     "JupyterServer",
     "NotebookRunError",
     "chromium_driver",
+    "click_menu",
     "jupyter_executable",
     "missing_tools",
     "page_problems",
+    "rest_api",
     "run_all_cells",
     "save_screenshot",
     "widget_count",
@@ -71,6 +73,10 @@ _LAB_SETTINGS = {
     },
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
 }
+REPO = Path(__file__).resolve().parents[2]
+#: labkit's JupyterLab defaults and the script provision.sh merges them into the venv's settings with.
+LAB_DEFAULTS = REPO / "vagrant" / "jupyterlab-overrides.json"
+LAB_SETTINGS_SCRIPT = REPO / "vagrant" / "lab-settings.py"
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -167,7 +173,10 @@ class JupyterServer:
     command line is world-readable in /proc). Lab settings, workspaces,
     runtime files, Jupyter config and (unless ``env`` sets it) IPYTHONDIR live
     in a temporary directory removed afterwards; on exit the server, its
-    kernels and anything else it started are stopped.
+    kernels and anything else it started are stopped. Its application settings
+    are the venv's ``overrides.json`` with labkit's defaults merged in by the
+    script provision.sh runs (vagrant/lab-settings.py): the settings of a
+    provisioned machine, whether or not this one was provisioned.
     """
 
     def __init__(self, root_dir, *, env: dict | None = None, log_path=None, startup_timeout: float = 90):
@@ -209,6 +218,7 @@ class JupyterServer:
             # nothing read from or written to ~/.jupyter/lab
             f"--LabApp.user_settings_dir={tmp / 'user-settings'}",
             f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+            f"--LabApp.app_settings_dir={tmp / 'app-settings'}",  # the venv's + labkit's defaults
             f"--NotebookNotary.data_dir={tmp / 'data'}",  # not ~/.local/share/jupyter
         ]
 
@@ -218,8 +228,14 @@ class JupyterServer:
             path = self._tmp / "user-settings" / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(settings))
-        for sub in ("workspaces", "config", "runtime", "data", "ipython"):
+        for sub in ("workspaces", "config", "runtime", "data", "ipython", "app-settings"):
             (self._tmp / sub).mkdir()
+        overrides = self._tmp / "app-settings" / "overrides.json"
+        venv_overrides = jupyter_executable().parent.parent / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+        if venv_overrides.is_file():
+            shutil.copyfile(venv_overrides, overrides)
+        subprocess.run([sys.executable, "-I", str(LAB_SETTINGS_SCRIPT), str(LAB_DEFAULTS), str(overrides)],
+                       check=True, capture_output=True, timeout=60)
         if self.log_path is None:
             self.log_path = self._tmp / "jupyter.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -439,8 +455,8 @@ def _wait(what: str, timeout: float, probe, interval: float = 0.25):
         time.sleep(interval)
 
 
-def _click_menu(driver, menu: str, item: str, timeout: float = 15) -> None:
-    """Open the menu-bar menu ``menu`` and click its entry ``item`` (by text)."""
+def _click_menu(driver, menu: str, item: "str | re.Pattern", timeout: float = 15) -> None:
+    """Open the menu-bar menu ``menu`` and click its entry ``item`` (its text, or a pattern the text matches)."""
     from selenium.webdriver.common.by import By
 
     def find_menu():
@@ -454,7 +470,9 @@ def _click_menu(driver, menu: str, item: str, timeout: float = 15) -> None:
     def find_item():
         for el in driver.find_elements(By.CSS_SELECTOR, ".lm-Menu .lm-Menu-item"):
             label = el.find_elements(By.CSS_SELECTOR, ".lm-Menu-itemLabel")
-            if label and label[0].text.strip() == item and el.is_displayed():
+            text = label[0].text.strip() if label else None
+            if text is not None and (item.fullmatch(text) if isinstance(item, re.Pattern) else text == item) \
+                    and el.is_displayed():
                 return el
         return None
 
@@ -462,6 +480,10 @@ def _click_menu(driver, menu: str, item: str, timeout: float = 15) -> None:
     if "lm-mod-disabled" in (entry.get_attribute("class") or ""):
         raise NotebookRunError(f"{menu} → {item!r} is disabled (is the notebook the current widget?)")
     entry.click()
+
+
+#: Public name of the menu helper: ``click_menu(driver, "Kernel", re.compile("Restart Kernel.*"))``.
+click_menu = _click_menu
 
 
 _JS_DIALOG = r"""
@@ -513,6 +535,9 @@ def _api_for(base_url: str, token: str):
             return None, None
     return api
 
+
+#: ``rest_api(url, token)("GET", "/api/sessions")`` -> (status, decoded JSON), (None, None) when unreachable.
+rest_api = _api_for
 
 _DONE = re.compile(r"^\[\d+\]:$")
 

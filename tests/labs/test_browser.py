@@ -2,9 +2,13 @@
 widgets on screen. The screenshot is kept at test-artifacts/lab01.png (with the
 server, chromedriver and browser-console logs in test-artifacts/lab01-logs/).
 
-And the live CT table in the same browser: scrolled down, it stays where it was
-while the kernel refreshes it (test-artifacts/live-table-scroll.png, logs in
-test-artifacts/live-table-scroll-logs/).
+And the live CT table, in one JupyterLab and Chromium for its tests (logs in
+test-artifacts/live-table-logs/): scrolled down, it stays where it was while the
+kernel refreshes it (live-table-scroll.png); next to the open sidebar in a
+1,400 px window every column is in reach, and the column chooser hides one
+(live-table-sidebar.png); after a kernel restart it says to re-run the cell
+(live-table-restarted.png), and the saved notebook opened again shows the last
+table, not "Error displaying widget" (live-table-reopened.png).
 
 Needs Debian's chromium and chromium-driver and selenium (the [test] extra);
 without them the test is skipped, or fails when CI=true.
@@ -14,23 +18,25 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from labtag import tagged
 
 try:
-    from .browser import JupyterServer, chromium_driver, missing_tools, page_problems, run_all_cells, \
-        run_cell, save_screenshot, type_and_run, widget_count
+    from .browser import WINDOW, JupyterServer, chromium_driver, click_menu, missing_tools, page_problems, \
+        rest_api, run_all_cells, run_cell, save_screenshot, type_and_run, widget_count
 except ImportError:  # tests/labs is not a package: pytest put this directory on sys.path
-    from browser import JupyterServer, chromium_driver, missing_tools, page_problems, run_all_cells, \
-        run_cell, save_screenshot, type_and_run, widget_count
+    from browser import WINDOW, JupyterServer, chromium_driver, click_menu, missing_tools, page_problems, \
+        rest_api, run_all_cells, run_cell, save_screenshot, type_and_run, widget_count
 
 pytestmark = pytest.mark.labs
 
@@ -103,7 +109,10 @@ def test_lab01_runs_in_jupyterlab_with_widgets(tmp_path):
             warnings.warn(msg)
 
 
-# -- the live CT table keeps its scroll position --------------------------------------------
+# -- the live CT table in JupyterLab ---------------------------------------------------------
+# One lab, one JupyterLab and one Chromium for the tests of TestLiveTable (a browser start costs
+# ~20 s): its notebook fills node-a's CT map, shows the table and starts its timer; the tests
+# then scroll it, fit it next to the open sidebar, and last stop its kernel.
 SCROLL_LAB = tagged("brscroll")
 SCROLL_NOTEBOOK = "live-table-scroll.ipynb"
 SCROLL_ROWS = 300  # ~20 px a row: far more than the table's fixed height
@@ -124,6 +133,39 @@ SCROLL_CELLS = [
     # second, so each new second brings a new "remaining" column and a new status line
     "table.start(0.5);",  # start() returns the table: the ";" keeps a second view of it off the page
 ]
+LIVE_LOGS = ARTIFACTS / "live-table-logs"
+HIDDEN_COLUMN = "backend"  # the column the chooser test unticks (the last one: the first cut off)
+
+
+@pytest.fixture(scope="class")
+def live_table(tmp_path_factory):
+    """The notebook of SCROLL_CELLS run in JupyterLab in Chromium: (driver, url, token, api). Its lab is taken
+    down at the end, whatever happened."""
+    import nbformat
+
+    _require_browser()
+    labs = tmp_path_factory.mktemp("live-table") / "labs"
+    shutil.copytree(REPO / "labs", labs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3", "language": "python",
+                                                            "name": "python3"}})
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in SCROLL_CELLS]
+    nbformat.write(nb, labs / SCROLL_NOTEBOOK)
+    LIVE_LOGS.mkdir(parents=True, exist_ok=True)
+    try:
+        with JupyterServer(labs, env=_kernel_env(SCROLL_LAB), log_path=LIVE_LOGS / "jupyter.log") as (url, token), \
+                chromium_driver(LIVE_LOGS) as driver:
+            try:
+                run_all_cells(driver, url, token, SCROLL_NOTEBOOK, timeout=RUN_TIMEOUT)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    save_screenshot(driver, ARTIFACTS / "live-table-setup.png")
+                raise
+            yield SimpleNamespace(driver=driver, url=url, token=token, api=rest_api(url, token), labs=labs)
+    finally:
+        down = _lab_down(SCROLL_LAB)  # after the kernel that built the lab is gone
+        if down.returncode != 0:
+            pytest.fail(f"labkit --lab {SCROLL_LAB} down exited {down.returncode}:\n{down.stdout}{down.stderr}")
+
 
 # The live table's scrolling element: a widget-html inside a cell output, holding the CT
 # table (.lk-ct), that scrolls itself (computed overflow-y auto/scroll) and overflows.
@@ -163,60 +205,147 @@ return {
 };
 """
 
+# Where the live table sits against its cell's output area and JupyterLab's left sidebar, and for
+# each column header whether it is in view now and once the table is scrolled sideways to it (the
+# header's rect inside the scrolling element's visible client rect). Left scrolled back to 0.
+_JS_COLUMNS_REACHABLE = r"""
+const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+const el = panel && [...panel.querySelectorAll('.jp-OutputArea-output .widget-html')]
+  .find(e => e.querySelector('.lk-ct table'));
+if (!el) return {error: 'no live CT table on the page'};
+const rect = e => { const b = e.getBoundingClientRect();
+                    return {left: Math.round(b.left), right: Math.round(b.right), width: Math.round(b.width)}; };
+const output = el.closest('.jp-OutputArea-output'), box = el.closest('.widget-vbox');
+const side = document.querySelector('#jp-left-stack');
+const view = () => { const b = el.getBoundingClientRect();
+                     return {left: b.left + el.clientLeft, right: b.left + el.clientLeft + el.clientWidth}; };
+const inView = th => { const b = th.getBoundingClientRect(), v = view();
+                       return b.left >= v.left - 1 && b.right <= v.right + 1; };
+el.scrollIntoView({block: 'center'});
+el.scrollLeft = 0;
+const columns = [];
+for (const th of el.querySelectorAll('thead th')) {
+  const atStart = inView(th);
+  el.scrollLeft = th.getBoundingClientRect().left - view().left + el.scrollLeft;  // the browser clamps it
+  columns.push({name: th.textContent.trim(), atStart: atStart, reachable: inView(th), scrollLeft: el.scrollLeft});
+  el.scrollLeft = 0;
+}
+return {
+  window: [window.innerWidth, window.innerHeight],
+  sidebar: side ? {rect: rect(side), hidden: side.classList.contains('lm-mod-hidden')} : null,
+  output: rect(output), box: rect(box), table: rect(el),
+  outputScroll: [output.scrollWidth, output.clientWidth], tableScroll: [el.scrollWidth, el.clientWidth],
+  rows: el.querySelectorAll('tbody tr').length, columns: columns,
+};
+"""
 
-def test_live_table_keeps_scroll_position_across_refreshes(tmp_path):
-    """The live CT table, scrolled down in the browser, stays where it was while the kernel refreshes it."""
-    import nbformat
+# The chooser of the live table: its header (to unfold it) and the checkbox of one column.
+_JS_CHOOSER = r"""
+const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+const table = [...panel.querySelectorAll('.jp-OutputArea-output .widget-html')].find(e => e.querySelector('.lk-ct table'));
+const box = table && table.closest('.widget-vbox');
+if (!box) return null;
+const header = box.querySelector('.jupyter-widget-Accordion .jupyter-widget-Collapse-header');
+const input = [...box.querySelectorAll('.jupyter-widget-Accordion .widget-checkbox label')]
+  .filter(l => l.textContent.trim() === arguments[0]).map(l => l.querySelector('input'))[0] || null;
+return [header, input];
+"""
 
-    _require_browser()
-    labs = tmp_path / "labs"
-    shutil.copytree(REPO / "labs", labs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3", "language": "python",
-                                                            "name": "python3"}})
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in SCROLL_CELLS]
-    nbformat.write(nb, labs / SCROLL_NOTEBOOK)
-    logs = ARTIFACTS / "live-table-scroll-logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / "live-table-scroll.png"
-    shot.unlink(missing_ok=True)
+# The live table as the page shows it: header names, rows, status line, whether the stopped-kernel
+# notice is shown (and its text), whether it is a widget view or the static text/html fallback.
+_JS_TABLE_NOW = r"""
+const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+if (!panel) return null;
+const shown = e => e && getComputedStyle(e).display !== 'none' && e.getClientRects().length > 0;
+const table = panel.querySelector('.jp-OutputArea-output .lk-ct table');
+if (!table) return {table: false, loading: [...panel.querySelectorAll('.jp-OutputArea-output')]
+                    .some(e => /Loading widget/.test(e.textContent))};
+const out = table.closest('.jp-OutputArea-output');
+const notices = [...out.querySelectorAll('.lk-ct-stopped, .lk-ct-stopped-static')].filter(shown);
+const box = table.closest('.widget-vbox');
+const htmls = box ? [...box.querySelectorAll(':scope > .widget-html')] : [];
+return {
+  table: true, widget: !!box, static: !!out.querySelector('.lk-ct-static'),
+  headers: [...table.querySelectorAll('thead th')].map(th => th.textContent.trim()),
+  rows: table.querySelectorAll('tbody tr').length,
+  status: htmls.length ? htmls[htmls.length - 1].innerText.trim() : null,
+  notice: notices.map(n => n.innerText.trim()).join(' | '),
+  disconnected: !!(box && box.classList.contains('jupyter-widgets-disconnected')),
+  loading: [...panel.querySelectorAll('.jp-OutputArea-output')].some(e => /Loading widget/.test(e.textContent)),
+};
+"""
 
-    passed = False
-    try:
-        with JupyterServer(labs, env=_kernel_env(SCROLL_LAB), log_path=logs / "jupyter.log") as (url, token), \
-                chromium_driver(logs) as driver:
+
+def _wait_for(what: str, timeout: float, probe, interval: float = 0.25):
+    """``probe()`` until it returns something true; AssertionError naming ``what`` and its last value after ``timeout``."""
+    deadline, value = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {value!r}")
+
+
+def _open_left_sidebar(driver) -> None:
+    """Show JupyterLab's left sidebar (the file browser) when it is collapsed."""
+    from selenium.webdriver.common.by import By
+
+    hidden = "const s = document.querySelector('#jp-left-stack'); return !s || s.classList.contains('lm-mod-hidden');"
+    if driver.execute_script(hidden):
+        driver.find_element(By.CSS_SELECTOR, ".jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id='filebrowser']").click()
+        _wait_for("the left sidebar to open", 10, lambda: not driver.execute_script(hidden))
+
+
+def _saved_widget_state(api, path: str) -> dict:
+    """The widget state saved in the notebook file: model id -> state (empty when none was saved)."""
+    status, model = api("GET", f"/api/contents/{path}?content=1&type=notebook")
+    assert status == 200, f"GET {path}: HTTP {status}"
+    saved = (model["content"].get("metadata") or {}).get("widgets") or {}
+    return (saved.get("application/vnd.jupyter.widget-state+json") or {}).get("state") or {}
+
+
+class TestLiveTable:
+    """The live CT table in JupyterLab in Chromium, one lab, server and browser for all (tests run in order)."""
+
+    def test_keeps_scroll_position_across_refreshes(self, live_table):
+        """The live CT table, scrolled down in the browser, stays where it was while the kernel refreshes it."""
+        driver = live_table.driver
+        shot = ARTIFACTS / "live-table-scroll.png"
+        shot.unlink(missing_ok=True)
+        try:
+            assert page_problems(driver) == [], "\n".join(page_problems(driver))
+            found = driver.execute_script(_JS_FIND_SCROLLER)
+            assert "error" not in found, f"the live table's scrolling element: {found}"
+            # in view, as a student would have it, then scrolled down inside
+            driver.execute_script("window.__lkScroller.scrollIntoView({block: 'center'});")
+            # set and read back in one go: no refresh can come in between
+            before = driver.execute_script(f"window.__lkScroller.scrollTop = {SCROLL_TO};\n" + _JS_SCROLL_STATE)
+            assert before["rows"] >= SCROLL_ROWS, f"the table shows {before['rows']} rows, not {SCROLL_ROWS}"
+            assert abs(before["scrollTop"] - SCROLL_TO) <= 2, f"scrollTop {SCROLL_TO} did not take: {before}"
+            assert before["status"], f"no status line next to the table: {found}"
+
+            # wait for refreshes that change what is shown, watching scrollTop all along
+            seen, samples = [before["status"]], []
+            deadline = time.monotonic() + 30
+            while len(seen) <= SCROLL_REFRESHES and time.monotonic() < deadline:
+                time.sleep(0.1)
+                now = driver.execute_script(_JS_SCROLL_STATE)
+                samples.append(now["scrollTop"])
+                if not now["connected"]:
+                    break
+                if now["status"] != seen[-1]:
+                    seen.append(now["status"])
+            time.sleep(0.3)  # one more look, after any layout the last refresh caused
+            after = driver.execute_script(_JS_SCROLL_STATE)
+            samples.append(after["scrollTop"])
+        finally:
             try:
-                run_all_cells(driver, url, token, SCROLL_NOTEBOOK, timeout=RUN_TIMEOUT)
-                assert page_problems(driver) == [], "\n".join(page_problems(driver))
-                found = driver.execute_script(_JS_FIND_SCROLLER)
-                assert "error" not in found, f"the live table's scrolling element: {found}"
-                # in view, as a student would have it, then scrolled down inside
-                driver.execute_script("window.__lkScroller.scrollIntoView({block: 'center'});")
-                # set and read back in one go: no refresh can come in between
-                before = driver.execute_script(
-                    f"window.__lkScroller.scrollTop = {SCROLL_TO};\n" + _JS_SCROLL_STATE)
-                assert before["rows"] >= SCROLL_ROWS, f"the table shows {before['rows']} rows, not {SCROLL_ROWS}"
-                assert abs(before["scrollTop"] - SCROLL_TO) <= 2, f"scrollTop {SCROLL_TO} did not take: {before}"
-                assert before["status"], f"no status line next to the table: {found}"
-
-                # wait for refreshes that change what is shown, watching scrollTop all along
-                seen, samples = [before["status"]], []
-                deadline = time.monotonic() + 30
-                while len(seen) <= SCROLL_REFRESHES and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                    now = driver.execute_script(_JS_SCROLL_STATE)
-                    samples.append(now["scrollTop"])
-                    if not now["connected"]:
-                        break
-                    if now["status"] != seen[-1]:
-                        seen.append(now["status"])
-                time.sleep(0.3)  # one more look, after any layout the last refresh caused
-                after = driver.execute_script(_JS_SCROLL_STATE)
-                samples.append(after["scrollTop"])
-            finally:
-                try:
-                    save_screenshot(driver, shot)
-                except Exception as exc:
-                    warnings.warn(f"no screenshot of {SCROLL_NOTEBOOK}: {exc!r}")
+                save_screenshot(driver, shot)
+            except Exception as exc:
+                warnings.warn(f"no screenshot of {SCROLL_NOTEBOOK}: {exc!r}")
+            with contextlib.suppress(Exception):
+                driver.execute_script("if (window.__lkScroller) window.__lkScroller.scrollTop = 0;")
         detail = (f"scrolling element {found}; before: scrollTop {before['scrollTop']}, "
                   f"scrollHeight {before['scrollHeight']}; after: scrollTop {after['scrollTop']}, scrollHeight "
                   f"{after['scrollHeight']}, element still in page {after['connected']}, same content node "
@@ -227,14 +356,134 @@ def test_live_table_keeps_scroll_position_across_refreshes(tmp_path):
         assert len(seen) > SCROLL_REFRESHES, f"the table did not refresh {SCROLL_REFRESHES} times in 30 s: {detail}"
         assert after["digest"] != before["digest"], f"the refreshes did not change the table's rows: {detail}"
         assert shot.is_file(), f"no screenshot at {shot}"
-        passed = True
-    finally:
-        down = _lab_down(SCROLL_LAB)
-        if down.returncode != 0:
-            msg = f"labkit --lab {SCROLL_LAB} down exited {down.returncode}:\n{down.stdout}{down.stderr}"
-            if passed:
-                pytest.fail(msg)
-            warnings.warn(msg)
+
+    def test_fits_next_to_the_sidebar_and_hides_a_column(self, live_table):
+        """In a 1,400 px window with the left sidebar open, the table stays inside its output area and every
+        column header is in view or reached by scrolling the table sideways; unticking a column in the chooser
+        takes it out of the table (rows unchanged), and refreshes keep it out."""
+        from labkit.notebook.widgets import COLUMNS
+
+        driver = live_table.driver
+        shot = ARTIFACTS / "live-table-sidebar.png"
+        shot.unlink(missing_ok=True)
+        try:
+            driver.set_window_size(*WINDOW)
+            _open_left_sidebar(driver)
+            time.sleep(0.5)  # relayout
+            fit = driver.execute_script(_JS_COLUMNS_REACHABLE)
+            assert "error" not in fit, fit
+            header, checkbox = driver.execute_script(_JS_CHOOSER, HIDDEN_COLUMN) or (None, None)
+            assert header is not None and checkbox is not None, "the table has no column chooser"
+            header.click()  # unfold it
+            _wait_for("the column chooser to unfold", 10, checkbox.is_displayed)
+            checkbox.click()
+            hidden = _wait_for(f"the {HIDDEN_COLUMN!r} column to go", 15, lambda: (
+                lambda now: now if now and now.get("table") and HIDDEN_COLUMN not in now["headers"] else None)(
+                driver.execute_script(_JS_TABLE_NOW)))
+            # a later refresh (a new status line) keeps the choice
+            refreshed = _wait_for("a refresh after the chooser changed", 15, lambda: (
+                lambda now: now if now and now.get("status") != hidden["status"] else None)(
+                driver.execute_script(_JS_TABLE_NOW)))
+            narrowed = driver.execute_script(_JS_COLUMNS_REACHABLE)
+        finally:
+            try:
+                save_screenshot(driver, shot)
+            except Exception as exc:
+                warnings.warn(f"no screenshot of the live table next to the sidebar: {exc!r}")
+        detail = f"measured {fit} (screenshot: {shot})"
+        assert fit["window"][0] == WINDOW[0], f"window {fit['window']}, not {WINDOW[0]} px wide: {detail}"
+        assert fit["sidebar"] and not fit["sidebar"]["hidden"] and fit["sidebar"]["rect"]["width"] >= 150, \
+            f"the left sidebar is not open: {detail}"
+        assert [c["name"] for c in fit["columns"]] == list(COLUMNS), f"the table's header is not every column: {detail}"
+        unreachable = [c["name"] for c in fit["columns"] if not c["reachable"]]
+        assert unreachable == [], f"columns out of reach: {unreachable}: {detail}"
+        for part in ("box", "table"):
+            assert fit["output"]["left"] - 1 <= fit[part]["left"] and fit[part]["right"] <= fit["output"]["right"] + 1, \
+                f"the live table's {part} pushes past its output area: {detail}"
+        assert fit["outputScroll"][0] <= fit["outputScroll"][1] + 1, f"the output area itself overflows: {detail}"
+        assert fit["rows"] >= SCROLL_ROWS, f"the table shows {fit['rows']} rows, not {SCROLL_ROWS}: {detail}"
+        assert hidden["headers"] == [c for c in COLUMNS if c != HIDDEN_COLUMN], f"after unticking: {hidden}"
+        assert hidden["rows"] == fit["rows"], f"hiding a column changed the rows: {hidden['rows']} vs {fit['rows']}"
+        assert HIDDEN_COLUMN not in refreshed["headers"], f"a refresh brought the column back: {refreshed}"
+        assert [c for c in narrowed["columns"] if not c["reachable"]] == [], f"after hiding one: {narrowed}"
+        assert shot.is_file(), f"no screenshot at {shot}"
+
+    def test_says_rerun_after_restart_and_shows_the_last_table_reopened(self, live_table):
+        """Saved, the notebook holds the table's widget state; after a kernel restart the table says its
+        kernel has stopped and to re-run the cell; opened again in a fresh page after its kernel was shut
+        down, it shows the last table with that sentence and no "Error displaying widget"."""
+        driver, api = live_table.driver, live_table.api
+        restarted_shot = ARTIFACTS / "live-table-restarted.png"
+        shot = ARTIFACTS / "live-table-reopened.png"
+        for s in (restarted_shot, shot):
+            s.unlink(missing_ok=True)
+
+        # save, as a learner does (File → Save Notebook): the widget state goes into the file
+        click_menu(driver, "File", "Save Notebook")
+        state = _wait_for("the widget state in the saved notebook", 30, lambda: _saved_widget_state(
+            api, SCROLL_NOTEBOOK) if any("lk-ct" in str(m.get("state", {}).get("value", ""))
+                                         for m in _saved_widget_state(api, SCROLL_NOTEBOOK).values()) else None)
+        saved_html = [m["state"]["value"] for m in state.values() if "<table>" in str(m["state"].get("value", ""))]
+        assert saved_html and f">{HIDDEN_COLUMN}</th>" not in saved_html[0], \
+            "the saved table is not the one on the page (its hidden column is back)"
+
+        # restart the kernel (Kernel → Restart Kernel…, then the dialog's Restart)
+        from selenium.webdriver.common.by import By
+
+        try:
+            click_menu(driver, "Kernel", re.compile(r"Restart Kernel…?"))
+            _wait_for("the restart dialog", 10,
+                      lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Dialog .jp-mod-accept"))[0].click()
+            restarted = _wait_for("the stopped-kernel notice after the restart", 60, lambda: (
+                lambda now: now if now and now.get("notice") else None)(driver.execute_script(_JS_TABLE_NOW)))
+            restarted_problems = page_problems(driver)
+        finally:
+            with contextlib.suppress(Exception):
+                save_screenshot(driver, restarted_shot)
+
+        # the kernel shut down (its session deleted), the notebook opened again in a fresh page
+        status, sessions = api("GET", "/api/sessions")
+        for s in sessions or []:
+            if s.get("path") == SCROLL_NOTEBOOK:
+                api("DELETE", f"/api/sessions/{s['id']}")
+        try:
+            _navigate(driver, "about:blank")
+            _navigate(driver, f"{live_table.url}/lab/tree/{SCROLL_NOTEBOOK}?token={live_table.token}")
+            reopened = _wait_for("the reopened notebook's table", 90, lambda: (
+                lambda now: now if now and now.get("table") and not now.get("loading") else None)(
+                driver.execute_script(_JS_TABLE_NOW)))
+            time.sleep(1.0)  # any late widget error would be on the page by now
+            reopened = driver.execute_script(_JS_TABLE_NOW)
+            reopened_problems = page_problems(driver)
+            error_text = driver.execute_script("return /Error displaying widget/.test(document.body.innerText)")
+        finally:
+            with contextlib.suppress(Exception):
+                save_screenshot(driver, shot)
+
+        assert restarted_problems == [], f"after the restart (screenshot {restarted_shot}): {restarted_problems}"
+        assert "re-run this cell" in restarted["notice"] and "kernel that has stopped" in restarted["notice"], \
+            f"after the restart: {restarted} (screenshot {restarted_shot})"
+        assert restarted["rows"] >= SCROLL_ROWS, f"the last table is gone after the restart: {restarted}"
+        assert reopened_problems == [] and not error_text, \
+            f"reopened (screenshot {shot}): {reopened_problems}, 'Error displaying widget' on the page: {error_text}"
+        assert reopened["rows"] >= SCROLL_ROWS, f"the reopened notebook does not show the last table: {reopened}"
+        assert HIDDEN_COLUMN not in reopened["headers"] and len(reopened["headers"]) == 12, reopened
+        assert "re-run this cell" in reopened["notice"], f"reopened without the re-run sentence: {reopened}"
+        assert shot.is_file(), f"no screenshot at {shot}"
+
+
+def _navigate(driver, url: str) -> None:
+    """Load ``url`` in the window, accepting a "leave this page?" prompt on the way."""
+    from selenium.common.exceptions import NoAlertPresentException, UnexpectedAlertPresentException
+
+    try:
+        driver.get(url)
+    except UnexpectedAlertPresentException:
+        with contextlib.suppress(NoAlertPresentException):
+            driver.switch_to.alert.accept()
+        driver.get(url)
+    with contextlib.suppress(NoAlertPresentException):
+        driver.switch_to.alert.accept()
 
 
 # -- lab 02 as a learner answers it: Run All first, then the answers ---------------------------

@@ -393,7 +393,7 @@ def test_table_layout(tables):
     t = make(tables, FakeLab())
     assert t.widget.children == (t.header, t.controls, t.chooser, t.table, t.status)
     assert t.table.layout.height == widgets.TABLE_HEIGHT and t.table.layout.overflow == "auto"
-    assert t.table.layout.width == "100%" and t.table.layout.min_width == "0"
+    assert t.table.layout.width == "auto" and t.table.layout.min_width == "0"  # the box's width, margins inside
     assert t.widget.layout.max_width == "100%"
     assert t.text.placeholder == "address or port"
     assert [label for label, _ in t.proto.options] == ["All", "TCP", "UDP", "ICMP"] and t.proto.value is None
@@ -620,6 +620,12 @@ def test_stopped_notice_shows_only_when_disconnected(tables):
     assert ".lk-ct-stopped{display:none}" in header
     assert ".jupyter-widgets-disconnected .lk-ct-stopped{display:block" in header
     assert header.index('<div class="lk-ct-stopped">') < header.index("CT table of node-a")
+    # in place of ipywidgets' broken-link icon on each widget of the box; the auto-refresh note goes
+    assert "lk-ct-box" in t.widget._dom_classes
+    assert ".lk-ct-box .jupyter-widgets-disconnected::before{display:none}" in header
+    assert ".jupyter-widgets-disconnected .lk-ct-live-only{display:none}" in header
+    t.start(60)
+    assert '<span class="lk-ct-live-only"> · auto-refresh every 60 s</span>' in t.status.value
 
 
 def test_mimebundle_fallback_is_the_last_table_and_the_notice(tables):
@@ -640,3 +646,5 @@ def test_mimebundle_fallback_is_the_last_table_and_the_notice(tables):
     assert [[c[0] for c in r["cells"]] for r in table.rows] == [["UDP", f"{C}:2", "3"]]
     assert "CT table of node-a" in html and "1 of 2 rows shown" in html
     assert "text/plain" in bundle
+    t.start(60)  # a static copy never says it refreshes
+    assert "auto-refresh" in t.status.value and "auto-refresh" not in t._repr_mimebundle_()["text/html"]
