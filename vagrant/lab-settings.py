@@ -1,7 +1,9 @@
-"""Merge labkit's JupyterLab defaults into a JupyterLab ``overrides.json``.
+"""Merge labkit's JupyterLab defaults into a JupyterLab ``overrides.json`` or a Jupyter server config file.
 
     python vagrant/lab-settings.py vagrant/jupyterlab-overrides.json $VENV/share/jupyter/lab/settings/overrides.json
+    python vagrant/lab-settings.py vagrant/jupyter-server-labkit.json $VENV/etc/jupyter/jupyter_server_config.json
 
+Both are JSON objects of sections (a plugin id; a configurable class) holding settings.
 Every setting of the defaults file is set in the target (made, with its folder, when missing);
 settings the target holds for anything else are kept. Prints one line for provision.sh's step
 report: ``ok (...)`` when the target already had them all (the file is not touched), ``done (...)``
@@ -29,7 +31,7 @@ def _load(path: str, missing_ok: bool) -> dict:
     except ValueError as exc:
         raise SystemExit(f"{path}: expected JSON, got a parse error: {exc}")
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise SystemExit(f"{path}: expected a JSON object of plugin id -> settings object")
+        raise SystemExit(f"{path}: expected a JSON object of section (plugin id, class) -> settings object")
     return data
 
 

@@ -374,14 +374,20 @@ step_pip() {
 step_pip
 
 # ---------------------------------------------------------------- JupyterLab settings
-# labkit's JupyterLab defaults (vagrant/jupyterlab-overrides.json: widget state saved with
-# the notebook, so a notebook opened again shows its last live CT tables, not "Error
-# displaying widget: model not found"), merged into the venv's overrides.json, which the
-# JupyterLab of `make lab`, of the service and of the VM reads; other settings there are kept.
+# labkit's JupyterLab defaults, so that a notebook opened again shows its last live CT tables,
+# not "Error displaying widget: model not found": widget state saved with the notebook
+# (vagrant/jupyterlab-overrides.json, into the venv's overrides.json), and the server's save
+# hook that keeps it when JupyterLab would drop it (vagrant/jupyter-server-labkit.json:
+# labkit/notebook/widgetstate.py).  The JupyterLab of `make lab`, of the service and of the VM
+# reads both; other settings in those files are kept.
 LAB_OVERRIDES="$VENV/share/jupyter/lab/settings/overrides.json"
+SERVER_CONFIG="$VENV/etc/jupyter/jupyter_server_config.json"
 out="$("$VENV/bin/python" -I "$REPO/vagrant/lab-settings.py" "$REPO/vagrant/jupyterlab-overrides.json" "$LAB_OVERRIDES")" ||
     die "could not set labkit's JupyterLab defaults in $LAB_OVERRIDES"
 step lab-settings "$out"
+out="$("$VENV/bin/python" -I "$REPO/vagrant/lab-settings.py" "$REPO/vagrant/jupyter-server-labkit.json" "$SERVER_CONFIG")" ||
+    die "could not set labkit's Jupyter server settings in $SERVER_CONFIG"
+step server-settings "$out"
 
 # ---------------------------------------------------------------- bytecode
 # An editable install leaves labkit's modules uncompiled, and a process started with

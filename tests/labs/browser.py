@@ -76,6 +76,7 @@ _LAB_SETTINGS = {
 REPO = Path(__file__).resolve().parents[2]
 #: labkit's JupyterLab defaults and the script provision.sh merges them into the venv's settings with.
 LAB_DEFAULTS = REPO / "vagrant" / "jupyterlab-overrides.json"
+SERVER_DEFAULTS = REPO / "vagrant" / "jupyter-server-labkit.json"
 LAB_SETTINGS_SCRIPT = REPO / "vagrant" / "lab-settings.py"
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -174,8 +175,9 @@ class JupyterServer:
     runtime files, Jupyter config and (unless ``env`` sets it) IPYTHONDIR live
     in a temporary directory removed afterwards; on exit the server, its
     kernels and anything else it started are stopped. Its application settings
-    are the venv's ``overrides.json`` with labkit's defaults merged in by the
-    script provision.sh runs (vagrant/lab-settings.py): the settings of a
+    are the venv's ``overrides.json`` with labkit's defaults merged in, and its
+    config has labkit's server settings (the widget-state save hook), both by
+    the script provision.sh runs (vagrant/lab-settings.py): the settings of a
     provisioned machine, whether or not this one was provisioned.
     """
 
@@ -234,8 +236,10 @@ class JupyterServer:
         venv_overrides = jupyter_executable().parent.parent / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
         if venv_overrides.is_file():
             shutil.copyfile(venv_overrides, overrides)
-        subprocess.run([sys.executable, "-I", str(LAB_SETTINGS_SCRIPT), str(LAB_DEFAULTS), str(overrides)],
-                       check=True, capture_output=True, timeout=60)
+        server_config = self._tmp / "config" / "jupyter_server_config.json"
+        for defaults, target in ((LAB_DEFAULTS, overrides), (SERVER_DEFAULTS, server_config)):
+            subprocess.run([sys.executable, "-I", str(LAB_SETTINGS_SCRIPT), str(defaults), str(target)],
+                           check=True, capture_output=True, timeout=60)
         if self.log_path is None:
             self.log_path = self._tmp / "jupyter.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -419,9 +419,24 @@ def test_lab_settings_refuses_a_broken_file(tmp_path):
     assert target.read_text() == "{not json"
 
 
+def test_server_defaults_set_the_widget_state_hook():
+    """labkit's Jupyter server settings run labkit's widget-state hook before every save, by an importable name."""
+    import importlib
+    import json
+
+    config = json.loads((ROOT / "vagrant" / "jupyter-server-labkit.json").read_text())
+    assert config == {"ContentsManager": {"pre_save_hook": "labkit.notebook.widgetstate.keep_widget_state"}}
+    module, name = config["ContentsManager"]["pre_save_hook"].rsplit(".", 1)
+    assert callable(getattr(importlib.import_module(module), name))
+
+
 def test_provision_sets_the_lab_defaults_in_the_venv():
-    """provision.sh merges the repo's defaults into the venv's JupyterLab overrides.json after installing JupyterLab."""
+    """provision.sh merges the repo's JupyterLab defaults into the venv's overrides.json and its server settings into
+    the venv's jupyter_server_config.json, after installing labkit and JupyterLab."""
     text = (ROOT / "vagrant" / "provision.sh").read_text()
     assert 'LAB_OVERRIDES="$VENV/share/jupyter/lab/settings/overrides.json"' in text
-    call = '"$VENV/bin/python" -I "$REPO/vagrant/lab-settings.py" "$REPO/vagrant/jupyterlab-overrides.json" "$LAB_OVERRIDES"'
-    assert call in text and text.index("\nstep_pip\n") < text.index(call)
+    assert 'SERVER_CONFIG="$VENV/etc/jupyter/jupyter_server_config.json"' in text
+    script = '"$VENV/bin/python" -I "$REPO/vagrant/lab-settings.py"'
+    for defaults, target in (("jupyterlab-overrides.json", "$LAB_OVERRIDES"), ("jupyter-server-labkit.json", "$SERVER_CONFIG")):
+        call = f'{script} "$REPO/vagrant/{defaults}" "{target}"'
+        assert call in text and text.index("\nstep_pip\n") < text.index(call)
