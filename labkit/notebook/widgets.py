@@ -524,7 +524,9 @@ class CtTable:
             notice = (f'<div class="lk-ct-stopped-static" style="margin:4px 0;padding:4px 8px;'
                       f'border-left:4px solid #e65100;font-weight:600">{_html.escape(STOPPED_NOTICE)}</div>')
             status = re.sub(r'<span class="lk-ct-live-only">.*?</span>', "", self.status.value)
-            return f'<div class="lk-ct-static">{notice}{self._header_html()}{self.table.value}{status}</div>'
+            rows = (f'<div style="max-height:{TABLE_HEIGHT};overflow:auto;border:1px solid #ddd">'
+                    f'{self.table.value}</div>')
+            return f'<div class="lk-ct-static">{notice}{self._header_html()}{rows}{status}</div>'
 
     def __repr__(self) -> str:
         n = "-" if self._rows is None else len(self._rows)

@@ -9,7 +9,9 @@ kernel refreshes it (live-table-scroll.png); next to the open sidebar in a
 (live-table-sidebar.png); after a kernel restart it says to re-run the cell
 (live-table-restarted.png), and the saved notebook opened again (twice, saved
 in between) shows the last table, not "Error displaying widget"
-(live-table-reopened.png, live-table-reopened-twice.png).
+(live-table-reopened.png, live-table-reopened-twice.png); one restarted before it
+was ever saved is saved as its text/html, which a reopened notebook shows
+(live-table-static.png).
 
 Needs Debian's chromium and chromium-driver and selenium (the [test] extra);
 without them the test is skipped, or fails when CI=true.
@@ -135,6 +137,22 @@ SCROLL_CELLS = [
     "table.start(0.5);",  # start() returns the table: the ";" keeps a second view of it off the page
 ]
 LIVE_LOGS = ARTIFACTS / "live-table-logs"
+# A table of a stand-in lab (rows made up in the kernel, no maps): its kernel is restarted before any save.
+STATIC_NOTEBOOK = "live-table-static.ipynb"
+STATIC_ROWS = 40
+STATIC_CELL = (
+    "from types import SimpleNamespace\n"
+    "from labkit.maps.ct import CtEntry, CtKey4, CtRow\n"
+    "from labkit.notebook.widgets import CtTable\n"
+    f"rows = [CtRow.of(CtKey4.make('198.18.1.11', '198.18.2.11', 20000 + i, 8080, 6, 0), CtEntry(lifetime=1600))\n"
+    f"        for i in range({STATIC_ROWS})]\n"
+    "lab = SimpleNamespace(ct=lambda node: rows, clock=SimpleNamespace(now=lambda: 1000),\n"
+    "                      ct_command=lambda node: [f'bpftool map dump pinned /sys/fs/bpf/labkit/x/{node}/cilium_ct4_global'],\n"
+    "                      topology=SimpleNamespace(node=lambda name: SimpleNamespace(ip='198.51.100.11')))\n"
+    "table = CtTable(lab, 'node-a')\n"
+    "table.refresh()\n"
+    "table"
+)
 HIDDEN_COLUMN = "backend"  # the column the chooser test unticks (the last one: the first cut off)
 
 
@@ -485,6 +503,56 @@ class TestLiveTable:
             time.sleep(2)
             assert set(_saved_widget_state(api, SCROLL_NOTEBOOK)) >= set(state), \
                 f"saving the {visit} notebook dropped the table's widget state"
+
+
+    def test_shows_its_html_when_no_widget_state_was_ever_saved(self, live_table):
+        """A table whose kernel restarted before the notebook was ever saved: saved then, the notebook keeps the
+        table's text/html in place of the widget, so opened again it shows that sentence over the last table."""
+        import nbformat
+
+        driver, api = live_table.driver, live_table.api
+        shot = ARTIFACTS / "live-table-static.png"
+        shot.unlink(missing_ok=True)
+        nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3", "language": "python",
+                                                                "name": "python3"}})
+        nb.cells = [nbformat.v4.new_code_cell(STATIC_CELL)]
+        nbformat.write(nb, live_table.labs / STATIC_NOTEBOOK)
+        from selenium.webdriver.common.by import By
+
+        try:
+            run_all_cells(driver, live_table.url, live_table.token, STATIC_NOTEBOOK, timeout=RUN_TIMEOUT)
+            click_menu(driver, "Kernel", re.compile(r"Restart Kernel…?"))
+            _wait_for("the restart dialog", 10,
+                      lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Dialog .jp-mod-accept"))[0].click()
+            _wait_for("the stopped-kernel notice after the restart", 60, lambda: (
+                lambda now: now if now and now.get("notice") else None)(driver.execute_script(_JS_TABLE_NOW)))
+            click_menu(driver, "File", "Save Notebook")
+            saved = _wait_for("the saved notebook's table output", 30, lambda: (
+                lambda m: m if m[0] == 200 and m[1]["content"]["cells"][0]["outputs"] else None)(
+                api("GET", f"/api/contents/{STATIC_NOTEBOOK}?content=1&type=notebook")))
+            status, sessions = api("GET", "/api/sessions")
+            for s in sessions or []:
+                if s.get("path") == STATIC_NOTEBOOK:
+                    api("DELETE", f"/api/sessions/{s['id']}")
+            _navigate(driver, "about:blank")
+            _navigate(driver, f"{live_table.url}/lab/tree/{STATIC_NOTEBOOK}?token={live_table.token}")
+            shown = _wait_for("the reopened notebook's table", 90, lambda: (
+                lambda now: now if now and now.get("table") and not now.get("loading") else None)(
+                driver.execute_script(_JS_TABLE_NOW)))
+            time.sleep(1.0)
+            problems = page_problems(driver)
+            error_text = driver.execute_script("return /Error displaying widget/.test(document.body.innerText)")
+        finally:
+            with contextlib.suppress(Exception):
+                save_screenshot(driver, shot)
+        outputs = saved[1]["content"]["cells"][0]["outputs"]
+        assert [sorted(o.get("data", {})) for o in outputs] == [["text/html", "text/plain"]], \
+            f"the saved output still holds a widget view without state: {[sorted(o.get('data', {})) for o in outputs]}"
+        assert problems == [] and not error_text, f"reopened (screenshot {shot}): {problems}, error text {error_text}"
+        assert shown["static"] and not shown["widget"], f"not the table's text/html: {shown}"
+        assert "re-run this cell" in shown["notice"] and "kernel that has stopped" in shown["notice"], shown
+        assert shown["rows"] == STATIC_ROWS and len(shown["headers"]) == 13, shown
+        assert shot.is_file(), f"no screenshot at {shot}"
 
 
 def _navigate(driver, url: str) -> None:
