@@ -425,6 +425,7 @@ class CtTable:
         self._stop_event: threading.Event | None = None
         self._running_interval: float | None = None
         self._closed = False
+        self._batch = False  # True while the columns setter ticks boxes
         #: The exception of the last failed refresh (None after a good one).
         self.last_error: BaseException | None = None
         self._error_at: float | None = None
@@ -485,8 +486,13 @@ class CtTable:
         """Show these columns (None: all), as ticking them in the chooser would."""
         shown = {_COLUMNS[i] for i in _column_indexes(names)}
         with self._lock:
-            for name, box in self.column_boxes.items():
-                box.value = name in shown
+            self._batch = True  # one re-render for all the boxes, not one per box
+            try:
+                for name, box in self.column_boxes.items():
+                    box.value = name in shown
+            finally:
+                self._batch = False
+            self._on_filter()
 
     @property
     def filters(self) -> Filters:
@@ -554,7 +560,7 @@ class CtTable:
 
     def _on_filter(self, change=None) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or self._batch:
                 return
             self._update_chooser_title()
             if self._rows is not None:

@@ -582,6 +582,19 @@ def test_chooser_hides_columns_without_reading(tables):
         t.columns = ["nope"]
 
 
+def test_columns_setter_renders_once(tables):
+    """Setting columns from code re-renders the table once, not once per checkbox it changes."""
+    t = make(tables, FakeLab([row()]))
+    t.refresh()
+    renders = []
+    original = t._render
+    t._render = lambda: (renders.append(1), original())[1]
+    t.columns = ["src"]
+    assert len(renders) == 1 and _Table(t.table.value).header == ["src"]
+    t.column_boxes["dst"].value = True  # a click in the chooser: one render too
+    assert len(renders) == 2 and _Table(t.table.value).header == ["src", "dst"]
+
+
 def test_refresh_keeps_filters_and_columns(tables):
     """A refresh (by hand or by the timer) keeps the filter values and the chosen columns and applies them."""
     first = [row(sport=1), row(sport=2, proto=17)]
