@@ -9,6 +9,7 @@ Examples::
     labkit up                                       # lab 'demo', tunnel routing
     labkit --lab native up --routing native --ct-timeout syn=5 --ct-timeout any=30
     labkit status                                   # nodes, pods, addresses, clock, faults
+    labkit list                                     # every lab here, its variants, what it holds
     labkit exec a1 -- ping -c1 198.18.2.11          # run a command inside pod a1
     labkit exec node-a -- ip route                  # ... or inside a node
     labkit ct list node-a                           # like `cilium-dbg bpf ct list global`
@@ -65,7 +66,7 @@ __all__ = ["main", "build_parser", "COMMANDS", "ROOT_FREE", "sudo_argv", "cmd_na
 #: Each command → the module of this package that adds it (one module per command group), in the order
 #: ``labkit --help`` lists them. A command line loads only its command's module, so a command that talks
 #: to the agent (``labkit service backend …``) does not pay for the lab, the grader or BCC.
-COMMANDS = {"up": "lab", "down": "lab", "cleanup": "lab", "status": "lab", "doctor": "lab", "exec": "lab",
+COMMANDS = {"up": "lab", "down": "lab", "cleanup": "lab", "status": "lab", "list": "lab", "doctor": "lab", "exec": "lab",
             "ct": "ct", "nat": "nat", "service": "service", "lb": "lb", "conntrack": "conntrack", "pod": "pod",
             "gc": "gc", "trace": "trace", "clock": "clock", "fault": "fault", "agent": "agent",
             "grade": "grade", "answers": "grade", "work": "work", "export": "work"}

@@ -1,4 +1,4 @@
-"""The life of a lab: ``up``, ``down``, ``cleanup``, ``status``, ``doctor``, ``exec``."""
+"""The life of a lab: ``up``, ``down``, ``cleanup``, ``status``, ``list``, ``doctor``, ``exec``."""
 from __future__ import annotations
 
 import argparse
@@ -29,7 +29,7 @@ from labkit.config import (
 )
 from labkit.release import DEFAULT_RELEASE, RELEASES, profile
 
-__all__ = ["add_commands", "cmd_up", "cmd_down", "cmd_status", "cmd_doctor", "cmd_exec"]
+__all__ = ["add_commands", "cmd_up", "cmd_down", "cmd_status", "cmd_list", "cmd_doctor", "cmd_exec"]
 
 
 def add_commands(add) -> None:
@@ -68,6 +68,11 @@ def add_commands(add) -> None:
     p = add("status", "nodes, pods and addresses, datapath options, clock, faults and health")
     output_options(p, "print Lab.status() as JSON")
     p.set_defaults(func=cmd_status)
+
+    p = add("list", "every lab on this machine: its variant labs, age, the process that started it, what it holds "
+                    "(orphaned variant labs named, with the command that removes them)")
+    output_options(p, "print the labs as a JSON list")
+    p.set_defaults(func=cmd_list)
 
     p = add("doctor", "check whether this machine can run a lab and, if the lab is up, that its services journal "
                       "matches its maps (exit 1 if a check fails)")
@@ -170,6 +175,7 @@ def cmd_status(args) -> int:
         ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
         ["agent", st.get("agent", "-")],
         ["CT GC", st.get("gc", "-")],
+        ["variant labs", "; ".join(_variant_text(v) for v in st.get("variants", [])) or "none"],
         ["faults", ", ".join(st["faults"]) or "none"],
         ["CT timeouts", " ".join(f"{k}={v}" for k, v in timeouts.items()) + " (seconds)"],
         ["CT map sizes", f"tcp {st['datapath'].get('ct_tcp_size')}, any {st['datapath'].get('ct_any_size')}"],
@@ -203,6 +209,37 @@ def cmd_status(args) -> int:
             print(f"  - {problem}")
     else:
         print("health: ok")
+    return 0
+
+
+def _variant_text(v: dict) -> str:
+    """A variant lab in the status table: ``demo-snat (up 3 min, orphaned)``."""
+    how = "orphaned: its kernel is gone" if v["orphaned"] else v["status"]
+    return f"{v['name']} ({how}, {v['age']})"
+
+
+def cmd_list(args) -> int:
+    from labkit.lab.inventory import inventory
+
+    labs = inventory()
+    now = time.time()
+    if args.json:
+        print_json([s.to_dict(now) for s in labs])
+        return 0
+    if not labs:
+        print("no labs on this machine (`labkit up` starts one)")
+        return 0
+    rows = [["LAB", "VARIANT OF", "STATUS", "AGE", "STARTED BY", "HOLDS"]]
+    for s in labs:
+        status = "orphaned" if s.orphaned else s.status
+        rows.append([s.name, s.base if s.variant else "-", status, s.age(now), s.owner_text(), s.holds_text()])
+    for row in table(rows):
+        print(row)
+    notes = [n for n in (s.note() for s in labs) if n]
+    if notes:
+        print()
+        for n in notes:
+            print(textwrap.fill(n, width=100, initial_indent="  - ", subsequent_indent="    "))
     return 0
 
 

@@ -35,6 +35,7 @@ from labkit.agent.client import AgentClient, AgentDownError, RemoteServices
 from labkit.datapath.doctor import require_datapath
 from labkit.datapath.source import MAP_NAMES
 from labkit.errors import CleanupError
+from labkit.lab.inventory import variants_of
 from labkit.lab.teardown import leftovers, remove_part, teardown
 from labkit.maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
 from labkit.net import build as _build
@@ -867,7 +868,8 @@ class Lab:
         return log
 
     def status(self) -> dict:
-        """Nodes, pods and externals with addresses, datapath options, clock, faults."""
+        """Nodes, pods and externals with addresses, datapath options, clock, faults, the variant labs
+        beside it (:func:`labkit.lab.inventory.variants_of`)."""
         return {
             "lab": self.name,
             "status": self.state.status,
@@ -878,6 +880,7 @@ class Lab:
             "faults": self.faults(),
             "agent": self._agent_summary(),
             "gc": self._gc_summary(),
+            "variants": [v.to_dict() for v in variants_of(self.name)],
             "nodes": [
                 {"name": n.name, "ip": n.ip, "pod_cidr": n.pod_cidr, "router_ip": n.router_ip,
                  "netns": self.topology.netns(n.name), "pins": self.pin_dir(n.name)}

@@ -12,16 +12,12 @@ from __future__ import annotations
 import os
 
 from labkit.errors import LabStateError
+from labkit.lab.inventory import VARIANTS
 from labkit.lab.lab import Lab
 from labkit.net.ledger import Ledger
 
 __all__ = ["VARIANTS", "lab_name", "current_lab", "set_current", "down_variants"]
 
-#: The second labs the notebooks start beside their main one (``start(variant=...)``):
-#: lab 03 native routing, lab 06 socket LB for pods, lab 07 snat mode, lab 08 a small CT map,
-#: lab 09 kube-proxy's iptables mode, and the two labs lab 09's measurement brings up
-#: (``compare_service_modes(prefix=lab.name)``).
-VARIANTS = ("native", "socklb", "snat", "small", "ipt", "bipt", "bebpf")
 
 _CURRENT: Lab | None = None
 

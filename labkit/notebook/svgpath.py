@@ -361,12 +361,15 @@ def render(graph, pos: dict, path: Sequence[Hop], title: str | None = None, upto
         if prev is not None:
             a, b = group_of[prev.index], group_of[hop.index]
             same = _where(graph, pos, prev) == _where(graph, pos, hop)
-            # a pod sending (from-container) starts a new packet: no arrow from wherever the last one ended,
-            # except a turn on the same device (into the pod and straight back out: a loop)
-            starts = hop.hook == "from-container" and not same
+            # The packet came back to the device it entered by (from-container then to-container of one lxc:
+            # a hairpin; from-netdev then to-netdev of one eth0): a loop. A pod sending (from-container), or
+            # anything after the packet left by a device and came in by it again (a pod's or a peer's reply),
+            # starts a new packet: no arrow from wherever the last one ended.
+            turn = same and prev.hook.startswith("from-") and hop.hook.startswith("to-")
+            starts = (hop.hook == "from-container" or same) and not turn
             if a != b and (a, b) not in drawn and a in centres and b in centres and not starts:
                 drawn.add((a, b))
-                out.append(_arrow(c, centres[a], centres[b], prev, same, radius, graph, pos,
+                out.append(_arrow(c, centres[a], centres[b], prev, turn, radius, graph, pos,
                                   bold=hop.index == current))
         prev = hop
     for hop, a, b in _external_legs(graph, pos, shown, centres, group_of):

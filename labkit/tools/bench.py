@@ -23,6 +23,8 @@ first packet, 50k vs 10    ratio <= 1.1
 GC, 1M entries, batch      <= 2 s
 GC batch / per-entry       <= 0.2 (5x faster)
 grade, 2 jobs / 1 job      <= 0.6 (6 copies of lab 02, 2 cores)
+a step rendered            <= 150 ms (picture, numbered hops, ladder, CT diff: a TCP open)
+... with SYN retries       <= 300 ms (lab 04's break-it step, ~54 hops)
 =========================  ========
 
 Reported without a target: a build's first bring-up on this machine (BCC
@@ -75,7 +77,8 @@ TARGETS = {"up_s": 5.0, "down_s": 1.0, "reset_s": 0.3, "ct_list_s": 0.2, "step_s
            "agent_api_roundtrip_50k_s": 0.002, "cli_backend_50k_s": 0.2, "agent_update_growth_100_to_50k": 1.5,
            "agent_restart_50k_s": 5.0, "first_packet_ratio_50k_vs_10": 1.1, "gc_batch_1m_s": 2.0,
            "gc_batch_over_per_entry": 0.2, "ebpf_first_packet_growth_100_to_10k": 1.1,
-           "no_bpf_over_bpf_throughput": round(1 / 0.85, 4), "grade_jobs2_over_jobs1": 0.6}
+           "no_bpf_over_bpf_throughput": round(1 / 0.85, 4), "grade_jobs2_over_jobs1": 0.6,
+           "step_render_s": 0.15, "step_render_retries_s": 0.3}
 #: Numbers of services of the kube-proxy comparison (each size: both modes, side by side).
 SCALE_SIZES = (100, 1000, 5000, 10000)
 #: Sizes at which the kube-proxy comparison also measures the stall.
@@ -167,11 +170,13 @@ def measure(runs: int) -> dict:
             resets.append(_timed(lab.reset))
         steps = _step_times(lab)
         refreshes = _refresh_times(lab)
+        render = _render_times(lab, max(runs, MIN_SAMPLES))
     finally:
         Lab.cleanup(LAB)
     agent = agent_scale(max(runs, MIN_SAMPLES))
     samples = {"up_s": ups, "up_first_s": cold, "down_s": downs, "reset_s": resets, "ct_list_s": ct_list, "step_s": steps,
-               "table_refresh_1000_s": refreshes, **agent["samples"]}
+               "table_refresh_1000_s": refreshes, "step_render_s": render["open_s"],
+               "step_render_retries_s": render["retries_s"], **agent["samples"]}
     medians = {k: round(statistics.median(v), 6) for k, v in samples.items()}
     medians["agent_update_growth_100_to_50k"] = round(
         statistics.median(samples["backend_update_50k_s"]) / statistics.median(samples["backend_update_100_s"]), 3)
@@ -203,6 +208,7 @@ def measure(runs: int) -> dict:
         "machine": {"kernel": platform.release(), "python": platform.python_version(), "cpus": _cpus()},
         "date": time.strftime("%Y-%m-%d"),
         "ct_rows_listed": rows,
+        "render": {k: v for k, v in render.items() if not k.endswith("_s")},
         "median": medians,
         "samples": {k: [round(x, 4) for x in v] for k, v in samples.items()},
         "targets": TARGETS,
@@ -218,6 +224,36 @@ def _step_times(lab) -> list[float]:
         for action in (conn.open, lambda: conn.send(b"bench"), conn.close):
             out.append(_timed(action))
     return out
+
+
+def _render_times(lab, rounds: int) -> dict:
+    """A step rendered as a notebook shows it (``Step._repr_html_``: path picture, numbered hops, raw records,
+    ladder, CT diff), each sample a new step rendered once: a TCP open a1 -> b1, and lab 04's break-it step (the
+    reverse NAT skipped, so a1 retries its SYN: every retry a new run of hops)."""
+    from labkit.notebook.viz import hops
+
+    lab.reset()
+    opens, open_hops = [], set()
+    for _ in range(2 * rounds):
+        conn = lab.pod("a1").tcp("b1")
+        step = conn.open()
+        open_hops.add(len(hops(step.flows, lab.topology)))
+        opens.append(_timed(step._repr_html_))
+        conn.close()
+    lab.services.add("bench-web", 80, ["b1:8080"])
+    lab.fault("skip-rev-nat")
+    retries, retry_hops = [], set()
+    try:
+        for _ in range(rounds):
+            lab.flush_ct()
+            step = lab.pod("a1").tcp("bench-web", 80).open()
+            retry_hops.add(len(hops(step.flows, lab.topology)))
+            retries.append(_timed(step._repr_html_))
+    finally:
+        lab.fault("skip-rev-nat", on=False)
+        lab.services.remove("bench-web")
+        lab.reset()
+    return {"open_s": opens, "retries_s": retries, "open_hops": sorted(open_hops), "retry_hops": sorted(retry_hops)}
 
 
 def _refresh_times(lab) -> list[float]:
@@ -597,6 +633,15 @@ def report(result: dict) -> str:
                  f"(connect, GET, answer, close) per round, median of {lb['rounds']} alternating rounds: "
                  f"dsr {lb['median_rps']['dsr']} req/s, snat {lb['median_rps']['snat']} req/s, "
                  f"ratio dsr/snat {lb['ratio_dsr_vs_snat']}")
+    if "render" in result:
+        r = result["render"]
+        lines.append(f"a step rendered as a notebook shows it (path picture, numbered hops, raw records, ladder, CT "
+                     f"diff; a new step each sample): TCP open a1 -> b1 ({'/'.join(map(str, r['open_hops']))} hops) "
+                     f"median {result['median']['step_render_s'] * 1e3:.0f} ms of "
+                     f"{len(result['samples']['step_render_s'])}; lab 04's break-it step (reverse NAT skipped, SYN "
+                     f"retries: {'/'.join(map(str, r['retry_hops']))} hops) median "
+                     f"{result['median']['step_render_retries_s'] * 1e3:.0f} ms of "
+                     f"{len(result['samples']['step_render_retries_s'])}")
     if "grade" in result:
         lines.append(grade_line(result["grade"], result["machine"]["cpus"]))
     return "\n".join(lines)

@@ -32,6 +32,9 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     assert "ratio dsr/snat" in table and "GC of a CT map with 20,000 entries" in table
     assert "labkit grade (the command, start-up included), the same 2 copies of lab 02" in table and result["grade"]["ratio"] > 0
     assert result["grade"]["rounds"] == 2 and all(len(v) == 2 for v in result["grade"]["samples_s"].values())
+    render = result["render"]  # the break-it step's SYN retries: each retry another run of the open's hops
+    assert len(render["retry_hops"]) == 1 and render["retry_hops"][0] > 2 * max(render["open_hops"])
+    assert "a step rendered as a notebook shows it" in table and len(result["samples"]["step_render_retries_s"]) == 2
     assert result["gc"]["read_deleted"] == {"batch": [20_000, 10_000], "per-entry": [20_000, 10_000]}
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in bench.LB_MODE_LABS.values())
     kp = result["kube_proxy"]

@@ -42,6 +42,7 @@ __all__ = [
     "rest_api",
     "run_all_cells",
     "save_screenshot",
+    "step_view_facts",
     "widget_count",
 ]
 
@@ -724,3 +725,41 @@ def run_cell(driver, index: int, timeout: float = 60) -> str:
         return (prompt, out) if _DONE.match(prompt) and prompt != before else None
 
     return _wait(f"cell {index} to run", timeout, ran)[1]
+
+
+_JS_STEP_VIEW = r"""
+const panel = [...document.querySelectorAll('.jp-NotebookPanel')].find(p => !p.classList.contains('lm-mod-hidden'));
+const cell = panel && panel.querySelectorAll('.jp-Notebook .jp-Cell')[arguments[0]];
+if (!cell) return null;
+const out = cell.querySelector('.jp-Cell-outputWrapper') || cell;
+out.scrollIntoView({block: 'start'});
+const shown = e => { const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
+const lis = [...out.querySelectorAll('ol.labkit-hops > li')];
+const loops = [...out.querySelectorAll('svg.labkit-path-svg path.loop')];
+const lines = td => { const r = document.createRange(); r.selectNodeContents(td);
+                      return new Set([...r.getClientRects()].map(x => Math.round(x.top))).size; };
+return {
+  element: out,
+  items: lis.map(li => li.innerText),
+  groups: lis.map(li => { const m = li.innerText.match(/×(\d+)\s*$/); return m ? +m[1] : 1; }),
+  badge_counts: [...out.querySelectorAll('svg.labkit-path-svg text')].filter(t => /^×\d+$/.test(t.textContent.trim())).length,
+  loops: loops.length,
+  loops_visible: loops.filter(p => { const b = p.getBBox(); return (b.width > 0 || b.height > 0) && shown(p); }).length,
+  records_visible_text: [...out.querySelectorAll('details.lk-records')].map(d => d.innerText).join('\n'),
+  node_cells: [...out.querySelectorAll('table.lk-diff td.lk-node')].map(td => [td.innerText, lines(td)]),
+  diff_text: [...out.querySelectorAll('table.lk-diff')].map(t => t.innerText).join('\n'),
+};
+"""
+
+
+def step_view_facts(driver, index: int) -> dict:
+    """What cell ``index``'s step display shows in the page (scrolled into view): ``items`` (the numbered
+    hop list's texts), ``groups`` (each item's ×N, 1 without), ``badge_counts`` (×N badges on the path
+    picture), ``loops`` / ``loops_visible`` (loop paths on the picture, and those laid out on screen),
+    ``records_visible_text`` (what the raw-records disclosures show: only their summary while folded),
+    ``node_cells`` ([text, line boxes] of each CT diff node cell), ``diff_text``, and ``element`` (the
+    output area, for a screenshot)."""
+    facts = driver.execute_script(_JS_STEP_VIEW, index)
+    if facts is None:
+        raise NotebookRunError(f"no cell {index} in the page")
+    return facts

@@ -36,10 +36,10 @@ from labtag import tagged
 
 try:
     from .browser import WINDOW, JupyterServer, chromium_driver, click_menu, missing_tools, page_problems, \
-        rest_api, run_all_cells, run_cell, save_screenshot, type_and_run, widget_count
+        rest_api, run_all_cells, run_cell, save_screenshot, step_view_facts, type_and_run, widget_count
 except ImportError:  # tests/labs is not a package: pytest put this directory on sys.path
     from browser import WINDOW, JupyterServer, chromium_driver, click_menu, missing_tools, page_problems, \
-        rest_api, run_all_cells, run_cell, save_screenshot, type_and_run, widget_count
+        rest_api, run_all_cells, run_cell, save_screenshot, step_view_facts, type_and_run, widget_count
 
 pytestmark = pytest.mark.labs
 
@@ -574,9 +574,26 @@ ANSWER_LAB = tagged("branswer")
 ANSWER_NOTEBOOK = "02-tcp-conntrack.ipynb"
 
 
+def _close_step_problems(driver, nb) -> dict[str, str]:
+    """Lab 02's close step as the page shows it: the CT diff names the flags the FIN set in the row grammar
+    (``[ +RxClosing +TxClosing ]``) and every node cell is one line (screenshot: views-02-close.png)."""
+    [index] = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith("closed = conn.close()")]
+    facts = step_view_facts(driver, index)
+    with contextlib.suppress(Exception):
+        facts["element"].screenshot(str(ARTIFACTS / "views-02-close.png"))
+    out = {}
+    if "[ +RxClosing +TxClosing ]" not in facts["diff_text"]:
+        out["close step diff"] = facts["diff_text"] or "(no CT diff table)"
+    wrapped = [text for text, lines in facts["node_cells"] if lines != 1]
+    if not facts["node_cells"] or wrapped:
+        out["close step node cells"] = f"wrapped: {wrapped}, all: {facts['node_cells']}"
+    return out
+
+
 def test_lab02_answered_after_run_all(tmp_path):
-    """Run All on lab 02 in JupyterLab, then for each exercise a wrong answer typed into its answer cell and
-    checked (try 1 shows no expected value), then the reference answer typed and checked: every check passes."""
+    """Run All on lab 02 in JupyterLab: the close step's CT diff in the row grammar, its node cells unwrapped;
+    then for each exercise a wrong answer typed into its answer cell and checked (try 1 shows no expected
+    value), then the reference answer typed and checked: every check passes."""
     import json as _json
 
     import nbformat
@@ -599,6 +616,7 @@ def test_lab02_answered_after_run_all(tmp_path):
                 chromium_driver(logs) as driver:
             try:
                 run_all_cells(driver, url, token, ANSWER_NOTEBOOK, timeout=RUN_TIMEOUT)
+                problems.update(_close_step_problems(driver, nb))
                 for ex in sorted(answer_cell):
                     reference = key[ex]["answer"]
                     expected = reference.split("=", 1)[1].strip()

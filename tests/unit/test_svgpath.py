@@ -139,14 +139,32 @@ def test_every_badge_inside_its_namespace(topo):
 
 
 def test_hairpin_draws_loops(topo):
-    """A packet that returns to the device it left is drawn as a loop (a path element of class loop),
-    one per change of hook on lxc-a1, and no straight arrow."""
+    """A packet that returns to the device it left is drawn as a loop (a path element of class loop): one
+    for the SYN and one for the SYN-ACK, each from-container then to-container of lxc-a1; a1 answering (its
+    SYN-ACK after the SYN reached it) starts a new packet, not a loop; and no straight arrow."""
     root = parse(picture(topo, hairpin_flows()))
     paths = [p for p in root.iter(f"{{{NS['s']}}}path") if p.get("class") == "loop"]
-    assert len(paths) == 3
+    assert len(paths) == 2
     assert all(p.get("d").startswith("M") and " C" in p.get("d") for p in paths)
     assert not [p for p in root.iter(f"{{{NS['s']}}}path") if p.get("class") == "arrow"]
     assert {b.get("data-device") for b in badges(root)} == {"node-a/lxc-a1"}
+
+
+def test_a_reply_is_not_a_loop(topo):
+    """Pod to pod across nodes, the server answering: b1's SYN-ACK leaves by the lxc its SYN came in by, a new
+    packet (no loop, no arrow from the SYN's last hop), and the SYN-ACK's own hops get their arrows."""
+    syn_ack = tup("198.18.2.11", 8080, "198.18.1.11", 40000, 6, 0x12)
+    outer = tup("198.51.100.12", 40001, "198.51.100.11", 8472, 17)
+    flows = retry_flows(1)[:5] + [
+        Flow(event(6, 2, 2, 1, SYN, ct_result=0), "node-b", "lxc-b1"),
+        Flow(event(7, 2, 1, 2, syn_ack, tunnel="198.51.100.11", ct_result=2), "node-b", "lxc-b1"),
+        Flow(event(8, 2, 6, 1, syn_ack, tunnel="198.51.100.11"), "node-b", "cilium_vxlan"),
+        Flow(event(9, 2, 4, 1, outer, inner=syn_ack), "node-b", "eth0"),
+    ]
+    root = parse(picture(topo, flows))
+    paths = [p for p in root.iter(f"{{{NS['s']}}}path")]
+    assert not [p for p in paths if p.get("class") == "loop"]
+    assert len([p for p in paths if p.get("class") == "arrow"]) == 5 + 2  # SYN: 6 hops, SYN-ACK: 3 hops
 
 
 def test_dropped_hop_red_with_reason(topo):
