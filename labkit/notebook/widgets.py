@@ -22,8 +22,10 @@ notebook saved with its widget state and opened again, JupyterLab still draws
 the last table from the saved widget state, and a line above it says the table
 belongs to a kernel that has stopped and to re-run the cell (it shows only
 while the widget has no live kernel behind it). Where no widget can be drawn at
-all (an untrusted notebook, a static viewer) the cell's ``text/html`` output
-shows the same sentence above the table as it was when it was displayed.
+all (an untrusted notebook, a static viewer, a notebook whose widget state was
+never saved while its kernel lived: :mod:`labkit.notebook.widgetstate`) the
+cell's ``text/html`` output shows the same sentence above the table as it was
+when it was displayed.
 
 In a notebook::
 

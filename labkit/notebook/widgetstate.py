@@ -122,7 +122,8 @@ def mend(nb: dict, saved: dict | None) -> dict:
 def keep_widget_state(model: dict, path: str, contents_manager: Any = None, **kwargs) -> None:
     """Jupyter server ``pre_save_hook``: :func:`mend` a notebook being saved against the file it replaces.
 
-    Never raises: a notebook it cannot read is saved as JupyterLab sent it.
+    The file is read only when some widget output lacks its state. Never raises: a notebook it
+    cannot read is saved as JupyterLab sent it.
 
     >>> keep_widget_state({"type": "file", "content": "x"}, "notes.txt")   # only notebooks are looked at
     """
@@ -130,6 +131,9 @@ def keep_widget_state(model: dict, path: str, contents_manager: Any = None, **kw
     try:
         if model.get("type") != "notebook" or not isinstance(model.get("content"), dict):
             return
+        state = _state(model["content"])
+        if all(mid in state for _, mid in _views(model["content"])):
+            return  # every widget shown has its state: the usual save, the file is not read
         saved = None
         os_path = None
         if contents_manager is not None:

@@ -120,6 +120,17 @@ def test_hook_reads_the_file_being_replaced(table, tmp_path):
     assert VIEW_MIME not in fresh["content"]["cells"][0]["outputs"][0]["data"]
 
 
+def test_hook_reads_nothing_when_every_state_is_there(table, tmp_path):
+    """A save whose widgets all have their state (the usual one) is left as sent without reading the file."""
+    full = json.loads(json.dumps(dependency_state([table.widget], drop_defaults=True)))
+    asked = []
+    manager = SimpleNamespace(_get_os_path=lambda path: asked.append(path) or str(tmp_path / path))
+    model = {"type": "notebook", "content": _notebook(_bundle(table), full)}
+    before = copy.deepcopy(model)
+    keep_widget_state(model=model, path="lab.ipynb", contents_manager=manager)
+    assert model == before and asked == []
+
+
 def test_hook_never_fails_a_save(tmp_path, caplog):
     """Files that are not notebooks, unreadable saved files and odd content pass through without an exception."""
     manager = SimpleNamespace(_get_os_path=lambda path: str(tmp_path / path))
