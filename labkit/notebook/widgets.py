@@ -372,13 +372,16 @@ _MONO = "font-family:var(--jp-code-font-family,monospace);font-size:var(--jp-cod
 # The notice over a table whose kernel has stopped. ipywidgets marks the element of every view whose
 # model has no live kernel connection with the class jupyter-widgets-disconnected (after a kernel
 # restart, and for every view drawn from widget state saved in the notebook): only then it shows,
-# in place of ipywidgets' own broken-link icon on each widget of the table, and what only a live
-# table does (the auto-refresh note) is hidden.
+# in place of ipywidgets' own broken-link icon on each widget of the table; what only a live table
+# does (the auto-refresh note) is hidden, and the filter controls and column boxes, which no kernel
+# would answer any more, are greyed and take no clicks.
 _BOX_CLASS = "lk-ct-box"
 _STOPPED_CSS = (
     "<style>.lk-ct-stopped{display:none}"
     f".{_BOX_CLASS} .jupyter-widgets-disconnected::before{{display:none}}"
     ".jupyter-widgets-disconnected .lk-ct-live-only{display:none}"
+    f".{_BOX_CLASS}.jupyter-widgets-disconnected input,.{_BOX_CLASS}.jupyter-widgets-disconnected select"
+    "{pointer-events:none;opacity:.5}"
     ".jupyter-widgets-disconnected .lk-ct-stopped{display:block;margin:4px 0;padding:4px 8px;"
     "border-left:4px solid var(--jp-warn-color0,#e65100);background:var(--jp-warn-color3,#fff3e0);"
     "color:var(--jp-ui-font-color0,#000);font-weight:600;line-height:1.4}</style>"

@@ -290,6 +290,8 @@ return {
   status: htmls.length ? htmls[htmls.length - 1].innerText.trim() : null,
   notice: notices.map(n => n.innerText.trim()).join(' | '),
   disconnected: !!(box && box.classList.contains('jupyter-widgets-disconnected')),
+  controls: box ? box.querySelectorAll('input, select').length : 0,
+  inert: !!box && [...box.querySelectorAll('input, select')].every(e => getComputedStyle(e).pointerEvents === 'none'),
   loading: [...panel.querySelectorAll('.jp-OutputArea-output')].some(e => /Loading widget/.test(e.textContent)),
 };
 """
@@ -422,6 +424,7 @@ class TestLiveTable:
         assert fit["outputScroll"][0] <= fit["outputScroll"][1] + 1, f"the output area itself overflows: {detail}"
         assert fit["rows"] >= SCROLL_ROWS, f"the table shows {fit['rows']} rows, not {SCROLL_ROWS}: {detail}"
         assert hidden["headers"] == [c for c in COLUMNS if c != HIDDEN_COLUMN], f"after unticking: {hidden}"
+        assert not hidden["inert"] and not hidden["notice"], f"a live table looks stopped: {hidden}"
         assert hidden["rows"] == fit["rows"], f"hiding a column changed the rows: {hidden['rows']} vs {fit['rows']}"
         assert HIDDEN_COLUMN not in refreshed["headers"], f"a refresh brought the column back: {refreshed}"
         assert [c for c in narrowed["columns"] if not c["reachable"]] == [], f"after hiding one: {narrowed}"
@@ -464,6 +467,7 @@ class TestLiveTable:
         assert "re-run this cell" in restarted["notice"] and "kernel that has stopped" in restarted["notice"], \
             f"after the restart: {restarted} (screenshot {shots['restarted']})"
         assert restarted["rows"] >= SCROLL_ROWS, f"the last table is gone after the restart: {restarted}"
+        assert restarted["controls"] >= 15 and restarted["inert"], f"dead controls still take clicks: {restarted}"
 
         # saved after the restart (as autosave would): JupyterLab sends no state for the dead widgets
         click_menu(driver, "File", "Save Notebook")
@@ -497,6 +501,7 @@ class TestLiveTable:
             assert reopened["rows"] >= SCROLL_ROWS, f"{visit}: the last table is not shown: {reopened}"
             assert HIDDEN_COLUMN not in reopened["headers"] and len(reopened["headers"]) == 12, reopened
             assert "re-run this cell" in reopened["notice"], f"{visit} without the re-run sentence: {reopened}"
+            assert reopened["inert"], f"{visit}: its controls take clicks no kernel answers: {reopened}"
             assert shot.is_file(), f"no screenshot at {shot}"
             # JupyterLab marks a reopened notebook changed; saving it (as its autosave would) keeps the state
             click_menu(driver, "File", "Save Notebook")

@@ -637,6 +637,8 @@ def test_stopped_notice_shows_only_when_disconnected(tables):
     assert "lk-ct-box" in t.widget._dom_classes
     assert ".lk-ct-box .jupyter-widgets-disconnected::before{display:none}" in header
     assert ".jupyter-widgets-disconnected .lk-ct-live-only{display:none}" in header
+    assert (".lk-ct-box.jupyter-widgets-disconnected input,.lk-ct-box.jupyter-widgets-disconnected select"
+            "{pointer-events:none" in header)  # dead controls take no clicks
     t.start(60)
     assert '<span class="lk-ct-live-only"> · auto-refresh every 60 s</span>' in t.status.value
 
