@@ -22,6 +22,7 @@ MODULES = [
     "labkit.maps.policy",
     "labkit.policy.identity",
     "labkit.policy.matchpattern",
+    "labkit.policy.rules",
     "labkit.maps.config",
     "labkit.maps.base",
     "labkit.net.ledger",
