@@ -23,6 +23,7 @@ MODULES = [
     "labkit.policy.identity",
     "labkit.policy.matchpattern",
     "labkit.policy.rules",
+    "labkit.policy.resolve",
     "labkit.maps.config",
     "labkit.maps.base",
     "labkit.net.ledger",
