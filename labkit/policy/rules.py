@@ -239,7 +239,7 @@ class Rule:
     endpoint_selector: Selector
     ingress: tuple[PeerRule, ...] = ()
     egress: tuple[PeerRule, ...] = ()
-    has_ingress: bool = False  #: an ``ingress`` or ``ingressDeny`` section is present
+    has_ingress: bool = False  #: ``ingress`` or ``ingressDeny`` holds at least one rule
     has_egress: bool = False
     default_deny_ingress: bool | None = None  #: ``enableDefaultDeny.ingress`` as written
     default_deny_egress: bool | None = None
@@ -384,8 +384,9 @@ def _rule(obj: Any, path: str, namespace: str) -> Rule:
     desc = obj.get("description", "")
     _expect(desc, str, f"{path}.description", "a string")
     return Rule(sel, tuple(peers["ingress"]), tuple(peers["egress"]),
-                has_ingress="ingress" in obj or "ingressDeny" in obj,
-                has_egress="egress" in obj or "egressDeny" in obj,
+                # rule_validation.go Sanitize / repository.go: len(r.Ingress) > 0 || len(r.IngressDeny) > 0,
+                # so `ingress: []` selects nothing while `ingress: [{}]` is default deny
+                has_ingress=bool(peers["ingress"]), has_egress=bool(peers["egress"]),
                 default_deny_ingress=dd.get("ingress"), default_deny_egress=dd.get("egress"),
                 description=desc, path=path)
 

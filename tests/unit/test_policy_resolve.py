@@ -233,3 +233,9 @@ def test_covers():
     assert not covers(PolicyKey.make(0, IN, 17), PolicyKey.make(0, IN, 6, 80))
     assert covers(PolicyKey.make(0, IN, 6, 0x100, 0xFF00), PolicyKey.make(0, IN, 6, 0x1AB))
     assert not covers(PolicyKey.make(0, EG), PolicyKey.make(0, IN))
+
+
+def test_empty_ingress_list_does_not_select():
+    """`ingress: []` is no ingress rule: pkg/policy/repository.go counts len(r.Ingress) > 0 || len(r.IngressDeny) > 0."""
+    _, db, _ = run("spec: {endpointSelector: {matchLabels: {app: db}}, ingress: []}", pod="db")
+    assert not db.ingress_enforced and db.verdict(256, IN, TCP, 5432).allowed
