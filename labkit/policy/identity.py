@@ -4,7 +4,8 @@ A label is ``source:key[=value]`` (``k8s:app=web``, ``reserved:host``,
 ``cidr:198.51.100.0/24``); an identity is a number standing for one *set* of labels.
 Numbers 1-10 are reserved (host, world, ..., world-ipv6), 256 and up are handed
 out to the label sets of pods, and CIDR identities (toCIDR, toFQDNs) live in the
-local scope: ``1 << 24`` ORed with a counter starting at 1.
+local scope: ``1 << 24`` ORed with a counter starting at 1 (and so do the identities
+v1.16 gives IPs that toFQDNs selectors picked out, labelled ``fqdn:<selector>``).
 
     >>> alloc = IdentityAllocator()
     >>> web = LabelSet.parse(["k8s:app=web", "k8s:io.kubernetes.pod.namespace=default"])
@@ -240,11 +241,29 @@ class IdentityAllocator:
             label = _cidr_label(prefix)
         except ValueError as exc:
             raise PolicyError(f"CIDR {prefix!r}: expected an address prefix such as 198.51.100.0/24, got {prefix!r}") from exc
-        labels = LabelSet([label, Label("reserved", "world")])
+        return self._allocate_local(LabelSet([label, Label("reserved", "world")]), f"CIDR {prefix}")
+
+    def allocate_fqdn(self, selectors: Iterable[str]) -> int:
+        """The local-scope identity of an IP that toFQDNs selectors picked out: in v1.16 it is
+        labelled by the selectors (``fqdn:<matchName or matchPattern>``, pkg/policy/api/fqdn.go
+        IdentityLabel) and ``reserved:world``, not by its address, so every IP a set of selectors
+        selects shares one identity.
+
+        >>> a = IdentityAllocator()
+        >>> a.allocate_fqdn(["*.example.test"]) == a.allocate_fqdn(["*.example.test"]), a.labels(16777217).printable()
+        (True, ['fqdn:*.example.test', 'reserved:world'])
+        """
+        sels = sorted(set(selectors))
+        if not sels:
+            raise PolicyError("FQDN identity: expected at least one selector, got none")
+        return self._allocate_local(LabelSet([Label("fqdn", s) for s in sels] + [Label("reserved", "world")]),
+                                    f"toFQDNs {', '.join(sels)}")
+
+    def _allocate_local(self, labels: LabelSet, what: str) -> int:
         if labels in self._by_labels:
             return self._by_labels[labels]
         if self._next_local > _MAX_LOCAL_IDENTITY:
-            raise PolicyError(f"CIDR identity for {prefix}: expected a free local identity, got none left")
+            raise PolicyError(f"local identity for {what}: expected a free local identity, got none left")
         ident = self._next_local
         self._put(ident, labels)
         return ident

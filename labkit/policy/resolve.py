@@ -59,7 +59,7 @@ from labkit.policy.identity import (
     reserved_labels,
 )
 from labkit.policy.matchpattern import fqdn, matches
-from labkit.policy.rules import PeerRule, Policy, PortProto, Rule
+from labkit.policy.rules import FqdnSelector, PeerRule, Policy, PortProto, Rule
 
 __all__ = [
     "Endpoint",
@@ -264,6 +264,7 @@ class _Peers:
         self.fqdns = {fqdn(n): list(ips) for n, ips in fqdns.items()}
         self.pods = {ep.identity: ep.labels for ep in endpoints}
         self.reserved = {num: reserved_labels(num) for num in RESERVED_NAMES if num}
+        self.fqdn_ids: dict[str, int] = {}
 
     def universe(self) -> dict[int, LabelSet]:
         out = dict(self.reserved)
@@ -322,9 +323,26 @@ class _Peers:
             ids |= got
         for f in rule.fqdns or ():
             for name, ips in self.fqdns.items():
-                if (f.match_name and fqdn(f.match_name) == name) or (f.match_pattern and matches(f.match_pattern, name)):
-                    ids |= {self.alloc.allocate_cidr(f"{ip}/32") for ip in ips}
+                if _fqdn_selects(f, name):
+                    ids |= {self.fqdn_ids[ip] for ip in ips}
         return ids
+
+    def learn(self, selectors: Sequence[FqdnSelector]) -> None:
+        """Give every cached IP its v1.16 FQDN identity: one per set of selectors that select
+        any of the names the IP answered for (selector labels, not the address)."""
+        by_ip: dict[str, set[str]] = {}
+        for name, ips in self.fqdns.items():
+            for sel in selectors:
+                if _fqdn_selects(sel, name):
+                    for ip in ips:
+                        by_ip.setdefault(ip, set()).add(sel.match_name or sel.match_pattern)
+        self.fqdn_ids = {ip: self.alloc.allocate_fqdn(sels) for ip, sels in by_ip.items()}
+
+
+def _fqdn_selects(sel: FqdnSelector, name: str) -> bool:
+    if sel.match_name:
+        return fqdn(sel.match_name) == name
+    return matches(sel.match_pattern, name)
 
 
 def _enforced(rules: Sequence[Rule], direction: str) -> tuple[bool, bool]:
@@ -338,10 +356,12 @@ def resolve(endpoints: Sequence[Endpoint], policies: Sequence[Policy], alloc: Id
             fqdn_cache: Mapping[str, Iterable[str]] | None = None, allow_localhost: bool = True) -> Resolution:
     """Each endpoint's enforcement and policy map rows, and warnings for selectors that match
     no endpoint (allowed, as Cilium allows them). ``fqdn_cache`` maps names the DNS proxy has
-    seen to their IPs; toFQDNs rules select /32 CIDR identities of the matching names' IPs
-    (allocated in ``alloc``)."""
+    seen to their IPs; each IP a toFQDNs selector picks out gets a local identity labelled by
+    the selectors that pick it (``fqdn:<selector>``, allocated in ``alloc``), and the rules
+    select those identities."""
     warnings: list[str] = []
     peers = _Peers(endpoints, alloc, fqdn_cache or {})
+    peers.learn([f for pol in policies for rule in pol.rules for pr in rule.egress for f in (pr.fqdns or ())])
     for pol in policies:
         for rule in pol.rules:
             if not any(rule.endpoint_selector.matches(ep.labels) for ep in endpoints):

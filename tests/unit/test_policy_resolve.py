@@ -163,7 +163,8 @@ spec:
 
 
 def test_fqdn_keys_only_after_the_answer():
-    """toFQDNs selects nothing until the DNS cache holds a matching name; then the /32 CIDR identities of its IPs."""
+    """toFQDNs selects nothing until the DNS cache holds a matching name; then the identity v1.16 gives the IPs
+    selected by that selector (labels fqdn:<selector>, reserved:world; cilium/cilium PR 32769, pkg/policy/api/fqdn.go)."""
     spec = """
 spec:
   endpointSelector: {matchLabels: {app: client}}
@@ -173,8 +174,23 @@ spec:
     assert [k for k, _ in keys(before) if k.startswith("Egress")] == []
     _, after, alloc = run(spec, {"api.example.test": ["203.0.113.10"], "a.b.example.test": ["203.0.113.11"],
                                  "other.test": ["203.0.113.12"]}, pod="client")
-    ident = alloc.allocate_cidr("203.0.113.10/32")
+    ident = alloc.allocate_fqdn(["*.example.test"])
+    assert alloc.labels(ident).printable() == ["fqdn:*.example.test", "reserved:world"]
     assert [k for k, _ in keys(after) if k.startswith("Egress")] == [f"Egress: {ident} 443/TCP"]
+
+
+def test_fqdn_identity_per_selector_set():
+    """Two IPs selected by the same selectors share one identity; an IP also named by a matchName gets its own."""
+    spec = """
+spec:
+  endpointSelector: {matchLabels: {app: client}}
+  egress: [{toFQDNs: [{matchPattern: "*.example.test"}, {matchName: api.example.test}]}]
+"""
+    _, client, alloc = run(spec, {"api.example.test": ["203.0.113.10"], "www.example.test": ["203.0.113.20", "203.0.113.21"]},
+                           pod="client")
+    both = alloc.allocate_fqdn(["*.example.test", "api.example.test"])
+    pattern_only = alloc.allocate_fqdn(["*.example.test"])
+    assert {k.sec_label for k in client.keys() if k.egress} == {both, pattern_only}
 
 
 def test_warnings_for_selectors_matching_nothing():
