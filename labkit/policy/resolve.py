@@ -33,6 +33,15 @@ redirects (L7), incremental changes.
     (True, False)
     >>> [str(k) for k in web.keys()]
     ['Ingress: 1 ANY', 'Ingress: 257 8080/TCP', 'Egress: 0 ANY']
+    >>> print("\\n".join(line.rstrip() for line in web.lines(alloc)))  # doctest: +NORMALIZE_WHITESPACE
+    POLICY DIRECTION LABELS (source:key[=value]) PORT/PROTO PROXY PORT AUTH TYPE BYTES PACKETS PREFIX
+    Allow Ingress reserved:host ANY NONE disabled 0 0 0
+    Allow Ingress k8s:app=client 8080/TCP NONE disabled 0 0 24
+    k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=default
+    k8s:io.cilium.k8s.policy.cluster=default
+    k8s:io.cilium.k8s.policy.serviceaccount=default
+    k8s:io.kubernetes.pod.namespace=default
+    Allow Egress reserved:unknown ANY NONE disabled 0 0 0
     >>> web.verdict(257, Direction.INGRESS, 6, 8080).allowed, web.verdict(257, Direction.INGRESS, 6, 22).allowed
     (True, False)
 """
@@ -49,6 +58,7 @@ from labkit.maps.policy import (
     PolicyEntry,
     PolicyKey,
     PolicyRow,
+    policy_get_lines,
     sort_rows,
 )
 from labkit.policy.identity import (
@@ -209,6 +219,13 @@ class EndpointPolicy:
     def keys(self) -> list[PolicyKey]:
         """The keys, in ``cilium-dbg bpf policy get`` order."""
         return [r.key for r in self.rows]
+
+    def lines(self, alloc: IdentityAllocator, numeric: bool = False) -> list[str]:
+        """The map as ``cilium-dbg bpf policy get`` prints it, labels from ``alloc``
+        (identity 0 is ``reserved:unknown``, as v1.16 prints it)."""
+        def labels(ident: int) -> list[str]:
+            return ["reserved:unknown"] if ident == 0 else alloc.labels(ident).printable()
+        return policy_get_lines(self.rows, labels, numeric)
 
     def entries(self) -> dict[PolicyKey, PolicyEntry]:
         """The map contents: key → entry."""
