@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import yaml
