@@ -112,8 +112,9 @@ class Verdict:
 
 
 def masked_ports(start: int, end: int = 0) -> list[tuple[int, int]]:
-    """A port range as (port, mask) prefixes, as pkg/policy/types PortRangeToMaskedPorts
-    splits ``port``..``endPort`` for the LPM key.
+    """A port range as (port, mask) prefixes for the LPM key: the smallest set of aligned
+    blocks covering ``port``..``endPort``. That set is unique, so it is the set Cilium's
+    PortRangeToMaskedPorts (pkg/policy) returns, though Cilium lists it in another order.
 
     >>> [(p, hex(m)) for p, m in masked_ports(9000, 9010)]
     [(9000, '0xfff8'), (9008, '0xfffe'), (9010, '0xffff')]

@@ -216,6 +216,9 @@ def test_port_range_masks():
     """endPort ranges split into LPM prefixes (PortRangeToMaskedPorts) and every port of the range is allowed."""
     assert masked_ports(80) == [(80, 0xFFFF)]
     assert masked_ports(0x100, 0x1FF) == [(0x100, 0xFF00)]
+    assert masked_ports(16, 31) == [(16, 0xFFF0)]  # PortRangeToMaskedPorts' own example: 16-31 is 0b1xxxx
+    # 9000-9010 as PortRangeToMaskedPorts builds it: start side 9000/fff8, end side 9010/ffff and 9008/fffe
+    assert sorted(masked_ports(9000, 9010)) == sorted([(9000, 0xFFF8), (9010, 0xFFFF), (9008, 0xFFFE)])
     _, web, _ = run("spec: {endpointSelector: {matchLabels: {app: web}}, ingress: [{toPorts: [{ports: [{port: '9000', endPort: 9010, protocol: TCP}]}]}]}")
     assert [web.verdict(5, IN, TCP, p).allowed for p in (8999, 9000, 9005, 9010, 9011)] == [False, True, True, True, False]
 
