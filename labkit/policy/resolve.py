@@ -376,7 +376,8 @@ def resolve(endpoints: Sequence[Endpoint], policies: Sequence[Policy], alloc: Id
     no endpoint (allowed, as Cilium allows them). ``fqdn_cache`` maps names the DNS proxy has
     seen to their IPs; each IP a toFQDNs selector picks out gets a local identity labelled by
     the selectors that pick it (``fqdn:<selector>``, allocated in ``alloc``), and the rules
-    select those identities."""
+    select those identities. toCIDR prefixes and their ``except`` prefixes get their CIDR
+    identities in ``alloc`` too: the ipcache entries the agent must write for them."""
     warnings: list[str] = []
     peers = _Peers(endpoints, alloc, fqdn_cache or {})
     peers.learn([f for pol in policies for rule in pol.rules for pr in rule.egress for f in (pr.fqdns or ())])
