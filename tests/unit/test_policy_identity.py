@@ -103,3 +103,9 @@ def test_identity_list_grammar():
     assert lines[1] == "1     reserved:host"
     assert lines[7] == "7     reserved:kube-apiserver" and lines[8] == "      reserved:remote-node"
     assert lines[-2:] == ["256   k8s:app=web", "      k8s:io.kubernetes.pod.namespace=default"]
+
+
+def test_reserved_numbers_agree_with_the_ipcache_module():
+    """labkit.maps.eps names host, world and remote-node for the ipcache; the numbers are the same ones."""
+    from labkit.maps import eps
+    assert (eps.IDENTITY_HOST, eps.IDENTITY_WORLD, eps.IDENTITY_REMOTE_NODE) == (RESERVED["host"], RESERVED["world"], RESERVED["remote-node"])
