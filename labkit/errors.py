@@ -24,6 +24,7 @@ __all__ = [
     "PrivilegeError",
     "CleanupError",
     "LabTimeoutError",
+    "PolicyError",
 ]
 
 
@@ -69,3 +70,7 @@ class CleanupError(LabkitError, RuntimeError):
 
 class LabTimeoutError(LabkitError, TimeoutError):
     """Waiting for the datapath or a pod server took longer than allowed."""
+
+
+class PolicyError(LabkitError, ValueError):
+    """A network policy (CiliumNetworkPolicy YAML/JSON) is malformed; the message names the field path."""

@@ -16,6 +16,7 @@ from labkit.errors import (
     LabTimeoutError,
     NetnsError,
     NotFoundError,
+    PolicyError,
     PrivilegeError,
     TopologyError,
 )
@@ -31,6 +32,7 @@ BUILTIN = {
     PrivilegeError: PermissionError,
     CleanupError: RuntimeError,
     LabTimeoutError: TimeoutError,
+    PolicyError: ValueError,
 }
 
 

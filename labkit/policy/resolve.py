@@ -1,0 +1,412 @@
+"""From endpoints and policies to each endpoint's policy map, as Cilium v1.16 computes it
+(pkg/policy/mapstate.go), and the datapath's lookup over that map (bpf/lib/policy.h).
+
+An endpoint is *selected* in a direction when a policy's ``endpointSelector`` matches it
+and that rule has an ``ingress``/``ingressDeny`` (or egress) section; then the direction is
+default-deny: only what the map allows passes. A direction nobody selects gets the
+allow-all key (identity 0, every protocol and port). Ingress from the node itself
+(``reserved:host``) is always allowed (``allow-localhost``, the default).
+
+Every rule becomes keys ``(identity or 0, direction, protocol, port/prefix)``; deny
+keys win over the allow keys they cover (same identity or identity 0, broader or equal
+protocol/port), and where the datapath would otherwise prefer a narrower identity-0 allow
+over a broader identity-specific deny, a dependent deny key is added — exactly
+mapstate.go's ``denyPreferredInsertWithChanges``. Not modelled: auth types, proxy
+redirects (L7), incremental changes.
+
+    >>> from labkit.policy.identity import IdentityAllocator, pod_labels
+    >>> from labkit.policy.rules import parse_policies
+    >>> alloc = IdentityAllocator()
+    >>> eps = [Endpoint(n, pod_labels({"app": n}), alloc.allocate(pod_labels({"app": n})), ip)
+    ...        for n, ip in (("web", "198.18.1.11"), ("client", "198.18.1.12"))]
+    >>> pols = parse_policies('''
+    ... apiVersion: cilium.io/v2
+    ... kind: CiliumNetworkPolicy
+    ... metadata: {name: web}
+    ... spec:
+    ...   endpointSelector: {matchLabels: {app: web}}
+    ...   ingress: [{fromEndpoints: [{matchLabels: {app: client}}], toPorts: [{ports: [{port: "8080", protocol: TCP}]}]}]
+    ... ''')
+    >>> res = resolve(eps, pols, alloc)
+    >>> web = res.endpoints["web"]
+    >>> web.ingress_enforced, web.egress_enforced
+    (True, False)
+    >>> [str(k) for k in web.keys()]
+    ['Ingress: 1 ANY', 'Ingress: 257 8080/TCP', 'Egress: 0 ANY']
+    >>> print("\\n".join(line.rstrip() for line in web.lines(alloc)))  # doctest: +NORMALIZE_WHITESPACE
+    POLICY DIRECTION LABELS (source:key[=value]) PORT/PROTO PROXY PORT AUTH TYPE BYTES PACKETS PREFIX
+    Allow Ingress reserved:host ANY NONE disabled 0 0 0
+    Allow Ingress k8s:app=client 8080/TCP NONE disabled 0 0 24
+    k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=default
+    k8s:io.cilium.k8s.policy.cluster=default
+    k8s:io.cilium.k8s.policy.serviceaccount=default
+    k8s:io.kubernetes.pod.namespace=default
+    Allow Egress reserved:unknown ANY NONE disabled 0 0 0
+    >>> web.verdict(257, Direction.INGRESS, 6, 8080).allowed, web.verdict(257, Direction.INGRESS, 6, 22).allowed
+    (True, False)
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from labkit.maps.policy import (
+    DPORT_BITS,
+    NEXTHDR_BITS,
+    Direction,
+    PolicyEntry,
+    PolicyKey,
+    PolicyRow,
+    policy_get_lines,
+    sort_rows,
+)
+from labkit.policy.identity import (
+    IDENTITY_HOST,
+    RESERVED_NAMES,
+    IdentityAllocator,
+    LabelSet,
+    reserved_labels,
+)
+from labkit.policy.matchpattern import fqdn, matches
+from labkit.policy.rules import FqdnSelector, PeerRule, Policy, PortProto, Rule
+
+__all__ = [
+    "Endpoint",
+    "Verdict",
+    "EndpointPolicy",
+    "Resolution",
+    "resolve",
+    "masked_ports",
+    "covers",
+]
+
+_PROTO_NUMBERS = {"TCP": 6, "UDP": 17, "SCTP": 132}
+#: pkg/policy/l4.go: a ports item with protocol ANY stands for these three.
+_ANY_EXPANDS_TO = ("TCP", "UDP", "SCTP")
+#: Entities that are sets of reserved identities (pkg/policy/api/entity.go EntitySelectorMapping);
+#: "cluster" adds every pod identity, "world" every CIDR identity (they carry reserved:world),
+#: "all" is the wildcard identity 0.
+_CLUSTER_RESERVED = ("host", "remote-node", "init", "ingress", "health", "unmanaged", "kube-apiserver")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A pod as policy sees it: its name, labels, identity and address."""
+
+    name: str
+    labels: LabelSet
+    identity: int
+    ip: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The datapath's answer for one packet: allowed or not, which step of policy.h's
+    lookup matched (``L3-L4``, ``L4-only``, ``L3-proto``, ``proto-only``, ``L3-only``,
+    ``all``, or ``none``), and the key that matched."""
+
+    allowed: bool
+    match: str
+    key: PolicyKey | None = None
+
+
+def masked_ports(start: int, end: int = 0) -> list[tuple[int, int]]:
+    """A port range as (port, mask) prefixes for the LPM key: the smallest set of aligned
+    blocks covering ``port``..``endPort``. That set is unique, so it is the set Cilium's
+    PortRangeToMaskedPorts (pkg/policy) returns, though Cilium lists it in another order.
+
+    >>> [(p, hex(m)) for p, m in masked_ports(9000, 9010)]
+    [(9000, '0xfff8'), (9008, '0xfffe'), (9010, '0xffff')]
+    """
+    if not end or end == start:
+        return [(start, 0xFFFF)]
+    out = []
+    port = start
+    while port <= end:
+        size = port & -port if port else 1 << DPORT_BITS
+        while port + size - 1 > end:
+            size >>= 1
+        out.append((port, (0xFFFF << (size.bit_length() - 1)) & 0xFFFF))
+        port += size
+    return out
+
+
+def covers(a: PolicyKey, b: PolicyKey) -> bool:
+    """Whether key ``a``'s protocol/port is broader than or equal to ``b``'s (same direction;
+    identities are not compared).
+
+    >>> covers(PolicyKey.make(0, Direction.INGRESS, 6), PolicyKey.make(5, Direction.INGRESS, 6, 80))
+    True
+    """
+    if a.egress != b.egress or a.l4_prefix > b.l4_prefix:
+        return False
+    if a.l4_prefix == 0:
+        return True
+    if a.protocol != b.protocol:
+        return False
+    mask = a.port_mask()
+    return (a.dport & mask) == (b.dport & mask)
+
+
+def _l4_keys(identity: int, direction: Direction, ports: Sequence[PortProto]) -> list[PolicyKey]:
+    if not ports:
+        return [PolicyKey.make(identity, direction)]
+    out = []
+    for pp in ports:
+        for proto in (_ANY_EXPANDS_TO if pp.protocol == "ANY" else (pp.protocol,)):
+            if pp.port == 0:
+                out.append(PolicyKey.make(identity, direction, _PROTO_NUMBERS[proto]))
+                continue
+            for port, mask in masked_ports(pp.port, pp.end_port):
+                out.append(PolicyKey.make(identity, direction, _PROTO_NUMBERS[proto], port, mask))
+    return out
+
+
+class _MapState:
+    """Allow and deny keys of one endpoint, inserted the way mapstate.go inserts them."""
+
+    def __init__(self) -> None:
+        self.allows: dict[PolicyKey, PolicyEntry] = {}
+        self.denies: dict[PolicyKey, PolicyEntry] = {}
+
+    @staticmethod
+    def _id_covers(a: PolicyKey, b: PolicyKey) -> bool:
+        return a.sec_label == 0 or a.sec_label == b.sec_label
+
+    def _broader_or_equal_denies(self, key: PolicyKey) -> list[PolicyKey]:
+        return [d for d in self.denies if self._id_covers(d, key) and covers(d, key)]
+
+    def insert(self, key: PolicyKey, deny: bool) -> None:
+        """denyPreferredInsertWithChanges."""
+        for d in self._broader_or_equal_denies(key):
+            if d != key or not deny:
+                return  # covered by a deny key
+        if deny:
+            for a in [a for a in self.allows if self._id_covers(key, a) and covers(key, a)]:
+                del self.allows[a]
+            for d in [d for d in self.denies if d != key and self._id_covers(key, d) and covers(key, d)]:
+                del self.denies[d]
+            if key.sec_label != 0 and key.l4_prefix < NEXTHDR_BITS + DPORT_BITS:
+                # narrower identity-0 allows would win in the datapath: add (deny id, allow's L4) denies
+                for a in [a for a in self.allows if a.sec_label == 0 and covers(key, a) and a.l4_prefix > key.l4_prefix]:
+                    self._add_dependent(key.sec_label, a)
+            self.denies[key] = PolicyEntry.deny(key)
+            return
+        if key.sec_label == 0 and key.protocol != 0:
+            for d in [d for d in self.denies if d.sec_label != 0 and covers(d, key) and d.l4_prefix < key.l4_prefix]:
+                self._add_dependent(d.sec_label, key)
+        self.allows.setdefault(key, PolicyEntry.allow(key))
+
+    def _add_dependent(self, identity: int, l4: PolicyKey) -> None:
+        k = PolicyKey.from_bytes(bytes(l4))
+        k.sec_label = identity
+        self.denies[k] = PolicyEntry.deny(k)
+
+    def rows(self) -> list[PolicyRow]:
+        return sort_rows([PolicyRow(k, v) for k, v in {**self.allows, **self.denies}.items()])
+
+
+@dataclass
+class EndpointPolicy:
+    """One endpoint's resolved policy: enforcement per direction and its map rows."""
+
+    endpoint: Endpoint
+    ingress_enforced: bool
+    egress_enforced: bool
+    rows: list[PolicyRow]
+    selected_by: list[str] = field(default_factory=list)  #: "policy/spec" paths that select it
+
+    def keys(self) -> list[PolicyKey]:
+        """The keys, in ``cilium-dbg bpf policy get`` order."""
+        return [r.key for r in self.rows]
+
+    def lines(self, alloc: IdentityAllocator, numeric: bool = False) -> list[str]:
+        """The map as ``cilium-dbg bpf policy get`` prints it, labels from ``alloc``
+        (identity 0 is ``reserved:unknown``, as v1.16 prints it)."""
+        def labels(ident: int) -> list[str]:
+            return ["reserved:unknown"] if ident == 0 else alloc.labels(ident).printable()
+        return policy_get_lines(self.rows, labels, numeric)
+
+    def entries(self) -> dict[PolicyKey, PolicyEntry]:
+        """The map contents: key → entry."""
+        return {r.key: r.entry for r in self.rows}
+
+    def verdict(self, identity: int, direction: Direction, proto: int, dport: int) -> Verdict:
+        """What bpf/lib/policy.h ``__policy_can_access`` (v1.16) decides for a packet from/to
+        ``identity``: two LPM lookups (the identity's, then identity 0) and six precedence
+        steps: L3/L4, L4-only, L3-proto, proto-only, L3-only, all; no match is a drop."""
+        def lookup(ident: int) -> PolicyKey | None:
+            pkt = PolicyKey.make(ident, direction, proto, dport)
+            best = None
+            for k in self.keys():
+                if k.sec_label == ident and k.egress == int(direction) and covers(k, pkt):
+                    if best is None or k.l4_prefix > best.l4_prefix:
+                        best = k
+            return best
+
+        entries = self.entries()
+        policy, l4policy = lookup(identity), lookup(0)
+
+        def done(key: PolicyKey, match: str) -> Verdict:
+            return Verdict(not entries[key].is_deny, match, key)
+
+        if policy is not None and policy.dport_be != 0:
+            return done(policy, "L3-L4")
+        if l4policy is not None and l4policy.dport_be != 0:
+            return done(l4policy, "L4-only")
+        if policy is not None and policy.protocol != 0:
+            return done(policy, "L3-proto")
+        if l4policy is not None and l4policy.protocol != 0:
+            return done(l4policy, "proto-only")
+        if policy is not None:
+            return done(policy, "L3-only")
+        if l4policy is not None:
+            return done(l4policy, "all")
+        return Verdict(False, "none")
+
+
+@dataclass
+class Resolution:
+    """Every endpoint's policy, and the warnings (selectors that match nothing)."""
+
+    endpoints: dict[str, EndpointPolicy]
+    warnings: list[str]
+
+
+class _Peers:
+    """The identities a peer rule selects, from the endpoints, reserved and CIDR identities."""
+
+    def __init__(self, endpoints: Sequence[Endpoint], alloc: IdentityAllocator, fqdns: Mapping[str, Iterable[str]]):
+        self.alloc = alloc
+        self.fqdns = {fqdn(n): list(ips) for n, ips in fqdns.items()}
+        self.pods = {ep.identity: ep.labels for ep in endpoints}
+        self.reserved = {num: reserved_labels(num) for num in RESERVED_NAMES if num}
+        self.fqdn_ids: dict[str, int] = {}
+
+    def universe(self) -> dict[int, LabelSet]:
+        out = dict(self.reserved)
+        out.update(self.pods)
+        out.update(dict(self.alloc))
+        return out
+
+    def cidr_ids(self, cidr: str, excepts: Sequence[str]) -> set[int]:
+        base = ipaddress.ip_network(cidr)
+        self.alloc.allocate_cidr(cidr)
+        for e in excepts:
+            self.alloc.allocate_cidr(e)
+        out = set()
+        for ident, _ in list(self.alloc):
+            net = self.alloc.cidr_of(ident)
+            if net is None or net.version != base.version or not net.subnet_of(base):
+                continue
+            if any(net.subnet_of(ipaddress.ip_network(e)) for e in excepts):
+                continue
+            out.add(ident)
+        if base.prefixlen == 0 and not excepts:
+            out.add(2)  # 0.0.0.0/0 is the world identity too
+        return out
+
+    def entity_ids(self, entity: str) -> set[int] | None:
+        """Identities of an entity; None for "all" (the wildcard identity 0)."""
+        if entity == "all":
+            return None
+        if entity == "none":
+            return set()
+        universe = self.universe()
+        if entity == "cluster":
+            names = set(_CLUSTER_RESERVED)
+            return set(self.pods) | {i for i, ls in self.reserved.items()
+                                     if any(lbl.key in names for lbl in ls)}
+        return {i for i, ls in universe.items() if any(lbl.source == "reserved" and lbl.key == entity for lbl in ls)}
+
+    def select(self, rule: PeerRule, warnings: list[str], where: str) -> set[int] | None:
+        """The rule's peer identities; None means "any identity" (key identity 0)."""
+        if not rule.l3_given:
+            return None if rule.ports else set()  # L4-only rule, or an empty rule selecting nothing
+        ids: set[int] = set()
+        universe = self.universe()
+        for i, sel in enumerate(rule.endpoints or ()):
+            hit = {ident for ident, ls in universe.items() if sel.matches(ls)}
+            if not hit:
+                warnings.append(f"{where}.{'from' if rule.direction == 'ingress' else 'to'}Endpoints[{i}] "
+                                f"({sel}) selects no endpoint")
+            ids |= hit
+        for c in rule.cidrs or ():
+            ids |= self.cidr_ids(c.cidr, c.except_)
+        for e in rule.entities or ():
+            got = self.entity_ids(e)
+            if got is None:
+                return None
+            ids |= got
+        for f in rule.fqdns or ():
+            for name, ips in self.fqdns.items():
+                if _fqdn_selects(f, name):
+                    ids |= {self.fqdn_ids[ip] for ip in ips}
+        return ids
+
+    def learn(self, selectors: Sequence[FqdnSelector]) -> None:
+        """Give every cached IP its v1.16 FQDN identity: one per set of selectors that select
+        any of the names the IP answered for (selector labels, not the address)."""
+        by_ip: dict[str, set[str]] = {}
+        for name, ips in self.fqdns.items():
+            for sel in selectors:
+                if _fqdn_selects(sel, name):
+                    for ip in ips:
+                        by_ip.setdefault(ip, set()).add(sel.match_name or sel.match_pattern)
+        self.fqdn_ids = {ip: self.alloc.allocate_fqdn(sels) for ip, sels in by_ip.items()}
+
+
+def _fqdn_selects(sel: FqdnSelector, name: str) -> bool:
+    if sel.match_name:
+        return fqdn(sel.match_name) == name
+    return matches(sel.match_pattern, name)
+
+
+def _enforced(rules: Sequence[Rule], direction: str) -> tuple[bool, bool]:
+    """(has rules in this direction, default-deny on)."""
+    has = [r for r in rules if (r.has_ingress if direction == "ingress" else r.has_egress)]
+    flags = [r.default_deny_ingress if direction == "ingress" else r.default_deny_egress for r in has]
+    return bool(has), any(f is not False for f in flags)
+
+
+def resolve(endpoints: Sequence[Endpoint], policies: Sequence[Policy], alloc: IdentityAllocator,
+            fqdn_cache: Mapping[str, Iterable[str]] | None = None, allow_localhost: bool = True) -> Resolution:
+    """Each endpoint's enforcement and policy map rows, and warnings for selectors that match
+    no endpoint (allowed, as Cilium allows them). ``fqdn_cache`` maps names the DNS proxy has
+    seen to their IPs; each IP a toFQDNs selector picks out gets a local identity labelled by
+    the selectors that pick it (``fqdn:<selector>``, allocated in ``alloc``), and the rules
+    select those identities. toCIDR prefixes and their ``except`` prefixes get their CIDR
+    identities in ``alloc`` too: the ipcache entries the agent must write for them."""
+    warnings: list[str] = []
+    peers = _Peers(endpoints, alloc, fqdn_cache or {})
+    peers.learn([f for pol in policies for rule in pol.rules for pr in rule.egress for f in (pr.fqdns or ())])
+    for pol in policies:
+        for rule in pol.rules:
+            if not any(rule.endpoint_selector.matches(ep.labels) for ep in endpoints):
+                warnings.append(f"{pol.name}: {rule.path}.endpointSelector ({rule.endpoint_selector}) selects no endpoint")
+    out: dict[str, EndpointPolicy] = {}
+    for ep in endpoints:
+        selecting = [(pol, rule) for pol in policies for rule in pol.rules if rule.endpoint_selector.matches(ep.labels)]
+        rules = [r for _, r in selecting]
+        ms = _MapState()
+        enforced = {}
+        for direction, dir_enum in (("ingress", Direction.INGRESS), ("egress", Direction.EGRESS)):
+            has, deny_default = _enforced(rules, direction)
+            enforced[direction] = has and deny_default
+            if not enforced[direction]:
+                ms.insert(PolicyKey.make(0, dir_enum), deny=False)  # allowAllIdentities
+            elif direction == "ingress" and allow_localhost:
+                ms.insert(PolicyKey.make(IDENTITY_HOST, dir_enum), deny=False)  # determineAllowLocalhostIngress
+            # denies first, then allows: the order does not change the result, it saves work
+            items = [(pol, rule, pr) for pol, rule in selecting
+                     for pr in (rule.ingress if direction == "ingress" else rule.egress)]
+            for pol, rule, pr in sorted(items, key=lambda t: not t[2].deny):
+                ids = peers.select(pr, warnings, f"{pol.name}: {pr.path}")
+                for ident in ([0] if ids is None else sorted(ids)):
+                    for key in _l4_keys(ident, dir_enum, pr.ports):
+                        ms.insert(key, deny=pr.deny)
+        out[ep.name] = EndpointPolicy(ep, enforced["ingress"], enforced["egress"], ms.rows(),
+                                      [f"{p.name}/{r.path}" for p, r in selecting])
+    # a selector warning is reported once, however many endpoints the rule applies to
+    return Resolution(out, list(dict.fromkeys(warnings)))

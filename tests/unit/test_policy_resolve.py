@@ -1,0 +1,260 @@
+"""labkit.policy.resolve: enforcement, policy map keys with deny precedence, and the datapath lookup over them."""
+from __future__ import annotations
+
+import pytest
+
+from labkit.maps.policy import Direction, PolicyKey
+from labkit.policy.identity import IdentityAllocator, pod_labels
+from labkit.policy.resolve import Endpoint, covers, masked_ports, resolve
+from labkit.policy.rules import parse_policies
+
+IN, EG = Direction.INGRESS, Direction.EGRESS
+TCP, UDP, SCTP = 6, 17, 132
+
+
+def lab():
+    """Three pods: web 256, client 257, db 258."""
+    alloc = IdentityAllocator()
+    eps = []
+    for i, app in enumerate(("web", "client", "db")):
+        labels = pod_labels({"app": app})
+        eps.append(Endpoint(app, labels, alloc.allocate(labels), f"198.18.1.{11 + i}"))
+    return eps, alloc
+
+
+def policy(spec: str, name: str = "p"):
+    return parse_policies(f"apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {{name: {name}}}\n" + spec)
+
+
+def keys(ep_policy):
+    return sorted((str(r.key), r.entry.is_deny) for r in ep_policy.rows)
+
+
+def run(spec: str, fqdn_cache=None, pod="web"):
+    eps, alloc = lab()
+    res = resolve(eps, policy(spec), alloc, fqdn_cache)
+    return res, res.endpoints[pod], alloc
+
+
+def test_unselected_endpoint_allows_all():
+    """mapstate.go allowAllIdentities: a direction no rule selects gets the identity-0 any-port allow key."""
+    res, web, _ = run("spec: {endpointSelector: {matchLabels: {app: db}}, ingress: [{}]}")
+    assert (web.ingress_enforced, web.egress_enforced) == (False, False)
+    assert keys(web) == [("Egress: 0 ANY", False), ("Ingress: 0 ANY", False)]
+    assert web.verdict(2, IN, TCP, 80).allowed
+
+
+def test_default_deny_once_selected_with_localhost():
+    """`ingress: [{}]` selects the pod and allows nothing: default deny, except reserved:host (determineAllowLocalhostIngress)."""
+    res, db, _ = run("spec: {endpointSelector: {matchLabels: {app: db}}, ingress: [{}]}", pod="db")
+    assert db.ingress_enforced and not db.egress_enforced
+    assert keys(db) == [("Egress: 0 ANY", False), ("Ingress: 1 ANY", False)]
+    v = db.verdict(256, IN, TCP, 5432)
+    assert not v.allowed and v.match == "none"
+    assert db.verdict(1, IN, TCP, 5432).allowed
+
+
+def test_allow_from_label_l3_l4():
+    """fromEndpoints + toPorts gives one (identity, port/proto) key per selected identity."""
+    _, web, _ = run("""
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingress: [{fromEndpoints: [{matchLabels: {app: client}}], toPorts: [{ports: [{port: "8080", protocol: TCP}]}]}]
+""")
+    assert ("Ingress: 257 8080/TCP", False) in keys(web)
+    assert web.verdict(257, IN, TCP, 8080).match == "L3-L4"
+    assert not web.verdict(258, IN, TCP, 8080).allowed
+    assert not web.verdict(257, IN, UDP, 8080).allowed
+
+
+def test_allow_port_only_is_identity_zero():
+    """toPorts without a peer is L4-only: identity 0 (policy.h step 2, ANY/proto/port)."""
+    _, web, _ = run("spec: {endpointSelector: {matchLabels: {app: web}}, ingress: [{toPorts: [{ports: [{port: '80', protocol: TCP}]}]}]}")
+    assert ("Ingress: 0 80/TCP", False) in keys(web)
+    v = web.verdict(2, IN, TCP, 80)
+    assert v.allowed and v.match == "L4-only"
+
+
+def test_protocol_any_expands():
+    """A ports item without protocol (ANY) stands for TCP, UDP and SCTP (pkg/policy/l4.go)."""
+    _, web, _ = run("spec: {endpointSelector: {matchLabels: {app: web}}, ingress: [{toPorts: [{ports: [{port: '53'}]}]}]}")
+    assert {k for k, _ in keys(web)} >= {"Ingress: 0 53/TCP", "Ingress: 0 53/UDP", "Ingress: 0 53/SCTP"}
+
+
+def test_deny_overrides_allow_and_removes_covered_allows():
+    """A deny key deletes the allow keys it covers (same or any identity, broader-or-equal L4): mapstate.go."""
+    _, web, _ = run("""
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingress: [{fromEndpoints: [{matchLabels: {app: client}}], toPorts: [{ports: [{port: "8080", protocol: TCP}]}]}]
+  ingressDeny: [{fromEndpoints: [{matchLabels: {app: client}}]}]
+""")
+    assert ("Ingress: 257 8080/TCP", False) not in keys(web)
+    assert ("Ingress: 257 ANY", True) in keys(web)
+    v = web.verdict(257, IN, TCP, 8080)
+    assert not v.allowed and v.match == "L3-only"
+
+
+def test_allow_covered_by_existing_deny_bails():
+    """An allow inserted under a broader deny for any identity is never written (bail if covered by a deny key)."""
+    _, web, _ = run("""
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingressDeny: [{toPorts: [{ports: [{port: "0", protocol: TCP}]}]}]
+  ingress: [{fromEndpoints: [{matchLabels: {app: client}}], toPorts: [{ports: [{port: "8080", protocol: TCP}]}]}]
+""")
+    assert [k for k, deny in keys(web) if k.startswith("Ingress") and not deny] == ["Ingress: 1 ANY"]
+    assert not web.verdict(257, IN, TCP, 8080).allowed
+
+
+def test_dependent_deny_for_narrower_l4_only_allow():
+    """An identity-specific L3 deny plus a narrower identity-0 allow adds (deny id, allow L4) as a deny,
+    or policy.h's step 2 (L4-only) would let the packet through (mapstate.go insertDependentOfKey)."""
+    _, web, _ = run("""
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingress: [{toPorts: [{ports: [{port: "80", protocol: TCP}]}]}]
+  ingressDeny: [{fromEndpoints: [{matchLabels: {app: client}}]}]
+""")
+    assert ("Ingress: 257 80/TCP", True) in keys(web)
+    assert not web.verdict(257, IN, TCP, 80).allowed
+    assert web.verdict(258, IN, TCP, 80).allowed
+
+
+def test_to_cidr_with_except():
+    """toCIDRSet: the prefix's CIDR identity is allowed, the except prefix gets its own identity and is not."""
+    res, web, alloc = run("""
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  egress: [{toCIDRSet: [{cidr: 198.51.100.0/24, except: [198.51.100.128/25]}]}]
+""")
+    allowed = [k for k, _ in keys(web) if k.startswith("Egress")]
+    net_id = alloc.allocate_cidr("198.51.100.0/24")
+    exc_id = alloc.allocate_cidr("198.51.100.128/25")
+    assert allowed == [f"Egress: {net_id} ANY"]
+    assert web.egress_enforced and not web.verdict(exc_id, EG, TCP, 80).allowed
+    assert web.verdict(net_id, EG, TCP, 80).allowed
+
+
+@pytest.mark.parametrize("entity,ids", [
+    ("world", {2}),              # reserved:world (and every CIDR identity, none here)
+    ("host", {1}),
+    ("remote-node", {6, 7}),     # kube-apiserver carries reserved:remote-node too
+    ("cluster", {1, 3, 4, 5, 6, 7, 8, 256, 257, 258}),
+    ("all", {0}),
+])
+def test_to_entities(entity, ids):
+    """toEntities maps to reserved identities (pkg/policy/api/entity.go); `all` is identity 0."""
+    _, web, _ = run(f"spec: {{endpointSelector: {{matchLabels: {{app: web}}}}, egress: [{{toEntities: [{entity}]}}]}}")
+    assert {k.sec_label for k in web.keys() if k.egress} == ids
+
+
+def test_enable_default_deny_false():
+    """enableDefaultDeny.ingress false: the rule adds keys but the direction keeps its allow-all key."""
+    _, web, _ = run("""
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  enableDefaultDeny: {ingress: false}
+  ingressDeny: [{fromEntities: [world]}]
+""")
+    assert not web.ingress_enforced
+    assert ("Ingress: 0 ANY", False) in keys(web) and ("Ingress: 2 ANY", True) in keys(web)
+    assert not web.verdict(2, IN, TCP, 80).allowed and web.verdict(257, IN, TCP, 80).allowed
+
+
+def test_fqdn_keys_only_after_the_answer():
+    """toFQDNs selects nothing until the DNS cache holds a matching name; then the identity v1.16 gives the IPs
+    selected by that selector (labels fqdn:<selector>, reserved:world; cilium/cilium PR 32769, pkg/policy/api/fqdn.go)."""
+    spec = """
+spec:
+  endpointSelector: {matchLabels: {app: client}}
+  egress: [{toFQDNs: [{matchPattern: "*.example.test"}], toPorts: [{ports: [{port: "443", protocol: TCP}]}]}]
+"""
+    _, before, _ = run(spec, pod="client")
+    assert [k for k, _ in keys(before) if k.startswith("Egress")] == []
+    _, after, alloc = run(spec, {"api.example.test": ["203.0.113.10"], "a.b.example.test": ["203.0.113.11"],
+                                 "other.test": ["203.0.113.12"]}, pod="client")
+    ident = alloc.allocate_fqdn(["*.example.test"])
+    assert alloc.labels(ident).printable() == ["fqdn:*.example.test", "reserved:world"]
+    assert [k for k, _ in keys(after) if k.startswith("Egress")] == [f"Egress: {ident} 443/TCP"]
+
+
+def test_fqdn_identity_per_selector_set():
+    """Two IPs selected by the same selectors share one identity; an IP also named by a matchName gets its own."""
+    spec = """
+spec:
+  endpointSelector: {matchLabels: {app: client}}
+  egress: [{toFQDNs: [{matchPattern: "*.example.test"}, {matchName: api.example.test}]}]
+"""
+    _, client, alloc = run(spec, {"api.example.test": ["203.0.113.10"], "www.example.test": ["203.0.113.20", "203.0.113.21"]},
+                           pod="client")
+    both = alloc.allocate_fqdn(["*.example.test", "api.example.test"])
+    pattern_only = alloc.allocate_fqdn(["*.example.test"])
+    assert {k.sec_label for k in client.keys() if k.egress} == {both, pattern_only}
+
+
+def test_warnings_for_selectors_matching_nothing():
+    """Selectors that select no endpoint are allowed and reported, once each."""
+    res, web, _ = run("""
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingress: [{fromEndpoints: [{matchLabels: {app: ghost}}]}]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: q}
+spec: {endpointSelector: {matchLabels: {app: nobody}}, ingress: [{}]}
+""")
+    assert res.warnings == [
+        "q: spec.endpointSelector (any:app=nobody,k8s:io.kubernetes.pod.namespace=default) selects no endpoint",
+        "p: spec.ingress[0].fromEndpoints[0] (any:app=ghost,k8s:io.kubernetes.pod.namespace=default) selects no endpoint",
+    ]
+    assert web.ingress_enforced and not web.verdict(257, IN, TCP, 80).allowed
+
+
+def test_port_range_masks():
+    """endPort ranges split into LPM prefixes (PortRangeToMaskedPorts) and every port of the range is allowed."""
+    assert masked_ports(80) == [(80, 0xFFFF)]
+    assert masked_ports(0x100, 0x1FF) == [(0x100, 0xFF00)]
+    assert masked_ports(16, 31) == [(16, 0xFFF0)]  # PortRangeToMaskedPorts' own example: 16-31 is 0b1xxxx
+    # 9000-9010 as PortRangeToMaskedPorts builds it: start side 9000/fff8, end side 9010/ffff and 9008/fffe
+    assert sorted(masked_ports(9000, 9010)) == sorted([(9000, 0xFFF8), (9010, 0xFFFF), (9008, 0xFFFE)])
+    _, web, _ = run("spec: {endpointSelector: {matchLabels: {app: web}}, ingress: [{toPorts: [{ports: [{port: '9000', endPort: 9010, protocol: TCP}]}]}]}")
+    assert [web.verdict(5, IN, TCP, p).allowed for p in (8999, 9000, 9005, 9010, 9011)] == [False, True, True, True, False]
+
+
+def _ep_with(rows_spec):
+    from labkit.maps.policy import PolicyEntry, PolicyRow
+    from labkit.policy.resolve import EndpointPolicy
+    rows = [PolicyRow(k, PolicyEntry.deny(k) if deny else PolicyEntry.allow(k)) for k, deny in rows_spec]
+    return EndpointPolicy(None, True, True, rows)
+
+
+@pytest.mark.parametrize("rows,match,allowed", [
+    # bpf/lib/policy.h __policy_can_access (v1.16): 1 id/proto/port, 2 ANY/proto/port, 3 id/proto/ANY,
+    # 4 ANY/proto/ANY, 5 id/ANY/ANY, 6 ANY/ANY/ANY, in that order.
+    ([(PolicyKey.make(300, IN, 6, 80), False), (PolicyKey.make(0, IN, 6, 80), True)], "L3-L4", True),
+    ([(PolicyKey.make(300, IN, 6), False), (PolicyKey.make(0, IN, 6, 80), True)], "L4-only", False),
+    ([(PolicyKey.make(300, IN, 6), True), (PolicyKey.make(0, IN, 6), False)], "L3-proto", False),
+    ([(PolicyKey.make(300, IN), True), (PolicyKey.make(0, IN, 6), False)], "proto-only", True),
+    ([(PolicyKey.make(300, IN), True), (PolicyKey.make(0, IN), False)], "L3-only", False),
+    ([(PolicyKey.make(0, IN), False)], "all", True),
+])
+def test_datapath_lookup_precedence(rows, match, allowed):
+    """verdict() follows policy.h's six steps; the datapath alone does not prefer denies (mapstate does)."""
+    v = _ep_with(rows).verdict(300, IN, 6, 80)
+    assert (v.match, v.allowed) == (match, allowed)
+
+
+def test_covers():
+    """covers(): broader-or-equal protocol and port under the key's mask, same direction."""
+    assert covers(PolicyKey.make(0, IN), PolicyKey.make(0, IN, 6, 80))
+    assert not covers(PolicyKey.make(0, IN, 17), PolicyKey.make(0, IN, 6, 80))
+    assert covers(PolicyKey.make(0, IN, 6, 0x100, 0xFF00), PolicyKey.make(0, IN, 6, 0x1AB))
+    assert not covers(PolicyKey.make(0, EG), PolicyKey.make(0, IN))
+
+
+def test_empty_ingress_list_does_not_select():
+    """`ingress: []` is no ingress rule: pkg/policy/repository.go counts len(r.Ingress) > 0 || len(r.IngressDeny) > 0."""
+    _, db, _ = run("spec: {endpointSelector: {matchLabels: {app: db}}, ingress: []}", pod="db")
+    assert not db.ingress_enforced and db.verdict(256, IN, TCP, 5432).allowed
