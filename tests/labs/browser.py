@@ -32,13 +32,18 @@ from pathlib import Path
 __all__ = [
     "CHROMEDRIVER",
     "CHROMIUM",
+    "BrowserSession",
     "JupyterServer",
     "NotebookRunError",
     "chromium_driver",
     "click_menu",
     "jupyter_executable",
+    "kernel_env",
+    "lab_down",
     "missing_tools",
+    "navigate",
     "page_problems",
+    "require_browser",
     "rest_api",
     "run_all_cells",
     "save_screenshot",
@@ -763,3 +768,96 @@ def step_view_facts(driver, index: int) -> dict:
     if facts is None:
         raise NotebookRunError(f"no cell {index} in the page")
     return facts
+
+
+# -- one JupyterLab and one Chromium for every browser test ------------------------------------
+# A server start and a browser start cost ~20 s each: tests/labs/conftest.py starts them once per
+# test session (``browser_session``) over one copy of labs/, and every test leaves them as it found
+# them (``BrowserSession.finish``): kernels stopped, workspaces forgotten, the window at its size,
+# the lab down.
+def require_browser() -> None:
+    """Skip the test when the browser tools are missing; fail it when CI=true."""
+    import pytest
+
+    missing = missing_tools()
+    if missing:
+        reason = "browser test needs: " + "; ".join(missing)
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+
+
+def kernel_env(lab: str) -> dict:
+    """The environment the server's kernels get: the lab name the notebooks use (``LABKIT_LAB``), and this
+    checkout on PYTHONPATH unless ``labkit`` already imports from it."""
+    import importlib.util
+
+    env = {"LABKIT_LAB": lab}
+    spec = importlib.util.find_spec("labkit")
+    if spec is None or not str(spec.origin).startswith(str(REPO / "labkit")):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def lab_down(name: str) -> subprocess.CompletedProcess:
+    """``labkit --lab NAME down``; it exits 0 when the lab was never up ("nothing was recorded to remove")."""
+    return subprocess.run([sys.executable, "-m", "labkit", "cli", "--lab", name, "down"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+class BrowserSession:
+    """A running JupyterLab over ``labs`` (a copy of the repository's labs/) and a Chromium driving it.
+
+    ``lab`` is the lab every notebook of the session starts (its kernels get ``LABKIT_LAB``); ``labs_down``
+    names it and the variant labs a notebook may start beside it.
+    """
+
+    def __init__(self, driver, url: str, token: str, labs: Path, lab: str):
+        self.driver, self.url, self.token, self.labs, self.lab = driver, url, token, labs, lab
+        self.api = rest_api(url, token)
+
+    @property
+    def lab_names(self) -> tuple[str, ...]:
+        return (f"{self.lab}-snat", self.lab)  # lab 07 starts a snat-mode variant beside the main lab
+
+    def stop_kernels(self) -> None:
+        """End every session and kernel the server runs (the next notebook's start() builds its own lab)."""
+        status, sessions = self.api("GET", "/api/sessions")
+        for s in sessions if status == 200 and isinstance(sessions, list) else []:
+            self.api("DELETE", f"/api/sessions/{s['id']}", timeout=30)
+        status, kernels = self.api("GET", "/api/kernels")
+        for k in kernels if status == 200 and isinstance(kernels, list) else []:
+            self.api("DELETE", f"/api/kernels/{k['id']}", timeout=30)
+
+    def finish(self) -> list[str]:
+        """Leave the session as a fresh one: the page closed, kernels stopped, saved workspaces (open tabs,
+        sidebar) deleted, the window at WINDOW, and the labs down. Returns what failed (empty when clean)."""
+        problems = []
+        with contextlib.suppress(Exception):
+            navigate(self.driver, "about:blank")
+        self.stop_kernels()
+        status, spaces = self.api("GET", "/lab/api/workspaces")
+        ids = (spaces or {}).get("workspaces", {}).get("ids", []) if status == 200 and isinstance(spaces, dict) else []
+        for ws in ids:
+            self.api("DELETE", f"/lab/api/workspaces/{urllib.parse.quote(ws)}")
+        with contextlib.suppress(Exception):
+            self.driver.set_window_size(*WINDOW)
+        for name in self.lab_names:
+            down = lab_down(name)  # after the kernels that built it are gone
+            if down.returncode != 0:
+                problems.append(f"labkit --lab {name} down exited {down.returncode}:\n{down.stdout}{down.stderr}")
+        return problems
+
+
+def navigate(driver, url: str) -> None:
+    """Load ``url`` in the window, accepting a "leave this page?" prompt on the way."""
+    from selenium.common.exceptions import NoAlertPresentException, UnexpectedAlertPresentException
+
+    try:
+        driver.get(url)
+    except UnexpectedAlertPresentException:
+        with contextlib.suppress(NoAlertPresentException):
+            driver.switch_to.alert.accept()
+        driver.get(url)
+    with contextlib.suppress(NoAlertPresentException):
+        driver.switch_to.alert.accept()

@@ -1,9 +1,9 @@
 """Lab 01 as a student meets it: JupyterLab in headless Chromium, Run All Cells,
-widgets on screen. The screenshot is kept at test-artifacts/lab01.png (with the
-server, chromedriver and browser-console logs in test-artifacts/lab01-logs/).
+widgets on screen. The screenshot is kept at test-artifacts/lab01.png. Every
+browser test runs in the one JupyterLab and Chromium of tests/labs/conftest.py
+(server, chromedriver and browser-console logs in test-artifacts/browser-logs/).
 
-And the live CT table, in one JupyterLab and Chromium for its tests (logs in
-test-artifacts/live-table-logs/): scrolled down, it stays where it was while the
+And the live CT table: scrolled down, it stays where it was while the
 kernel refreshes it (live-table-scroll.png); next to the open sidebar in a
 1,400 px window every column is in reach, and the column chooser hides one
 (live-table-sidebar.png); after a kernel restart it says to re-run the cell
@@ -19,104 +19,53 @@ without them the test is skipped, or fails when CI=true.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import os
 import re
-import shutil
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from labtag import tagged
-
 try:
-    from .browser import WINDOW, JupyterServer, chromium_driver, click_menu, missing_tools, page_problems, \
-        rest_api, run_all_cells, run_cell, save_screenshot, step_view_facts, type_and_run, widget_count
+    from .browser import WINDOW, click_menu, navigate, page_problems, \
+        run_all_cells, run_cell, save_screenshot, step_view_facts, type_and_run, widget_count
 except ImportError:  # tests/labs is not a package: pytest put this directory on sys.path
-    from browser import WINDOW, JupyterServer, chromium_driver, click_menu, missing_tools, page_problems, \
-        rest_api, run_all_cells, run_cell, save_screenshot, step_view_facts, type_and_run, widget_count
+    from browser import WINDOW, click_menu, navigate, page_problems, \
+        run_all_cells, run_cell, save_screenshot, step_view_facts, type_and_run, widget_count
 
 pytestmark = pytest.mark.labs
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-LAB = tagged("brtest")
 NOTEBOOK = "01-tour.ipynb"
 RUN_TIMEOUT = 180
 
 
-def _require_browser() -> None:
-    missing = missing_tools()
-    if missing:
-        reason = "browser test needs: " + "; ".join(missing)
-        if CI:
-            pytest.fail(f"CI=true and {reason}")
-        pytest.skip(reason)
-
-
-def _kernel_env(lab: str = LAB) -> dict:
-    env = {"LABKIT_LAB": lab}  # the notebooks name their lab after it
-    spec = importlib.util.find_spec("labkit")
-    if spec is None or not str(spec.origin).startswith(str(REPO / "labkit")):  # kernel: import this checkout
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return env
-
-
-def _lab_down(name: str) -> subprocess.CompletedProcess:
-    # exits 0 when the lab was never up ("nothing was recorded to remove")
-    return subprocess.run([sys.executable, "-m", "labkit", "cli", "--lab", name, "down"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
-def test_lab01_runs_in_jupyterlab_with_widgets(tmp_path):
+def test_lab01_runs_in_jupyterlab_with_widgets(jupyter):
     """Lab 01 runs to the end in JupyterLab in Chromium and its widgets render without errors."""
     if not (REPO / "labs" / NOTEBOOK).is_file():
         pytest.fail(f"labs/{NOTEBOOK} not found")
-    _require_browser()
-    labs = tmp_path / "labs"  # a copy: the run never touches the repository's notebooks
-    shutil.copytree(REPO / "labs", labs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    logs = ARTIFACTS / "lab01-logs"
-    logs.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "lab01.png"
     shot.unlink(missing_ok=True)
-
-    passed = False
+    driver = jupyter.driver
     try:
-        with JupyterServer(labs, env=_kernel_env(), log_path=logs / "jupyter.log") as (url, token), \
-                chromium_driver(logs) as driver:
-            try:
-                run_all_cells(driver, url, token, NOTEBOOK, timeout=RUN_TIMEOUT)
-                problems = page_problems(driver)
-                widgets = widget_count(driver)
-            finally:
-                try:
-                    save_screenshot(driver, shot)
-                except Exception as exc:  # do not hide why the run failed
-                    warnings.warn(f"no screenshot of {NOTEBOOK}: {exc!r}")
-        assert problems == [], f"{NOTEBOOK} in JupyterLab (screenshot: {shot}):\n" + "\n".join(problems)
-        assert widgets >= 1, f"{NOTEBOOK}: no widget rendered in JupyterLab (screenshot: {shot})"
-        assert shot.is_file(), f"no screenshot at {shot}"
-        passed = True
+        run_all_cells(driver, jupyter.url, jupyter.token, NOTEBOOK, timeout=RUN_TIMEOUT)
+        problems = page_problems(driver)
+        widgets = widget_count(driver)
     finally:
-        down = _lab_down(LAB)  # after the kernel that built the lab is gone
-        if down.returncode != 0:
-            msg = f"labkit --lab {LAB} down exited {down.returncode}:\n{down.stdout}{down.stderr}"
-            if passed:
-                pytest.fail(msg)
-            warnings.warn(msg)
+        try:
+            save_screenshot(driver, shot)
+        except Exception as exc:  # do not hide why the run failed
+            warnings.warn(f"no screenshot of {NOTEBOOK}: {exc!r}")
+    assert problems == [], f"{NOTEBOOK} in JupyterLab (screenshot: {shot}):\n" + "\n".join(problems)
+    assert widgets >= 1, f"{NOTEBOOK}: no widget rendered in JupyterLab (screenshot: {shot})"
+    assert shot.is_file(), f"no screenshot at {shot}"
 
 
 # -- the live CT table in JupyterLab ---------------------------------------------------------
 # One lab, one JupyterLab and one Chromium for the tests of TestLiveTable (a browser start costs
 # ~20 s): its notebook fills node-a's CT map, shows the table and starts its timer; the tests
 # then scroll it, fit it next to the open sidebar, and last stop its kernel.
-SCROLL_LAB = tagged("brscroll")
 SCROLL_NOTEBOOK = "live-table-scroll.ipynb"
 SCROLL_ROWS = 300  # ~20 px a row: far more than the table's fixed height
 SCROLL_TO = 2000  # px
@@ -136,7 +85,6 @@ SCROLL_CELLS = [
     # second, so each new second brings a new "remaining" column and a new status line
     "table.start(0.5);",  # start() returns the table: the ";" keeps a second view of it off the page
 ]
-LIVE_LOGS = ARTIFACTS / "live-table-logs"
 # A table of a stand-in lab (rows made up in the kernel, no maps): its kernel is restarted before any save.
 STATIC_NOTEBOOK = "live-table-static.ipynb"
 STATIC_ROWS = 40
@@ -157,33 +105,28 @@ HIDDEN_COLUMN = "backend"  # the column the chooser test unticks (the last one: 
 
 
 @pytest.fixture(scope="class")
-def live_table(tmp_path_factory):
-    """The notebook of SCROLL_CELLS run in JupyterLab in Chromium: (driver, url, token, api). Its lab is taken
-    down at the end, whatever happened."""
+def live_table(browser_session):
+    """The notebook of SCROLL_CELLS run in the shared JupyterLab and Chromium: (driver, url, token, api, labs).
+    Afterwards the session is left as a fresh one and the lab is down, whatever happened."""
     import nbformat
 
-    _require_browser()
-    labs = tmp_path_factory.mktemp("live-table") / "labs"
-    shutil.copytree(REPO / "labs", labs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    session = browser_session
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3", "language": "python",
                                                             "name": "python3"}})
     nb.cells = [nbformat.v4.new_code_cell(src) for src in SCROLL_CELLS]
-    nbformat.write(nb, labs / SCROLL_NOTEBOOK)
-    LIVE_LOGS.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, session.labs / SCROLL_NOTEBOOK)
     try:
-        with JupyterServer(labs, env=_kernel_env(SCROLL_LAB), log_path=LIVE_LOGS / "jupyter.log") as (url, token), \
-                chromium_driver(LIVE_LOGS) as driver:
-            try:
-                run_all_cells(driver, url, token, SCROLL_NOTEBOOK, timeout=RUN_TIMEOUT)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    save_screenshot(driver, ARTIFACTS / "live-table-setup.png")
-                raise
-            yield SimpleNamespace(driver=driver, url=url, token=token, api=rest_api(url, token), labs=labs)
+        try:
+            run_all_cells(session.driver, session.url, session.token, SCROLL_NOTEBOOK, timeout=RUN_TIMEOUT)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                save_screenshot(session.driver, ARTIFACTS / "live-table-setup.png")
+            raise
+        yield session
     finally:
-        down = _lab_down(SCROLL_LAB)  # after the kernel that built the lab is gone
-        if down.returncode != 0:
-            pytest.fail(f"labkit --lab {SCROLL_LAB} down exited {down.returncode}:\n{down.stdout}{down.stderr}")
+        problems = session.finish()
+        if problems:
+            pytest.fail("\n".join(problems))
 
 
 # The live table's scrolling element: a widget-html inside a cell output, holding the CT
@@ -483,8 +426,8 @@ class TestLiveTable:
                 if s.get("path") == SCROLL_NOTEBOOK:
                     api("DELETE", f"/api/sessions/{s['id']}")
             try:
-                _navigate(driver, "about:blank")
-                _navigate(driver, f"{live_table.url}/lab/tree/{SCROLL_NOTEBOOK}?token={live_table.token}")
+                navigate(driver, "about:blank")
+                navigate(driver, f"{live_table.url}/lab/tree/{SCROLL_NOTEBOOK}?token={live_table.token}")
                 _wait_for(f"the {visit} notebook's table", 90, lambda: (
                     lambda now: now if now and now.get("table") and not now.get("loading") else None)(
                     driver.execute_script(_JS_TABLE_NOW)))
@@ -539,8 +482,8 @@ class TestLiveTable:
             for s in sessions or []:
                 if s.get("path") == STATIC_NOTEBOOK:
                     api("DELETE", f"/api/sessions/{s['id']}")
-            _navigate(driver, "about:blank")
-            _navigate(driver, f"{live_table.url}/lab/tree/{STATIC_NOTEBOOK}?token={live_table.token}")
+            navigate(driver, "about:blank")
+            navigate(driver, f"{live_table.url}/lab/tree/{STATIC_NOTEBOOK}?token={live_table.token}")
             shown = _wait_for("the reopened notebook's table", 90, lambda: (
                 lambda now: now if now and now.get("table") and not now.get("loading") else None)(
                 driver.execute_script(_JS_TABLE_NOW)))
@@ -560,22 +503,7 @@ class TestLiveTable:
         assert shot.is_file(), f"no screenshot at {shot}"
 
 
-def _navigate(driver, url: str) -> None:
-    """Load ``url`` in the window, accepting a "leave this page?" prompt on the way."""
-    from selenium.common.exceptions import NoAlertPresentException, UnexpectedAlertPresentException
-
-    try:
-        driver.get(url)
-    except UnexpectedAlertPresentException:
-        with contextlib.suppress(NoAlertPresentException):
-            driver.switch_to.alert.accept()
-        driver.get(url)
-    with contextlib.suppress(NoAlertPresentException):
-        driver.switch_to.alert.accept()
-
-
 # -- lab 02 as a learner answers it: Run All first, then the answers ---------------------------
-ANSWER_LAB = tagged("branswer")
 ANSWER_NOTEBOOK = "02-tcp-conntrack.ipynb"
 
 
@@ -595,7 +523,7 @@ def _close_step_problems(driver, nb) -> dict[str, str]:
     return out
 
 
-def test_lab02_answered_after_run_all(tmp_path):
+def test_lab02_answered_after_run_all(jupyter):
     """Run All on lab 02 in JupyterLab: the close step's CT diff in the row grammar, its node cells unwrapped;
     then for each exercise a wrong answer typed into its answer cell and checked (try 1 shows no expected
     value), then the reference answer typed and checked: every check passes."""
@@ -603,39 +531,30 @@ def test_lab02_answered_after_run_all(tmp_path):
 
     import nbformat
 
-    _require_browser()
-    labs = tmp_path / "labs"
-    shutil.copytree(REPO / "labs", labs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     key = _json.loads((REPO / "instructor" / "answers" / "02.json").read_text())
-    nb = nbformat.read(labs / ANSWER_NOTEBOOK, as_version=4)
+    nb = nbformat.read(jupyter.labs / ANSWER_NOTEBOOK, as_version=4)
     answer_cell = {c.metadata["labkit"]["answer"]: i for i, c in enumerate(nb.cells)
                    if c.get("metadata", {}).get("labkit", {}).get("answer")}
     check_cell = {c.metadata["labkit"]["check"]: i for i, c in enumerate(nb.cells)
                   if c.get("metadata", {}).get("labkit", {}).get("check")}
-    logs = ARTIFACTS / "lab02-answers-logs"
-    logs.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "lab02-answers.png"
     problems = {}
+    driver = jupyter.driver
     try:
-        with JupyterServer(labs, env=_kernel_env(ANSWER_LAB), log_path=logs / "jupyter.log") as (url, token), \
-                chromium_driver(logs) as driver:
-            try:
-                run_all_cells(driver, url, token, ANSWER_NOTEBOOK, timeout=RUN_TIMEOUT)
-                problems.update(_close_step_problems(driver, nb))
-                for ex in sorted(answer_cell):
-                    reference = key[ex]["answer"]
-                    expected = reference.split("=", 1)[1].strip()
-                    type_and_run(driver, answer_cell[ex], key[ex]["wrong"][0]["answer"])
-                    first = run_cell(driver, check_cell[ex])
-                    if "not yet" not in first or "Expected:" in first or expected in first:
-                        problems[f"{ex} try 1"] = first
-                    type_and_run(driver, answer_cell[ex], reference)
-                    second = run_cell(driver, check_cell[ex])
-                    if "correct" not in second:
-                        problems[f"{ex} reference"] = second
-            finally:
-                with contextlib.suppress(Exception):
-                    save_screenshot(driver, shot)
+        run_all_cells(driver, jupyter.url, jupyter.token, ANSWER_NOTEBOOK, timeout=RUN_TIMEOUT)
+        problems.update(_close_step_problems(driver, nb))
+        for ex in sorted(answer_cell):
+            reference = key[ex]["answer"]
+            expected = reference.split("=", 1)[1].strip()
+            type_and_run(driver, answer_cell[ex], key[ex]["wrong"][0]["answer"])
+            first = run_cell(driver, check_cell[ex])
+            if "not yet" not in first or "Expected:" in first or expected in first:
+                problems[f"{ex} try 1"] = first
+            type_and_run(driver, answer_cell[ex], reference)
+            second = run_cell(driver, check_cell[ex])
+            if "correct" not in second:
+                problems[f"{ex} reference"] = second
     finally:
-        _lab_down(ANSWER_LAB)
+        with contextlib.suppress(Exception):
+            save_screenshot(driver, shot)
     assert problems == {}, f"lab 02 answered in JupyterLab (screenshot {shot}): {problems}"

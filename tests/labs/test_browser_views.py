@@ -1,36 +1,27 @@
 """The step display as a learner sees it in JupyterLab (headless Chromium, Run All on the lab notebooks as
-committed, one server and one browser for all of them): lab 04's break-it step groups its SYN retries with a
+committed, in the shared server and browser of tests/labs/conftest.py): lab 04's break-it step groups its SYN retries with a
 hop count (and its ClusterIP step draws no loop), lab 05's hairpin step draws its loops, lab 07's DSR step shows
 its trace tags in the numbered list, outside the folded raw records. Lab 02's close step (the diff in the row
 grammar, the node never wrapped) is checked in test_browser.py's lab 02 run, which already runs that notebook.
 
 Screenshots of each checked cell: test-artifacts/views-<lab>-<what>.png; server and browser logs in
-test-artifacts/views-logs/.
+test-artifacts/browser-logs/.
 """
 from __future__ import annotations
 
 import contextlib
-import shutil
-import warnings
 
 import nbformat
 import pytest
 
-from labtag import tagged
-
 try:
-    from .browser import (JupyterServer, NotebookRunError, chromium_driver, page_problems, run_all_cells,
-                          step_view_facts)
-    from .test_browser import ARTIFACTS, REPO, _kernel_env, _lab_down, _require_browser
+    from .browser import REPO, NotebookRunError, page_problems, run_all_cells, step_view_facts
 except ImportError:  # tests/labs is not a package: pytest put this directory on sys.path
-    from browser import (JupyterServer, NotebookRunError, chromium_driver, page_problems, run_all_cells,
-                         step_view_facts)
-    from test_browser import ARTIFACTS, REPO, _kernel_env, _lab_down, _require_browser
+    from browser import REPO, NotebookRunError, page_problems, run_all_cells, step_view_facts
 
 pytestmark = pytest.mark.labs
 
-LAB = tagged("brviews")
-VARIANT_LABS = (LAB, f"{LAB}-snat")  # lab 07 starts its snat-mode lab beside the main one
+ARTIFACTS = REPO / "test-artifacts"
 RUN_TIMEOUT = 240
 
 
@@ -84,54 +75,27 @@ NOTEBOOK_CHECKS = (
 )
 
 
-def test_step_views_in_jupyterlab(tmp_path):
+def test_step_views_in_jupyterlab(jupyter):
     """Labs 04, 05 and 07 run in JupyterLab; their retry, hairpin and DSR steps show what issue 16 promises."""
-    _require_browser()
-    labs = tmp_path / "labs"
-    shutil.copytree(REPO / "labs", labs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    logs = ARTIFACTS / "views-logs"
-    logs.mkdir(parents=True, exist_ok=True)
     problems: dict[str, list[str]] = {}
     shots = []
-    try:
-        with JupyterServer(labs, env=_kernel_env(LAB), log_path=logs / "jupyter.log") as (url, token), \
-                chromium_driver(logs) as driver:
-            for lab_id, notebook, checks in NOTEBOOK_CHECKS:
-                nb = nbformat.read(labs / notebook, as_version=4)
-                try:
-                    run_all_cells(driver, url, token, notebook, timeout=RUN_TIMEOUT)
-                except NotebookRunError as exc:
-                    problems[lab_id] = [f"Run All: {exc}"]
-                    continue
-                problems[lab_id] = [f"page: {p}" for p in page_problems(driver)]
-                for what, first_line, check in checks:
-                    index = _cell_index(nb, first_line)
-                    facts = step_view_facts(driver, index)
-                    shot = ARTIFACTS / f"views-{lab_id}-{what}.png"
-                    with contextlib.suppress(Exception):
-                        facts["element"].screenshot(str(shot))
-                        shots.append(shot)
-                    problems[lab_id] += [f"{what} (cell {index}): {p}" for p in check(facts)]
-                _shutdown_kernels(url, token)  # the next notebook's start() rebuilds the lab for its options
-    finally:
-        for name in reversed(VARIANT_LABS):
-            down = _lab_down(name)
-            if down.returncode != 0:
-                warnings.warn(f"labkit --lab {name} down exited {down.returncode}: {down.stdout}{down.stderr}")
+    for lab_id, notebook, checks in NOTEBOOK_CHECKS:
+        nb = nbformat.read(jupyter.labs / notebook, as_version=4)
+        try:
+            run_all_cells(jupyter.driver, jupyter.url, jupyter.token, notebook, timeout=RUN_TIMEOUT)
+        except NotebookRunError as exc:
+            problems[lab_id] = [f"Run All: {exc}"]
+            continue
+        problems[lab_id] = [f"page: {p}" for p in page_problems(jupyter.driver)]
+        for what, first_line, check in checks:
+            index = _cell_index(nb, first_line)
+            facts = step_view_facts(jupyter.driver, index)
+            shot = ARTIFACTS / f"views-{lab_id}-{what}.png"
+            with contextlib.suppress(Exception):
+                facts["element"].screenshot(str(shot))
+                shots.append(shot)
+            problems[lab_id] += [f"{what} (cell {index}): {p}" for p in check(facts)]
+        jupyter.stop_kernels()  # the next notebook's start() rebuilds the lab for its options
     bad = {k: v for k, v in problems.items() if v}
     assert not bad, f"step views in JupyterLab (screenshots: {[str(s) for s in shots]}): {bad}"
     assert len(shots) == sum(len(c) for _, _, c in NOTEBOOK_CHECKS), f"a screenshot per checked step: {shots}"
-
-
-def _shutdown_kernels(url: str, token: str) -> None:
-    """Stop every kernel the server runs (the next notebook's start() rebuilds the lab for its own options)."""
-    import json
-    import urllib.request
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    req = urllib.request.Request(f"{url}/api/kernels", headers={"Authorization": f"token {token}"})
-    with opener.open(req, timeout=10) as r:
-        kernels = json.loads(r.read())
-    for k in kernels:
-        opener.open(urllib.request.Request(f"{url}/api/kernels/{k['id']}", method="DELETE",
-                                           headers={"Authorization": f"token {token}"}), timeout=30).close()

@@ -1,0 +1,49 @@
+"""The browser tests' shared JupyterLab and Chromium (tests/labs/browser.py ``BrowserSession``).
+
+``browser_session`` starts both once per test session, over one copy of labs/, with every kernel
+starting the lab ``tagged("browser")``; ``jupyter`` hands it to one test and, after it, leaves it as
+a fresh one (kernels stopped, workspaces deleted, the lab down). Logs: test-artifacts/browser-logs/.
+"""
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import pytest
+
+from labtag import tagged
+
+try:
+    from .browser import REPO, BrowserSession, JupyterServer, chromium_driver, kernel_env, require_browser
+except ImportError:  # tests/labs is not a package: pytest put this directory on sys.path
+    from browser import REPO, BrowserSession, JupyterServer, chromium_driver, kernel_env, require_browser
+
+BROWSER_LAB = tagged("browser")
+BROWSER_LOGS = REPO / "test-artifacts" / "browser-logs"
+
+
+@pytest.fixture(scope="session")
+def browser_session(tmp_path_factory):
+    """One JupyterLab and one Chromium for every browser test of the run."""
+    require_browser()
+    labs = tmp_path_factory.mktemp("browser") / "labs"  # a copy: the runs never touch the repository's notebooks
+    shutil.copytree(REPO / "labs", labs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    BROWSER_LOGS.mkdir(parents=True, exist_ok=True)
+    with JupyterServer(labs, env=kernel_env(BROWSER_LAB), log_path=BROWSER_LOGS / "jupyter.log") as (url, token), \
+            chromium_driver(BROWSER_LOGS) as driver:
+        session = BrowserSession(driver, url, token, labs, BROWSER_LAB)
+        try:
+            yield session
+        finally:
+            for problem in session.finish():
+                warnings.warn(problem)
+
+
+@pytest.fixture
+def jupyter(browser_session):
+    """The shared session for one test; afterwards its kernels are stopped and its lab is down (a failed
+    ``down`` fails the test)."""
+    yield browser_session
+    problems = browser_session.finish()
+    if problems:
+        pytest.fail("\n".join(problems))
