@@ -4,7 +4,7 @@
 VENV ?= /opt/labkit/venv
 PY = $(VENV)/bin/python
 
-.PHONY: provision provision-dev test unit lab bench vm-test clean
+.PHONY: provision provision-dev test unit lab bench vm-test box clean
 
 # Install system packages, kernel headers, bpffs, the venv and labkit itself.
 provision:
@@ -33,7 +33,14 @@ bench: provision-dev
 # vmx/svm): vagrant up, labkit inside, JupyterLab's forward, lab 01 graded, the learner's work surviving
 # reload and provision, then destroy and nothing left. Not part of `make test`: ~25 min emulated.
 vm-test:
-	bash vagrant/vm-test.sh
+	bash vagrant/vm-test.sh $(VMTEST)
+
+# A ready Vagrant box (libvirt, Debian 12, amd64) with everything provisioning installs, for a room
+# without network: hand out the one file; `vagrant box add --name labkit/debian12 FILE`, then
+# `LABKIT_BOX=labkit/debian12 vagrant up` provisions offline.  `make vm-test VMTEST=--offline-box` proves it.
+BOX ?= dist/labkit-debian12-libvirt.box
+box:
+	bash vagrant/build-box.sh --provisioned $(BOX)
 
 # Build artefacts only.
 clean:

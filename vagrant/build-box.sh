@@ -4,6 +4,7 @@
 # run as root (loop devices, mounts).  About 100 s on a 2-core machine.
 #
 #   sudo bash vagrant/build-box.sh OUT.box
+#   sudo bash vagrant/build-box.sh --provisioned OUT.box   # make box: ready for a room without network
 #
 # The box: one 20 GB disk (MBR, one ext4 partition), linux-image-amd64 booted
 # by extlinux (console on ttyS0 too), DHCP on eth0, openssh-server, sudo, rsync,
@@ -12,10 +13,19 @@
 # apt in the box uses the host's Debian sources; the host's extra CA
 # certificates (/usr/local/share/ca-certificates) are trusted in the box too, by
 # apt and pip, so a network whose TLS goes through a local CA works inside.
+#
+# --provisioned also puts this checkout at /home/vagrant/labkit and runs
+# `vagrant/provision.sh --image` in the box's root: every package, the kernel
+# headers of the box's own kernel, the venv with labkit and JupyterLab.  A
+# `vagrant up` from that box provisions without any network (about 2 GB more).
 set -euo pipefail
 
 PROG=labkit-build-box
-OUT="${1:?usage: $0 OUT.box}"
+PROVISIONED=0
+if [ "${1:-}" = --provisioned ]; then PROVISIONED=1; shift; fi
+OUT="${1:?usage: $0 [--provisioned] OUT.box}"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+GUEST_REPO=/home/vagrant/labkit
 SIZE_GB=20
 SUITE=bookworm
 PKGS=linux-image-amd64,systemd-sysv,udev,openssh-server,sudo,ifupdown,isc-dhcp-client,ca-certificates,rsync,iproute2,procps,netbase,less,kmod,initramfs-tools,python3
@@ -41,6 +51,7 @@ MNT="$WORK/root"
 LOOP=""
 cleanup() {
     set +e
+    for m in dev/pts dev sys proc; do mountpoint -q "$MNT/$m" && umount -l "$MNT/$m"; done
     mountpoint -q "$MNT" && umount -R "$MNT"
     [ -n "$LOOP" ] && losetup -d "$LOOP"
     rm -rf "$WORK"
@@ -93,9 +104,32 @@ printf 'UseDNS no\n' >"$MNT/etc/ssh/sshd_config.d/vagrant.conf"
 chroot "$MNT" passwd -l root >/dev/null
 chroot "$MNT" apt-get clean
 
-# --- boot ---------------------------------------------------------------------
 KVER="$(basename "$(ls -1 "$MNT"/boot/vmlinuz-* | sort -V | tail -n 1)")"
 KVER="${KVER#vmlinuz-}"
+
+# --- provisioned: labkit and everything it needs, installed as the VM would --
+if [ "$PROVISIONED" = 1 ]; then
+    t1=$SECONDS
+    chroot "$MNT" install -d -o vagrant -g vagrant "$GUEST_REPO"
+    # This checkout as Vagrant's share would copy it: tracked and new files, nothing ignored.
+    git -C "$REPO" ls-files -z -c -o --exclude-standard | (cd "$REPO" && tar --null -T - -cf -) | tar -C "$MNT$GUEST_REPO" -xf -
+    chroot "$MNT" chown -R vagrant:vagrant "$GUEST_REPO"
+    for m in proc sys dev dev/pts; do mkdir -p "$MNT/$m"; done
+    mount -t proc proc "$MNT/proc"
+    mount -t sysfs sys "$MNT/sys"
+    mount --bind /dev "$MNT/dev"
+    mount -t devpts devpts "$MNT/dev/pts"
+    rm -f "$MNT/etc/resolv.conf" && cp -L /etc/resolv.conf "$MNT/etc/resolv.conf"
+    say "provisioning inside the box (kernel $KVER) ..."
+    chroot "$MNT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LABKIT_KREL="$KVER" \
+        bash "$GUEST_REPO/vagrant/provision.sh" --image --quiet || die "provisioning inside the box failed"
+    chroot "$MNT" apt-get clean
+    for m in dev/pts dev sys proc; do umount "$MNT/$m"; done
+    : >"$MNT/etc/resolv.conf" # the VM's DHCP client writes its own
+    say "provisioned ($((SECONDS - t1)) s)"
+fi
+
+# --- boot ---------------------------------------------------------------------
 [ -f "$MNT/boot/initrd.img-$KVER" ] || die "no initrd for kernel $KVER in the box"
 mkdir -p "$MNT/boot/extlinux"
 cat >"$MNT/boot/extlinux/extlinux.conf" <<EOF

@@ -29,11 +29,12 @@ DEV=0
 QUIET=0
 JUPYTER_SERVICE=0
 PRINT_URL=0
+IMAGE=0
 ORIG_ARGS="$*"
 
 usage() {
     cat <<EOF
-usage: $0 [--dev] [--quiet] [--jupyter-service] [--print-url]
+usage: $0 [--dev] [--quiet] [--jupyter-service] [--print-url] [--image]
 
   --dev              also install test tools (pytest extras, clang, llvm,
                      vagrant and chromium when apt has them)
@@ -41,6 +42,10 @@ usage: $0 [--dev] [--quiet] [--jupyter-service] [--print-url]
                      the one-line step reports are still printed
   --jupyter-service  run JupyterLab as the systemd service labkit-jupyter
   --print-url        only print the JupyterLab URL (with its token) and exit
+  --image            install into a box's root file system (make box, run in a chroot by
+                     vagrant/build-box.sh): the headers are the box kernel's (LABKIT_KREL),
+                     and what belongs to a running machine (bpffs, the service) is left to
+                     the VM's own provisioning, which then needs no network
 EOF
 }
 
@@ -50,6 +55,7 @@ while [ $# -gt 0 ]; do
         --quiet) QUIET=1 ;;
         --jupyter-service) JUPYTER_SERVICE=1 ;;
         --print-url) PRINT_URL=1 ;;
+        --image) IMAGE=1 ;;
         -h | --help) usage; exit 0 ;;
         *) echo "$PROG: unknown option: $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -60,6 +66,11 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 VENV="${LABKIT_VENV:-/opt/labkit/venv}"
 SYS_PY=/usr/bin/python3
 KREL="$(uname -r)"
+if [ "$IMAGE" = 1 ]; then
+    # In a chroot uname names the building host's kernel, not the one the box will boot.
+    KREL="${LABKIT_KREL:?--image needs LABKIT_KREL, the kernel release the box boots}"
+    [ "$JUPYTER_SERVICE" = 0 ] || { echo "$PROG: --image and --jupyter-service do not go together: the service belongs to the VM" >&2; exit 2; }
+fi
 LOG=/var/log/labkit-provision.log
 TOKEN_DIR=/etc/labkit
 TOKEN_FILE=$TOKEN_DIR/jupyter-token
@@ -262,7 +273,9 @@ step_headers() {
 step_headers
 
 # ---------------------------------------------------------------- bpffs
-if awk '$2 == "/sys/fs/bpf" && $3 == "bpf" {f = 1} END {exit !f}' /proc/mounts; then
+if [ "$IMAGE" = 1 ]; then
+    step bpffs "skipped (--image: the VM mounts it when it provisions)"
+elif awk '$2 == "/sys/fs/bpf" && $3 == "bpf" {f = 1} END {exit !f}' /proc/mounts; then
     step bpffs "ok (/sys/fs/bpf is mounted)"
 else
     mkdir -p /sys/fs/bpf 2>/dev/null || true

@@ -5,6 +5,10 @@
 #
 #   sudo bash vagrant/vm-test.sh            # or: sudo make vm-test
 #   sudo bash vagrant/vm-test.sh --no-boot  # everything up to `vagrant validate`; no VM
+#   sudo bash vagrant/vm-test.sh --offline-box
+#       make box's box (build-box.sh --provisioned), added as labkit/debian12 and used
+#       through LABKIT_BOX, on a management network without a route out (libvirt's
+#       isolated mode): provisioning must need no network; then doctor, lab, jupyter
 #
 # Steps (each prints its time):
 #   host-packages  vagrant, vagrant-libvirt, libvirt, qemu, mmdebstrap, ... (apt, when missing)
@@ -38,13 +42,29 @@ set -euo pipefail
 PROG=vm-test
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 STATE="${LABKIT_VMTEST_DIR:-/var/tmp/labkit-vm-test}"
-BOX_NAME=debian/bookworm64
-BOX_FILE="$STATE/box/debian12-libvirt.box"
+NO_BOOT=0
+OFFLINE=0
+case "${1:-}" in
+    --no-boot) NO_BOOT=1 ;;
+    --offline-box) OFFLINE=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--no-boot | --offline-box]" >&2; exit 2 ;;
+esac
+if [ "$OFFLINE" = 1 ]; then
+    BOX_NAME=labkit/debian12
+    BOX_FILE="$STATE/box/labkit-debian12-libvirt.box"
+    LOGS="$STATE/logs-offline"
+    export VAGRANT_HOME="$STATE/vagrant-offline.d"
+    export LABKIT_BOX=$BOX_NAME
+else
+    BOX_NAME=debian/bookworm64
+    BOX_FILE="$STATE/box/debian12-libvirt.box"
+    LOGS="$STATE/logs"
+    export VAGRANT_HOME="$STATE/vagrant.d"
+fi
 NET_NAME=labkit-vm-test
 NET_CIDR=100.64.121.0/24
-LOGS="$STATE/logs"
 URI=qemu:///system
-export VAGRANT_HOME="$STATE/vagrant.d"
 export VAGRANT_DOTFILE_PATH="$STATE/dot"
 export VAGRANT_DEFAULT_PROVIDER=libvirt
 export VAGRANT_CHECKPOINT_DISABLE=1
@@ -68,12 +88,6 @@ step() {
     return $rc
 }
 
-NO_BOOT=0
-case "${1:-}" in
-    --no-boot) NO_BOOT=1 ;;
-    "") ;;
-    *) echo "usage: $0 [--no-boot]" >&2; exit 2 ;;
-esac
 [ "$(id -u)" = 0 ] || { echo "$PROG: run as root (libvirt, loop devices): sudo bash $0" >&2; exit 1; }
 mkdir -p "$STATE" "$LOGS" "$VAGRANT_HOME"
 chmod 755 "$STATE"
@@ -100,7 +114,9 @@ host_packages() {
 # ------------------------------------------------------------------ box
 box() {
     if [ "${LABKIT_VMTEST_REBUILD_BOX:-0}" = 1 ] || [ ! -s "$BOX_FILE" ]; then
-        bash "$REPO/vagrant/build-box.sh" "$BOX_FILE" >"$LOGS/build-box.log" 2>&1 || { tail -n 20 "$LOGS/build-box.log" >&2; fail "box build (see $LOGS/build-box.log)"; return 1; }
+        local -a how=()
+        [ "$OFFLINE" = 1 ] && how=(--provisioned)
+        bash "$REPO/vagrant/build-box.sh" "${how[@]}" "$BOX_FILE" >"$LOGS/build-box.log" 2>&1 || { tail -n 20 "$LOGS/build-box.log" >&2; fail "box build (see $LOGS/build-box.log)"; return 1; }
         tail -n 1 "$LOGS/build-box.log"
         vagrant box remove -f --provider libvirt "$BOX_NAME" >/dev/null 2>&1 || true
     fi
@@ -187,6 +203,7 @@ Vagrant.configure("2") do |config|
     $cpu
     lv.management_network_name = "$NET_NAME"
     lv.management_network_address = "$NET_CIDR"
+    $([ "$OFFLINE" = 1 ] && echo 'lv.management_network_mode = "none"   # isolated: the VM has no route out')
     lv.serial :type => "file", :source => { :path => "$LOGS/console.log" }
   end
 end
@@ -217,6 +234,20 @@ provisioned() {
     PORT="$(sed -E 's/.*:([0-9]+)\/lab.*/\1/' <<<"$URL_LINE")"
     TOKEN="$(sed -E 's/.*token=//' <<<"$URL_LINE")"
     say "JupyterLab forwarded to host port $PORT"
+}
+
+# --offline-box: the VM had no way out, and provisioning found everything in the box.
+offline() {
+    local route out
+    route="$(in_vm 'ip -4 route show default' || true)"
+    out="$(in_vm 'curl -sS -m 10 -o /dev/null http://deb.debian.org/ 2>&1; echo "curl exit $?"' || true)"
+    say "in the VM: default route '${route:-none}'; deb.debian.org: $(tail -n 1 <<<"$out")"
+    grep -q "curl exit 0" <<<"$out" && { fail "the VM reaches deb.debian.org: the offline proof proves nothing"; return 1; }
+    local s
+    for s in "apt: ok (all packages present" "kernel-headers: ok" "venv: ok" "pip: ok"; do
+        grep -q "labkit-provision: $s" "$LOGS/up.log" || { fail "provisioning did not find '$s' in the box (see $LOGS/up.log)"; return 1; }
+    done
+    say "provisioning installed nothing: apt, kernel headers, venv and pip were all in the box"
 }
 
 doctor() {
@@ -269,7 +300,11 @@ for ex, entry in key.items():
     nb.cells[cells[ex]].source = entry["answer"]
 nbformat.write(nb, "/tmp/vmtest-handin/ref/01-tour.ipynb")
 EOF
-        labkit grade /tmp/vmtest-handin --json --quiet > /tmp/vmtest-handin/grade.json; cat /tmp/vmtest-handin/grade.json' >"$LOGS/lab01.json" || true
+        labkit grade /tmp/vmtest-handin --json --quiet --keep-executed /tmp/vmtest-handin/executed > /tmp/vmtest-handin/grade.json
+        cat /tmp/vmtest-handin/grade.json' >"$LOGS/lab01.json" || true
+    # For a post-mortem on the host: what the kernel printed, the kernel log's end, the VM's memory.
+    in_vm 'cat /tmp/vmtest-handin/executed/*.output.log; echo "--- dmesg"; sudo dmesg | tail -40; echo "--- free -m"; free -m' \
+        >"$LOGS/lab01-output.log" 2>&1 || true
     out="$(python3 -c '
 import json, sys
 text = open(sys.argv[1]).read()
@@ -326,7 +361,8 @@ destroy() {
     V destroy -f >"$LOGS/destroy.log" 2>&1 || fail "vagrant destroy (see $LOGS/destroy.log)"
     # The box's image in the storage pool is vagrant-libvirt's copy of our box: ours too.
     local v
-    for v in $(virsh vol-list default 2>/dev/null | awk 'NR > 2 && $1 ~ /bookworm64_vagrant_box_image/ {print $1}'); do
+    local image="${BOX_NAME//\//-VAGRANTSLASH-}_vagrant_box_image"
+    for v in $(virsh vol-list default 2>/dev/null | awk -v i="$image" 'NR > 2 && index($1, i) == 1 {print $1}'); do
         grep -qx "default/$v" "$STATE/before.txt" && continue
         virsh vol-delete --pool default "$v" >/dev/null && say "removed volume default/$v (the box's image)"
     done
@@ -424,6 +460,13 @@ rm -f "$LOGS/console.log"
 VM_MADE=1
 step up up
 step provisioned provisioned
+if [ "$OFFLINE" = 1 ]; then
+    step offline offline || true
+    step doctor doctor || true
+    step lab lab || true
+    step jupyter jupyter || true
+    exit 0
+fi
 step doctor doctor || true
 step lab lab || true
 step jupyter jupyter || true

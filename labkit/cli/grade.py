@@ -55,7 +55,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                    help=f"time limit per notebook; it then scores what it reached (default {NOTEBOOK_TIMEOUT})")
     p.add_argument("--lab-tag", default="", metavar="TAG",
                    help="appended to the grading labs' names (g<pid>n<k>TAG), to tell runs on one machine apart")
-    p.add_argument("--keep-executed", metavar="DIR", help="save each executed copy in DIR (for a post-mortem)")
+    p.add_argument("--keep-executed", metavar="DIR", help="save each executed copy in DIR, with what its kernel printed (.output.log), for a post-mortem")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_grade)
 

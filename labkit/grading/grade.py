@@ -28,6 +28,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -390,6 +391,8 @@ def execute(job: dict) -> dict:
         left = take_down(job["lab"])
     if job.get("executed"):
         nbformat.write(nb, job["executed"])
+        # What the kernel and its lab printed (a dead kernel leaves nothing else): beside the copy.
+        shutil.copyfile(os.path.join(job["workdir"], "output.log"), job["executed"] + ".output.log")
     errors = [{"cell": i, "ename": o.get("ename", ""), "evalue": o.get("evalue", "")} for i, o in error_outputs(nb)]
     return {"cell_errors": errors, "stopped": stopped, "stopped_at": at["cell"] if stopped else None,
             "teardown": left}

@@ -202,8 +202,9 @@ def test_each_notebook_has_a_lab_of_its_own(clean, tmp_path):
 
 def test_a_hanging_a_dying_and_a_raising_notebook_score_what_they_reached(clean, tmp_path):
     """Under a small --notebook-timeout, beside a good notebook: one that hangs after 02.1's check scores 02.1
-    only, one whose kernel dies after 02.2's check scores 02.1 and 02.2, one with a cell that raises runs on and
-    reports the error; the good one scores fully and nothing is left behind."""
+    only, one whose kernel dies after 02.2's check scores 02.1 and 02.2 (and --keep-executed keeps what it printed as
+    it died), one with a cell that raises runs on and reports the error; the good one scores fully and nothing is
+    left behind."""
     plain = _handed_in({}, {})
     checks = check_cells(plain)
 
@@ -213,7 +214,7 @@ def test_a_hanging_a_dying_and_a_raising_notebook_score_what_they_reached(clean,
         return nb
 
     notebooks = {"good": plain, "hangs": after("02.1", "import time; time.sleep(10**6)"),
-                 "dies": after("02.2", "import os; os._exit(1)"),
+                 "dies": after("02.2", "import os; os.write(2, b'last words on stderr\\n'); os._exit(1)"),
                  "raises": after("02.1", "raise RuntimeError('a learner left this in')")}
     paths = []
     for who, nb in notebooks.items():
@@ -221,9 +222,12 @@ def test_a_hanging_a_dying_and_a_raising_notebook_score_what_they_reached(clean,
         path.parent.mkdir()
         nbformat.write(nb, path)
         paths.append(str(path))
-    proc = _cli(*paths, "--jobs", "2", "--notebook-timeout", str(HANG_LIMIT), "--cell-timeout", "300", "--json")
+    kept = tmp_path / "executed"
+    proc = _cli(*paths, "--jobs", "2", "--notebook-timeout", str(HANG_LIMIT), "--cell-timeout", "300", "--json",
+                "--keep-executed", str(kept))
     data = json.loads(proc.stdout)
     by = {n["learner"]: n for n in data["notebooks"]}
+    assert "last words on stderr" in (kept / f"dies-{NOTEBOOKS['02']}.output.log").read_text()
     passed = {who: [e["id"] for e in n["exercises"] if e["passed"]] for who, n in by.items()}
     assert passed == {"good": IDS, "hangs": IDS[:1], "dies": IDS[:2], "raises": IDS}
     assert by["good"]["error"] is None and by["good"]["cell_errors"] == []
