@@ -13,7 +13,7 @@ A flow line reads like Hubble's::
 With policy compiled in, a record that carries a policy verdict says so as
 Hubble does, with the peer's identity::
 
-    ... ct=new/egress flags=[] policy-verdict:L3-L4 EGRESS DENIED identity=258 DROPPED (Policy denied)
+    ... ct=new/egress flags=[] policy-verdict:none EGRESS DENIED identity=258 DROPPED (Policy denied)
 """
 from __future__ import annotations
 

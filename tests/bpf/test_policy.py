@@ -23,8 +23,11 @@ Facts, from Cilium v1.16's source:
   skips policy (hairpin); the same notification rule; ``ct_create4`` only after
   an allow.
 
-(The stored copy of bpf_lxc.c that these lines were read from is a later
-revision than v1.16; the CT-state rules quoted are the ones the lab mirrors.)
+(The search index holds no copy of bpf_lxc.c at the v1.16 branch point; the
+lines above were read in two stored revisions on either side of it, one that
+still has CT_REOPENED and one with the switch on ct_status, and both enforce
+CT_NEW/CT_ESTABLISHED, skip CT_REPLY/CT_RELATED and hairpin flows, and notify
+on the same condition. labkit's CT has no CT_REOPENED.)
 
 Expectations for the lookup tables come from labkit's Python statement of the
 same lookup, :meth:`labkit.policy.resolve.EndpointPolicy.verdict`, and from
