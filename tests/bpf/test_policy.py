@@ -35,9 +35,14 @@ hand-computed values.
 """
 from __future__ import annotations
 
+import ctypes
+import os
 import socket
 
+import pytest
+
 from labkit.constants import DropReason, PolicyMatch
+from labkit.datapath import bpf as _bpf
 from labkit.datapath.testrun import TC_ACT_OK, TC_ACT_SHOT
 from labkit.maps.ct import CtFlags, CtResult
 from labkit.maps.eps import IpcacheKey, RemoteEndpointInfo
@@ -404,3 +409,16 @@ def test_native_build_has_no_policy_map(native):
     assert r.retval == TC_ACT_OK and Flow(r.event, "node-a", "lxc-a1").policy is None
     assert r.event.remote_id == 0
 
+
+
+def test_image_pairs_policy_map_with_its_own_template(policy):
+    """Loaded from its image, labkit_policy takes the LPM tries the agent makes and refuses a Maglev-shaped inner map."""
+    policy.policy(A1, [allow(0, EG)])  # an LPM trie like labkit_policy_inner: accepted
+    lut_bytes = 4 * policy.config.maglev_table_size  # labkit_maglev_inner's value: M backend ids
+    fd = _bpf.map_create(_bpf.BPF_MAP_TYPE_ARRAY, 4, lut_bytes, 1, "lb4_maglev_lut")
+    try:
+        with pytest.raises(OSError):
+            _bpf.update(policy.build.map_fd("labkit_policy"), ctypes.c_uint32(2), ctypes.c_uint32(fd))
+        _bpf.update(policy.build.map_fd("cilium_lb4_maglev"), ctypes.c_uint16(1), ctypes.c_uint32(fd))
+    finally:
+        os.close(fd)
