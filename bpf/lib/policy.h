@@ -5,8 +5,7 @@
  *
  * Left out of v1.16's function, on purpose: the proxy port (no L7 proxy in
  * the lab: an entry's proxy_port is never used), auth_type (no mutual
- * authentication: never DROP_POLICY_AUTH_REQUIRED), the ICMP options
- * (ALLOW_ICMP_FRAG_NEEDED, ENABLE_ICMP_RULE: ICMP is looked up with port 0),
+ * authentication: never DROP_POLICY_AUTH_REQUIRED), ALLOW_ICMP_FRAG_NEEDED,
  * the CB_POLICY skip mark (set only by Cilium's host firewall and L7 LB) and
  * untracked fragments (fragments are dropped before, DROP_FRAG_NOSUPPORT).
  * policy_can_egress's DROP_ENCAP_PROHIBITED (a pod sending to the tunnel
@@ -103,7 +102,9 @@ static __always_inline int __policy_can_access4(__u32 ep_id, __u32 remote_id, __
 static __always_inline int policy_verdict4(struct trace_event *ev, __u32 ep_id, __u32 remote_id, __u8 dir,
 					   const struct pkt4 *p, __u32 len, int ct_result)
 {
-	__be16 dport = p->proto == IPPROTO_ICMP ? 0 : p->dport;
+	/* ENABLE_ICMP_RULE (the agent's --enable-icmp-rules, on by default): an
+	 * ICMP packet is looked up with its type in the port's place. */
+	__be16 dport = p->proto == IPPROTO_ICMP ? lk_htons(p->icmp_type) : p->dport;
 	__u8 match_type, audited = 0;
 	int ret;
 

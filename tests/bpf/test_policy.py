@@ -60,6 +60,7 @@ IN, EG = Direction.INGRESS, Direction.EGRESS
 WORLD, REMOTE_NODE = 2, 6
 CIDR_ADDR, CIDR_ID = "198.18.9.1", (1 << 24) | 1  #: a local-scope CIDR identity needs bit 24
 NODE_B_IP = "198.51.100.12"  #: remote-node in node-a's ipcache
+ECHO_REQUEST = 8  #: ICMP type: with ENABLE_ICMP_RULE the lookup's port (icmp_echo sends one)
 
 #: EndpointPolicy.verdict's match names → the datapath's POLICY_MATCH_*.
 MATCH = {"L3-L4": PolicyMatch.L3_L4, "L4-only": PolicyMatch.L4_ONLY, "L3-proto": PolicyMatch.L3_PROTO,
@@ -112,7 +113,7 @@ def check_table(node, rows, cases):
     node.policy(A1, rows)
     pol = model(rows)
     for n, (ident, direction, proto, port) in enumerate(cases):
-        want = pol.verdict(ident, direction, proto, port if proto != ICMP else 0)
+        want = pol.verdict(ident, direction, proto, port if proto != ICMP else ECHO_REQUEST)
         hook, frame = packet(direction, PEERS[ident], proto, port, 20000 + n)
         r = node.run(hook, frame)
         ev = r.event
@@ -394,12 +395,17 @@ def test_cidr_identity_in_trace(policy):
     assert r.retval == TC_ACT_OK and r.event.remote_id == CIDR_ID
 
 
-def test_icmp_looks_up_port_zero(policy):
-    """ICMP is looked up with protocol 1 and port 0: an ICMP protocol allow admits an echo request (L3-Proto)."""
-    policy.policy(A1, [allow(B1.identity, EG, ICMP)])
-    r = policy.run("cil_from_container", icmp_echo(A1.ip, B1.ip))
-    assert r.retval == TC_ACT_OK
-    assert Flow(r.event, "node-a", "lxc-a1").policy.match == PolicyMatch.L3_PROTO
+def test_icmp_looks_up_its_type_as_port(policy):
+    """With ENABLE_ICMP_RULE (the agent's --enable-icmp-rules, on by default) the ICMP type is the lookup's port:
+    an allow for type 8 admits an echo request (L3-L4), one for type 13 does not, an ICMP allow without a type
+    admits it (L3-Proto)."""
+    rows = [allow(B1.identity, EG, ICMP, ECHO_REQUEST), allow(B2.identity, EG, ICMP, 13), allow(A2.identity, EG, ICMP)]
+    check_table(policy, rows, [(B1.identity, EG, ICMP, 0), (B2.identity, EG, ICMP, 0), (A2.identity, EG, ICMP, 0),
+                               (WORLD, EG, ICMP, 0)])
+    policy.policy(A1, [allow(B1.identity, EG, ICMP, ECHO_REQUEST)])
+    r = policy.run("cil_from_container", icmp_echo(A1.ip, B1.ip, ident=77))
+    assert r.retval == TC_ACT_OK  # hand-computed: key (258, egress, ICMP, port 8) matches the request whatever its id
+    assert Flow(r.event, "node-a", "lxc-a1").policy.match == PolicyMatch.L3_L4
 
 
 def test_native_build_has_no_policy_map(native):
