@@ -84,8 +84,8 @@ LAB_DIFFERENCES = (
     "policy verdicts travel in the packet's trace record (the high byte of its flags and its remote_id), not as "
     "separate policy-verdict notifications; the ingress source identity comes from cilium_ipcache even for "
     "packets from the tunnel (Cilium takes the tunnel key's identity; the lab's ipcache holds the same identities); "
-    "the verdict ignores proxy ports, auth types, ICMP type rules and the tunnel-port check (no L7 proxy, mutual "
-    "authentication or ICMP rules in the lab)",
+    "the verdict ignores proxy ports, auth types, the ICMP fragmentation-needed exception and the tunnel-port "
+    "check (no L7 proxy, mutual authentication, path MTU discovery or pod-made tunnel traffic in the lab)",
 )
 
 
