@@ -216,8 +216,12 @@ int cil_to_container(struct __sk_buff *skb)
 	if (ret == CT_NEW || ret == CT_ESTABLISHED) {
 		struct endpoint_info *dst_ep = lookup_endpoint4(p.daddr);
 		__be16 unused;
-		bool hairpin = ret == CT_NEW ? p.saddr == LB_LOOPBACK_IPV4 && ct_has_loopback_egress_entry4(&tuple, &unused)
-					     : (st.flags & CT_F_LB_LOOPBACK) != 0;
+		bool hairpin;
+
+		if (ret == CT_NEW)
+			hairpin = p.saddr == LB_LOOPBACK_IPV4 && ct_has_loopback_egress_entry4(&tuple, &unused);
+		else
+			hairpin = (st.flags & CT_F_LB_LOOPBACK) != 0;
 
 		if (dst_ep && !hairpin) {
 			int verdict = policy_verdict4(&ev, dst_ep->lxc_id, policy_peer_id4(p.saddr), CT_INGRESS, &p,

@@ -160,7 +160,7 @@ def test_six_precedence_steps(policy):
 
 
 def test_deny_overrides_allow_with_agent_rows(policy):
-    """Rows the model resolver writes for an allow-all plus a deny from b1: b1 is denied (also on the allowed port), b2 allowed."""
+    """Rows the resolver writes for 'anyone on 8080' plus 'deny b1': b1 is denied even on 8080, b2 gets 8080 only."""
     alloc = IdentityAllocator()
     eps = [Endpoint(p.name, pod_labels({"app": p.name}), alloc.allocate(pod_labels({"app": p.name})), p.ip)
            for p in (A1, A2, B1, B2)]
