@@ -83,3 +83,15 @@ def audit(_audit):
     """The same with policy audit mode; maps reset, no pod has a policy map."""
     _audit.reset()
     return _audit
+
+
+@pytest.fixture(scope="session")
+def _policy_tunnel(_require_bpf):
+    yield from _session_node("policy-tunnel")
+
+
+@pytest.fixture
+def policy_tunnel(_policy_tunnel):
+    """node-a's pod programs with policy compiled in and tunnel routing; maps reset, no pod has a policy map."""
+    _policy_tunnel.reset()
+    return _policy_tunnel

@@ -86,6 +86,8 @@ BUILDS = {
     "tunnel": (DatapathConfig(routing="tunnel", socket_lb="off"), ("bpf_lxc.c", "bpf_overlay.c")),
     # policy enforcement compiled in (ENABLE_POLICY), native routing: only the pods' programs differ
     "policy": (DatapathConfig(routing="native", socket_lb="off", policy="default"), ("bpf_lxc.c",)),
+    # policy compiled in with tunnel routing: packets arrive from cilium_vxlan (MARK_FROM_OVERLAY)
+    "policy-tunnel": (DatapathConfig(routing="tunnel", socket_lb="off", policy="default"), ("bpf_lxc.c",)),
     # the same with --policy-audit-mode (POLICY_AUDIT_MODE)
     "audit": (DatapathConfig(routing="native", socket_lb="off", policy="default", policy_audit=True), ("bpf_lxc.c",)),
 }

@@ -43,7 +43,7 @@ import pytest
 
 from labkit.constants import DropReason, PolicyMatch
 from labkit.datapath import bpf as _bpf
-from labkit.datapath.testrun import TC_ACT_OK, TC_ACT_SHOT
+from labkit.datapath.testrun import TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT
 from labkit.maps.ct import CtFlags, CtResult
 from labkit.maps.eps import IpcacheKey, RemoteEndpointInfo
 from labkit.maps.policy import Direction, PolicyEntry, PolicyKey, PolicyRow
@@ -428,3 +428,31 @@ def test_image_pairs_policy_map_with_its_own_template(policy):
         _bpf.update(policy.build.map_fd("cilium_lb4_maglev"), ctypes.c_uint16(1), ctypes.c_uint32(fd))
     finally:
         os.close(fd)
+
+
+MARK_FROM_OVERLAY = 0x40000000  #: bpf/lib/common.h: decapsulated by cilium_vxlan (Cilium's CB_FROM_TUNNEL)
+
+
+def test_tunnel_ingress_uses_source_identity(policy_tunnel):
+    """From the tunnel, a1's ingress decides on the source's identity: b1 allowed (IN row with FromTunnel), b2 denied."""
+    node = policy_tunnel
+    node.policy(A1, [allow(B1.identity, IN, TCP, 8080)])
+    ok = node.run("cil_to_container", tcp(B1.ip, A1.ip, 40000, 8080, SYN), mark=MARK_FROM_OVERLAY)
+    assert ok.retval == TC_ACT_OK and ok.event.remote_id == B1.identity
+    assert Flow(ok.event, "node-a", "lxc-a1").policy.text() == "policy-verdict:L3-L4 INGRESS ALLOWED"
+    row = node.ct_row("IN", B1.ip, 40000, A1.ip, 8080)
+    assert row is not None and row.flags & CtFlags.FROM_TUNNEL
+    bad = node.run("cil_to_container", tcp(B2.ip, A1.ip, 40001, 8080, SYN), mark=MARK_FROM_OVERLAY)
+    assert bad.retval == TC_ACT_SHOT and bad.event.drop_reason == DropReason.POLICY
+    assert bad.event.remote_id == B2.identity
+    assert node.ct_row("IN", B2.ip, 40001, A1.ip, 8080) is None
+
+
+def test_tunnel_egress_denied_before_encapsulation(policy_tunnel):
+    """In tunnel mode a denied SYN is dropped before any tunnel key is set; an allowed one goes to cilium_vxlan."""
+    node = policy_tunnel
+    node.policy(A1, [allow(B1.identity, EG, TCP, 8080)])
+    bad = node.run("cil_from_container", tcp(A1.ip, B2.ip, 40000, 8080, SYN))
+    assert bad.retval == TC_ACT_SHOT and bad.event.tunnel_endpoint == 0
+    ok = node.run("cil_from_container", tcp(A1.ip, B1.ip, 40001, 8080, SYN))
+    assert ok.retval == TC_ACT_REDIRECT and ok.event.tunnel_endpoint != 0
