@@ -11,9 +11,9 @@ A flow line reads like Hubble's::
         ct=new/egress flags=[] FORWARDED→tunnel 198.51.100.12
 
 With policy compiled in, a record that carries a policy verdict says so as
-Hubble does, with the peer's identity::
+Hubble does, with the peer's identity as Hubble writes one (ID:n)::
 
-    ... ct=new/egress flags=[] policy-verdict:none EGRESS DENIED identity=258 DROPPED (Policy denied)
+    ... ct=new/egress flags=[] policy-verdict:none EGRESS DENIED (ID:258) DROPPED (Policy denied)
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ class Flow:
             parts.append(f"ct={self.ct_result.name.lower()}/{ct_dir} flags=[{names}]")
         policy = self.policy
         if policy is not None:
-            parts.append(f"{policy.text()} identity={ev.remote_id}")
+            parts.append(f"{policy.text()} (ID:{ev.remote_id})")  # the peer, as Hubble prints identities
         verdict = self.verdict.name
         if ev.verdict == Verdict.DROPPED:
             verdict += f" ({DropReason.text(ev.drop_reason)})"

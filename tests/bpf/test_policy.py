@@ -221,7 +221,7 @@ def test_denied_syn_egress_creates_no_ct_row(policy):
     assert ev.ct_result == CtResult.NEW
     flow = Flow(ev, "node-a", "lxc-a1")
     assert flow.policy.text() == "policy-verdict:none EGRESS DENIED" and ev.remote_id == B1.identity
-    assert "policy-verdict:none EGRESS DENIED identity=258 DROPPED (Policy denied)" in flow.line()
+    assert "policy-verdict:none EGRESS DENIED (ID:258) DROPPED (Policy denied)" in flow.line()
     assert policy.ct() == [], [x.line() for x in policy.ct()]
 
 

@@ -219,7 +219,7 @@ def test_trace_flags_print_in_the_line():
 def test_policy_verdict_prints_as_hubble(byte, text):
     """The policy byte (high byte of flags) and remote_id print as Hubble prints a policy verdict, JSON alike."""
     flow = Flow(syn_event(flags=byte << 8, remote_id=16777217), "node-a", "lxc-a1")
-    assert f"{text} identity=16777217 " in flow.line()
+    assert f"{text} (ID:16777217) " in flow.line()
     p = flow.to_json()["policy"]
     assert (f"policy-verdict:{p['match']} {p['direction']} {p['verdict']}", p["remote_identity"]) == (text, 16777217)
 
