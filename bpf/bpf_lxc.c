@@ -3,10 +3,12 @@
  *   cil_from_container  tc ingress: packets the pod sends. Service load
  *                       balancing (SVC entry, backend choice, DNAT, hairpin
  *                       SNAT), then the egress CT lookup (OUT rows, replies
- *                       of IN rows), then in tunnel mode encapsulation
- *                       towards the destination's node.
+ *                       of IN rows), with ENABLE_POLICY the pod's egress
+ *                       policy, then in tunnel mode encapsulation towards
+ *                       the destination's node.
  *   cil_to_container    tc egress: packets the node delivers to the pod.
- *                       Ingress CT lookup (IN rows, replies of OUT rows) and
+ *                       Ingress CT lookup (IN rows, replies of OUT rows),
+ *                       with ENABLE_POLICY the pod's ingress policy, and
  *                       reverse NAT of Service replies.
  *
  * Cilium does the to-container work in the endpoint's policy program,
@@ -21,6 +23,9 @@
 #include "lib/encap.h"
 #include "lib/trace.h"
 #include "lib/hook.h"
+#ifdef ENABLE_POLICY
+#include "lib/policy.h"
+#endif
 
 /* Per-packet load balancing of a packet to a Service. Returns 0 (not a
  * service, or translated), or a DROP_* reason. On translation *rev_nat and
@@ -116,6 +121,23 @@ int cil_from_container(struct __sk_buff *skb)
 	ret = ct_lookup4(&tuple, &p, skb->len, CT_EGRESS, &st);
 	if (ret < 0)
 		goto drop;
+#ifdef ENABLE_POLICY
+	/* v1.16 handle_ipv4_from_lxc: new and established packets must match
+	 * the pod's egress policy on the destination's identity after the
+	 * Service DNAT; replies and related packets skip it, and so does a
+	 * hairpin flow (the pod reaching itself through a Service). A denied
+	 * packet creates no CT entry. */
+	if ((ret == CT_NEW || ret == CT_ESTABLISHED) && !loopback) {
+		int verdict = policy_verdict4(&ev, ep->lxc_id, policy_peer_id4(p.daddr), CT_EGRESS, &p, skb->len,
+					      ret);
+
+		if (verdict < 0) {
+			trace_ct(&ev, CT_EGRESS, ret, &st);
+			ret = verdict;
+			goto drop;
+		}
+	}
+#endif
 	if (ret == CT_NEW && !lab_fault(FAULT_NO_OUT_ENTRY)) {
 		st.src_sec_id = identity;
 		st.rev_nat_index = rev_nat;
@@ -185,6 +207,34 @@ int cil_to_container(struct __sk_buff *skb)
 	ret = ct_lookup4(&tuple, &p, skb->len, CT_INGRESS, &st);
 	if (ret < 0)
 		goto drop;
+#ifdef ENABLE_POLICY
+	/* v1.16 ipv4_policy: new and established packets must match the pod's
+	 * ingress policy on the source's identity; replies and related packets
+	 * skip it, and so does a hairpin flow: the first packet from the
+	 * loopback address with an LBLoopback OUT entry, then its IN entry's
+	 * LBLoopback flag. */
+	if (ret == CT_NEW || ret == CT_ESTABLISHED) {
+		struct endpoint_info *dst_ep = lookup_endpoint4(p.daddr);
+		__be16 unused;
+		bool hairpin;
+
+		if (ret == CT_NEW)
+			hairpin = p.saddr == LB_LOOPBACK_IPV4 && ct_has_loopback_egress_entry4(&tuple, &unused);
+		else
+			hairpin = (st.flags & CT_F_LB_LOOPBACK) != 0;
+
+		if (dst_ep && !hairpin) {
+			int verdict = policy_verdict4(&ev, dst_ep->lxc_id, policy_peer_id4(p.saddr), CT_INGRESS, &p,
+						      skb->len, ret);
+
+			if (verdict < 0) {
+				trace_ct(&ev, CT_INGRESS, ret, &st);
+				ret = verdict;
+				goto drop;
+			}
+		}
+	}
+#endif
 	if (ret == CT_NEW && !lab_fault(FAULT_NO_IN_ENTRY)) {
 		__be16 loopback_rev_nat = 0;
 

@@ -21,7 +21,7 @@ from labkit.errors import ConfigError
 from labkit.release import DEFAULT_RELEASE, Profile, profile
 
 __all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LB_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
-           "VXLAN_PORT", "SERVICE_MODES"]
+           "VXLAN_PORT", "SERVICE_MODES", "POLICY_MODES"]
 
 ROUTING_MODES = ("tunnel", "native")
 #: Socket LB: none; only the nodes' own processes (Cilium's socketLB.hostNamespaceOnly); pods too.
@@ -30,6 +30,9 @@ SOCKET_LB_MODES = ("off", "hostns", "full")
 LB_MODES = ("snat", "dsr", "hybrid")
 #: Where Services live: the cilium_lb4_* maps, or kube-proxy's iptables on every node.
 SERVICE_MODES = ("ebpf", "iptables")
+#: --enable-policy: 'default' (an endpoint is enforced once a policy selects it), 'always', 'never'.
+#: labkit's default is 'never' (no policy code compiled in); the agent decides per endpoint what the map holds.
+POLICY_MODES = ("default", "always", "never")
 #: --bpf-lb-maglev-table-size choices (prime); the default is Cilium's, 16381 (251 prints on a screen).
 MAGLEV_TABLE_SIZES = (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071)
 VXLAN_PORT = 8472  # Cilium's default tunnel port
@@ -74,6 +77,15 @@ LAB_DIFFERENCES = (
     "kubelet (no KUBE-KUBELET-CANARY) and no healthCheckNodePort (no health-check ACCEPT rule or server for an "
     "externalTrafficPolicy Local LoadBalancer), stale UDP conntrack entries are not cleared, and a Maglev Service "
     "is refused",
+    "with policy enforcement on, one program serves every pod of a node, so it finds a pod's policy map (Cilium's "
+    "cilium_policy_<id>, compiled into that endpoint's own program) through labkit_policy, a hash of maps keyed by "
+    "the endpoint id; a pod with no map there is not enforced (allowed, no verdict reported), where every Cilium "
+    "endpoint has a map and an unselected one holds allow-all entries written by the agent",
+    "policy verdicts travel in the packet's trace record (the high byte of its flags and its remote_id), not as "
+    "separate policy-verdict notifications; the ingress source identity comes from cilium_ipcache even for "
+    "packets from the tunnel (Cilium takes the tunnel key's identity; the lab's ipcache holds the same identities); "
+    "the verdict ignores proxy ports, auth types, the ICMP fragmentation-needed exception and the tunnel-port "
+    "check (no L7 proxy, mutual authentication, path MTU discovery or pod-made tunnel traffic in the lab)",
 )
 
 
@@ -131,6 +143,11 @@ class DatapathConfig:
     #: count packets and bytes per CT entry (CONNTRACK_ACCOUNTING; the agent's --bpf-conntrack-accounting,
     #: off by default, so a node prints Packets=0 Bytes=0)
     ct_accounting: bool = False
+    #: network policy enforcement (--enable-policy): 'never' compiles no policy code; 'default' and 'always'
+    #: compile it in (ENABLE_POLICY), and what a pod's map holds is the agent's business
+    policy: str = "never"
+    #: --policy-audit-mode: a packet policy would drop passes, its verdict marked audited (POLICY_AUDIT_MODE)
+    policy_audit: bool = False
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
@@ -144,9 +161,14 @@ class DatapathConfig:
                               f"got {self.maglev_table_size!r}")
         if self.service_mode not in SERVICE_MODES:
             raise ConfigError(f"service mode: expected ebpf or iptables, got {self.service_mode!r}")
-        for name in ("gc_timer", "ct_accounting"):
+        if self.policy not in POLICY_MODES:
+            raise ConfigError(f"policy enforcement: expected one of {', '.join(POLICY_MODES)}, got {self.policy!r}")
+        for name in ("gc_timer", "ct_accounting", "policy_audit"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+        if self.policy_audit and self.policy == "never":
+            raise ConfigError("policy_audit: expected policy 'default' or 'always' (audit mode audits policy "
+                              "verdicts), got policy 'never'")
         profile(self.cilium)  # ConfigError names the releases
         for name in ("ct_tcp_size", "ct_any_size", "lb_map_size"):
             value = getattr(self, name)

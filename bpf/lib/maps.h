@@ -11,6 +11,8 @@
  *                          _affinity, _reverse_sk, _maglev
  *   maps_nat.h  NAT:       cilium_snat_v4_external
  *   maps_lab.h  the lab:   labkit_config, labkit_events
+ *   maps_policy.h policy:  labkit_policy (per-endpoint policy maps), only
+ *                          with ENABLE_POLICY
  */
 #ifndef LABKIT_MAPS_H
 #define LABKIT_MAPS_H
@@ -20,5 +22,8 @@
 #include "maps_lb.h"
 #include "maps_nat.h"
 #include "maps_lab.h"
+#ifdef ENABLE_POLICY
+#include "maps_policy.h"
+#endif
 
 #endif /* LABKIT_MAPS_H */

@@ -22,6 +22,7 @@
 
 /* Drop reasons: Cilium's numbers (bpf/lib/common.h there), negative. */
 #define DROP_INVALID_SIP       -132
+#define DROP_POLICY            -133
 #define DROP_INVALID           -134
 #define DROP_CT_INVALID_HDR    -135
 #define DROP_CT_UNKNOWN_PROTO  -137
@@ -37,12 +38,26 @@
 #define DROP_NO_TUNNEL_ENDPOINT -160
 #define DROP_NAT_NO_MAPPING    -167
 #define DROP_NO_FIB            -169
+#define DROP_POLICY_DENY       -181
 
 /* trace_event.flags: what a hook did besides translating addresses. */
 #define TRACE_F_DSR_OPT_ADDED    0x01 /* the LB node attached the DSR IPv4 option */
 #define TRACE_F_DSR_OPT_STRIPPED 0x02 /* the backend node read and removed it */
 #define TRACE_F_SNAT             0x04 /* source rewritten through the NAT map */
 #define TRACE_F_REV_SNAT         0x08 /* destination restored through the NAT map */
+
+/* A policy verdict: one byte in the high byte of trace_event.flags (the low
+ * byte is TRACE_F_*), laid out as the flags of Cilium's policy_verdict_notify
+ * (bpf/lib/policy_log.h): direction in bits 0-1 (POLICY_INGRESS 1,
+ * POLICY_EGRESS 2 of policy_types.h), the match type (POLICY_MATCH_*) in bits
+ * 3-5, audited in bit 6; bit 7 is labkit's, for the verdict Cilium carries in
+ * a field of its own. 0: no verdict reported. */
+#define POLICY_V_SHIFT       8
+#define POLICY_V_DIR_MASK    0x03
+#define POLICY_V_MATCH_SHIFT 3
+#define POLICY_V_MATCH_MASK  0x38
+#define POLICY_V_AUDITED     0x40 /* denied, but let through (POLICY_AUDIT_MODE) */
+#define POLICY_V_DENIED      0x80 /* the packet was dropped by policy */
 
 /* Trace modes (lab_config.trace_mode). */
 #define TRACE_ALL   0
@@ -82,8 +97,8 @@ struct trace_event {
 	struct trace_tuple after;  /* as it left (differs only when translated) */
 	struct trace_tuple inner;  /* VXLAN packets at eth0: the encapsulated packet */
 	__u16 rev_nat_index;    /* host byte order, 0 if none */
-	__u16 flags;            /* TRACE_F_* */
-	__u32 pad2;
+	__u16 flags;            /* TRACE_F_*; the high byte: a policy verdict (POLICY_V_*) */
+	__u32 remote_id;        /* the peer's identity a policy verdict is about, or 0 */
 };
 
 #endif /* LABKIT_TRACE_TYPES_H */

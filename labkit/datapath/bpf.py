@@ -86,10 +86,12 @@ def obj_pin(fd: int, path: str) -> None:
     _sys(BPF_OBJ_PIN, _attr("=QII", ctypes.addressof(p), fd, 0), f"pin at {path}")
 
 
-def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str = "") -> int:
-    """``BPF_MAP_CREATE`` of an unpinned map; returns its fd (the map lives while something holds it)."""
+def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str = "",
+               flags: int = 0) -> int:
+    """``BPF_MAP_CREATE`` of an unpinned map; returns its fd (the map lives while something holds it).
+    ``flags`` are the map_flags (``BPF_F_NO_PREALLOC`` for an LPM trie)."""
     raw = name.encode()[:15]
-    return _sys(BPF_MAP_CREATE, _attr("=IIIIIII16s", map_type, key_size, value_size, max_entries, 0, 0, 0, raw),
+    return _sys(BPF_MAP_CREATE, _attr("=IIIIIII16s", map_type, key_size, value_size, max_entries, flags, 0, 0, raw),
                 f"create map {name or '(unnamed)'}")
 
 

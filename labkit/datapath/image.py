@@ -38,7 +38,7 @@ from labkit.net.ledger import file_lock
 from labkit.errors import DatapathError
 
 __all__ = ["MapSpec", "ProgSpec", "Image", "LoadedImage", "capture", "load", "load_build", "compile_build",
-           "image_key",
+           "image_key", "INNER_TEMPLATES",
            "cache_dir", "cache_get", "cache_put", "cache_drop", "cache_lock"]
 
 BPF_PROG_LOAD, BPF_BTF_LOAD, BPF_BTF_GET_FD_BY_ID = 5, 18, 19
@@ -162,20 +162,27 @@ def capture(bpf, functions: dict[str, tuple[int, int]], key: str = "") -> Image:
     return Image(key=key, license=lib.bpf_module_license(bpf.module).decode(), maps=maps, progs=progs, btf=btf)
 
 
-def _with_inner(spec: MapSpec, maps: list[MapSpec]) -> MapSpec:
-    """A map of maps names the map its inner maps are made like: the one with the value size BCC gave them.
+#: Each map of maps, by name, and the map its inner maps are made like. BCC declares the template by name
+#: (``BPF_HASH_OF_MAPS(outer, key, "inner", n)``); the kernel keeps no such name, so it is recorded here.
+INNER_TEMPLATES = {
+    "cilium_lb4_maglev": "labkit_maglev_inner",  # bpf/lib/maps_lb.h
+    "labkit_policy": "labkit_policy_inner",  # bpf/lib/maps_policy.h
+}
 
-    BCC declares the inner map by name (``BPF_HASH_OF_MAPS(outer, key, "inner", n)``); the kernel keeps
-    no such name, so the template is found among the module's maps: the single non-outer map whose
-    definition the kernel would accept as inner (labkit has exactly one such pairing, checked here).
+
+def _with_inner(spec: MapSpec, maps: list[MapSpec]) -> MapSpec:
+    """A map of maps names the map its inner maps are made like (:data:`INNER_TEMPLATES`).
+
+    A map of maps not in the table, or whose template the module lacks, is an error, not a guess.
     """
     if spec.type != BPF_MAP_TYPE_HASH_OF_MAPS:
         return spec
-    candidates = [m for m in maps if m.name.endswith("_inner")]
-    if len(candidates) != 1:
-        raise DatapathError(f"map of maps {spec.name}: expected one '*_inner' template map, found "
-                            f"{[m.name for m in candidates]}")
-    return MapSpec(**{**asdict(spec), "inner": candidates[0].name})
+    inner = INNER_TEMPLATES.get(spec.name)
+    names = [m.name for m in maps]
+    if inner is None or inner not in names:
+        raise DatapathError(f"map of maps {spec.name}: expected its template map "
+                            f"{inner or '(none listed in INNER_TEMPLATES)'} among the module's maps, found {names}")
+    return MapSpec(**{**asdict(spec), "inner": inner})
 
 
 def _btf_blob(btf_id: int) -> bytes:

@@ -26,7 +26,7 @@ import traceback
 from labkit.config import DatapathConfig
 from labkit.datapath import bpf as _bpf
 from labkit.datapath import image, tc
-from labkit.datapath.source import CGROUP_ATTACH, MAP_NAMES, node_build
+from labkit.datapath.source import CGROUP_ATTACH, node_build
 from labkit.errors import DatapathError
 from labkit.net import netns as _netns
 from labkit.net.topology import Topology
@@ -60,7 +60,7 @@ def run(spec: dict) -> None:
             return
         compiled = time.monotonic()
         try:
-            for name in MAP_NAMES:
+            for name in build.map_names:
                 path = os.path.join(spec["pin_dir"], name)
                 _bpf.obj_pin(loaded.maps[name], path)
                 _say(created={"kind": "pin", "path": path, "node": node})

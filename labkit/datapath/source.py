@@ -27,7 +27,8 @@ from labkit.errors import ConfigError
 from labkit.maglev import FLOW_HASH_SEED
 from labkit.net.topology import DEVICE_HOOKS, LOOPBACK_SNAT_ADDR, Topology
 
-__all__ = ["BPF_DIR", "CGROUP_ATTACH", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES"]
+__all__ = ["BPF_DIR", "CGROUP_ATTACH", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES",
+           "POLICY_MAP_NAMES"]
 
 BPF_DIR = Path(os.environ.get("LABKIT_BPF_DIR") or Path(__file__).resolve().parents[2] / "bpf")
 
@@ -50,6 +51,8 @@ MAP_NAMES = (
     "labkit_config",
     "labkit_events",
 )
+#: The maps a node pins besides MAP_NAMES when policy is compiled in (ENABLE_POLICY, bpf/lib/maps_policy.h).
+POLICY_MAP_NAMES = ("labkit_policy",)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,11 @@ class NodeBuild:
         for name in self.files:
             lines += _expand(BPF_DIR / name, seen)
         return "\n".join(lines) + "\n"
+
+    @property
+    def map_names(self) -> tuple[str, ...]:
+        """The maps this build pins: :data:`MAP_NAMES`, and ``labkit_policy`` when policy is compiled in."""
+        return MAP_NAMES + (POLICY_MAP_NAMES if "ENABLE_POLICY" in self.macros else ())
 
     def cflags(self) -> list[str]:
         """``-I`` for bpf/ and one ``-D`` per macro."""
@@ -159,6 +167,10 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
     }
     if config.ct_accounting:
         macros["CONNTRACK_ACCOUNTING"] = 1
+    if config.policy != "never":  # 'never' adds no macro: those builds stay what they were before policy
+        macros["ENABLE_POLICY"] = 1
+        if config.policy_audit:
+            macros["POLICY_AUDIT_MODE"] = 1
     if tunnel:
         if vxlan_ifindex <= 0:
             raise ConfigError(f"node '{node}': tunnel mode needs the ifindex of cilium_vxlan, got {vxlan_ifindex}")

@@ -1,5 +1,6 @@
 """Per-endpoint policy map rows: Cilium v1.16's ``struct policy_key`` (an LPM-trie key)
 and ``struct policy_entry``, their flags, and the ``cilium-dbg bpf policy get`` table.
+Keep in sync with bpf/lib/policy_types.h (tests/unit/test_layout.py compares the layouts).
 
 The key is 12 bytes: ``prefixlen`` (the LPM header), then identity, direction
 (egress bit), protocol and destination port (network byte order). The first 40 bits

@@ -9,6 +9,11 @@ A flow line reads like Hubble's::
 
     12:00:01.123456 node-a from-container lxc-a1  198.18.1.11:40000 -> 198.18.2.11:8080 TCP SYN
         ct=new/egress flags=[] FORWARDED→tunnel 198.51.100.12
+
+With policy compiled in, a record that carries a policy verdict says so as
+Hubble does, with the peer's identity as Hubble writes one (ID:n)::
+
+    ... ct=new/egress flags=[] policy-verdict:none EGRESS DENIED (ID:258) DROPPED (Policy denied)
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from labkit.addr import ipv4
-from labkit.constants import DropReason, Hook, TraceFlags, Verdict
+from labkit.constants import POLICY_V_SHIFT, DropReason, Hook, PolicyVerdict, TraceFlags, Verdict
 from labkit.maps.ct import CtFlags, CtResult, TcpFlags, proto_name
 
 __all__ = ["TraceTuple", "TraceEvent", "Flow", "EventLog", "EVENT_SIZE"]
@@ -88,8 +93,8 @@ class TraceEvent(ctypes.LittleEndianStructure):
         ("after", TraceTuple),
         ("inner", TraceTuple),
         ("rev_nat_index", ctypes.c_uint16),
-        ("flags", ctypes.c_uint16),
-        ("pad2", ctypes.c_uint32),
+        ("flags", ctypes.c_uint16),  # TRACE_F_*; the high byte: a policy verdict (POLICY_V_*)
+        ("remote_id", ctypes.c_uint32),  # the peer's identity of that verdict
     ]
 
 
@@ -125,6 +130,11 @@ class Flow:
         return CtResult(self.event.ct_result)
 
     @property
+    def policy(self) -> PolicyVerdict | None:
+        """The policy verdict this record carries, or None (no policy, or none reported for this packet)."""
+        return PolicyVerdict.decode(self.event.flags >> POLICY_V_SHIFT)
+
+    @property
     def dropped(self) -> bool:
         return self.event.verdict == Verdict.DROPPED
 
@@ -148,6 +158,9 @@ class Flow:
             ct_dir = {0: "egress", 1: "ingress", 2: "service"}.get(ev.ct_dir, str(ev.ct_dir))
             names = " ".join(CtFlags.names(ev.ct_flags))
             parts.append(f"ct={self.ct_result.name.lower()}/{ct_dir} flags=[{names}]")
+        policy = self.policy
+        if policy is not None:
+            parts.append(f"{policy.text()} (ID:{ev.remote_id})")  # the peer, as Hubble prints identities
         verdict = self.verdict.name
         if ev.verdict == Verdict.DROPPED:
             verdict += f" ({DropReason.text(ev.drop_reason)})"
@@ -190,6 +203,10 @@ class Flow:
         }
         if ev.inner.proto:
             data["inner"] = tup(ev.inner)
+        policy = self.policy
+        if policy is not None:
+            data["policy"] = {"match": str(policy.match), "direction": policy.direction, "verdict": policy.outcome,
+                              "remote_identity": ev.remote_id}
         return data
 
     def __str__(self) -> str:

@@ -59,3 +59,39 @@ def tunnel(_tunnel):
     """node-a in tunnel routing, otherwise labkit's defaults (no CT accounting); maps reset, no fault."""
     _tunnel.reset()
     return _tunnel
+
+
+@pytest.fixture(scope="session")
+def _policy(_require_bpf):
+    yield from _session_node("policy")
+
+
+@pytest.fixture(scope="session")
+def _audit(_require_bpf):
+    yield from _session_node("audit")
+
+
+@pytest.fixture
+def policy(_policy):
+    """node-a's pod programs with policy compiled in (native routing); maps reset, no pod has a policy map."""
+    _policy.reset()
+    return _policy
+
+
+@pytest.fixture
+def audit(_audit):
+    """The same with policy audit mode; maps reset, no pod has a policy map."""
+    _audit.reset()
+    return _audit
+
+
+@pytest.fixture(scope="session")
+def _policy_tunnel(_require_bpf):
+    yield from _session_node("policy-tunnel")
+
+
+@pytest.fixture
+def policy_tunnel(_policy_tunnel):
+    """node-a's pod programs with policy compiled in and tunnel routing; maps reset, no pod has a policy map."""
+    _policy_tunnel.reset()
+    return _policy_tunnel

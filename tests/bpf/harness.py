@@ -11,7 +11,9 @@ node-a's.
 from __future__ import annotations
 
 import ctypes
+import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from labkit.addr import ipv4 as ip_of  # the tests' name for it
@@ -36,6 +38,7 @@ from labkit.maps.lb import (
     MaglevLut,
 )
 from labkit.maps.nat import NatEntry, NatKey4, NatRow
+from labkit.maps.policy import POLICY_MAP_MAX_ENTRIES, PolicyEntry, PolicyKey
 from labkit.net.topology import Topology
 from labkit.observe.trace import TraceEvent
 
@@ -81,7 +84,17 @@ BUILDS = {
     "snat": (DatapathConfig(routing="native", socket_lb="off", lb_mode="snat"), ("bpf_host.c",)),
     # tunnel routing, every other option at labkit's default (no CONNTRACK_ACCOUNTING, as on a default node)
     "tunnel": (DatapathConfig(routing="tunnel", socket_lb="off"), ("bpf_lxc.c", "bpf_overlay.c")),
+    # policy enforcement compiled in (ENABLE_POLICY), native routing: only the pods' programs differ
+    "policy": (DatapathConfig(routing="native", socket_lb="off", policy="default"), ("bpf_lxc.c",)),
+    # policy compiled in with tunnel routing: packets arrive from cilium_vxlan (MARK_FROM_OVERLAY)
+    "policy-tunnel": (DatapathConfig(routing="tunnel", socket_lb="off", policy="default"), ("bpf_lxc.c",)),
+    # the same with --policy-audit-mode (POLICY_AUDIT_MODE)
+    "audit": (DatapathConfig(routing="native", socket_lb="off", policy="default", policy_audit=True), ("bpf_lxc.c",)),
 }
+
+#: The policy builds' extra map, emptied by a reset.
+_POLICY_MAPS = ("labkit_policy",)
+BPF_MAP_TYPE_LPM_TRIE, BPF_F_NO_PREALLOC = 11, 1
 
 
 def loaded_build(name: str) -> TestBuild:
@@ -128,8 +141,8 @@ class Node:
 
     # -- state -------------------------------------------------------------
     def reset(self, faults: int = 0, clock_offset: int = 0) -> None:
-        """Empty CT, NAT and Service maps, write node-a's endpoints and ipcache, set the faults."""
-        self.build.clear_maps(_STATE_MAPS)
+        """Empty CT, NAT and Service maps (and policy maps), write node-a's endpoints and ipcache, set the faults."""
+        self.build.clear_maps(_STATE_MAPS + (_POLICY_MAPS if self.config.policy != "never" else ()))
         with self.map("cilium_lxc", EndpointKey, EndpointInfo) as lxc:
             for i, pod in enumerate(TOPO.pods_on(NODE), start=1):
                 lxc[EndpointKey.for_ip(pod.ip)] = EndpointInfo.make(100 + i, i, pod_mac(pod), GW_MAC, pod.identity)
@@ -179,6 +192,38 @@ class Node:
                 import os
 
                 os.close(fd)
+
+    # -- policy --------------------------------------------------------------
+    @staticmethod
+    def endpoint_id(pod) -> int:
+        """The pod's endpoint id (cilium_lxc's lxc_id) as :meth:`reset` writes it: its index on node-a."""
+        return [p.name for p in TOPO.pods_on(NODE)].index(pod.name) + 1
+
+    def policy(self, pod, rows) -> None:
+        """Give ``pod`` a policy map holding ``rows`` (``[(PolicyKey, PolicyEntry)]``), as the agent does:
+        a new LPM trie shaped like labkit_policy_inner, stored under the pod's endpoint id."""
+        fd = _bpf.map_create(BPF_MAP_TYPE_LPM_TRIE, ctypes.sizeof(PolicyKey), ctypes.sizeof(PolicyEntry),
+                             POLICY_MAP_MAX_ENTRIES, "cilium_policy", flags=BPF_F_NO_PREALLOC)
+        try:
+            for key, entry in rows:
+                _bpf.update(fd, key, entry)
+            _bpf.update(self.build.map_fd("labkit_policy"), _U32(self.endpoint_id(pod)), ctypes.c_uint32(fd))
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def policy_map(self, pod):
+        """The pod's policy map, read back through labkit_policy (``with node.policy_map(a1) as m``)."""
+        map_id = ctypes.c_uint32()
+        if not _bpf.lookup(self.build.map_fd("labkit_policy"), _U32(self.endpoint_id(pod)), map_id):
+            raise KeyError(f"{pod.name} has no policy map")
+        fd = _bpf.map_fd_by_id(map_id.value)
+        try:
+            m = PinnedMap.from_fd(fd, PolicyKey, PolicyEntry, "cilium_policy")
+        finally:
+            os.close(fd)
+        with m:
+            yield m
 
     # -- running -----------------------------------------------------------
     def run(self, function: str, frame: bytes, mark: int = 0) -> Outcome:

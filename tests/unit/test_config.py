@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.config import ROUTING_MODES, CtTimeouts, DatapathConfig
+from labkit.config import POLICY_MODES, ROUTING_MODES, CtTimeouts, DatapathConfig
 from labkit.errors import ConfigError, LabkitError
 
 BPF = Path(__file__).resolve().parents[2] / "bpf"
@@ -155,3 +155,37 @@ def test_lb_mode_and_maglev_size():
         with pytest.raises(ConfigError):
             DatapathConfig(**bad)
     assert DatapathConfig.from_dict(DatapathConfig(lb_mode="snat").to_dict()).lb_mode == "snat"
+
+
+def test_policy_defaults_to_never():
+    """Policy enforcement is off unless asked for (no policy code compiled in), audit mode off."""
+    c = DatapathConfig()
+    assert (c.policy, c.policy_audit) == ("never", False)
+    assert POLICY_MODES == ("default", "always", "never")  # Cilium's --enable-policy values
+
+
+@pytest.mark.parametrize("value", ["Default", "on", "", None, True])
+def test_invalid_policy_mode(value):
+    """A policy mode other than default/always/never is a ConfigError naming the choices and the value."""
+    with pytest.raises(ConfigError, match=r"policy enforcement: expected one of default, always, never"):
+        DatapathConfig(policy=value)
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_invalid_policy_audit(value):
+    """policy_audit must be a bool."""
+    with pytest.raises(ConfigError, match=r"policy_audit: expected True or False"):
+        DatapathConfig(policy="default", policy_audit=value)
+
+
+def test_policy_audit_needs_policy():
+    """Audit mode without policy code has nothing to audit: a ConfigError naming policy 'never'."""
+    with pytest.raises(ConfigError, match=r"policy_audit: expected policy 'default' or 'always'.*got policy 'never'"):
+        DatapathConfig(policy_audit=True)
+    assert DatapathConfig(policy="always", policy_audit=True).policy_audit
+
+
+def test_policy_round_trips():
+    """policy and policy_audit survive to_dict/from_dict."""
+    c = DatapathConfig(policy="always", policy_audit=True)
+    assert DatapathConfig.from_dict(c.to_dict()) == c

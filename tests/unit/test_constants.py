@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from labkit import config as labconfig
-from labkit.constants import DropReason, Hook, TraceFlags, Verdict
+from labkit import constants
+from labkit.constants import DropReason, Hook, PolicyMatch, TraceFlags, Verdict
 from labkit.maps import config as mconfig
 from labkit.maps import ct, eps, lb, nat
 
@@ -151,3 +152,27 @@ def test_nat_dirs():
 def test_nat_map_size():
     """NAT_MAP_SIZE is the same in nat_types.h and labkit.maps.nat: Cilium's --bpf-nat-global-max default."""
     assert defines("nat_types.h")["NAT_MAP_SIZE"] == nat.NAT_MAP_SIZE == 524288
+
+
+def test_policy_match_types():
+    """PolicyMatch mirrors POLICY_MATCH_* of policy_types.h (Cilium v1.16's values) both ways."""
+    assert members(PolicyMatch) == group("policy_types.h", "POLICY_MATCH_")
+
+
+def test_policy_directions():
+    """POLICY_INGRESS/EGRESS are 1 and 2 in C and Python (Cilium's policy verdict notification values)."""
+    c = defines("policy_types.h")
+    assert (c["POLICY_INGRESS"], c["POLICY_EGRESS"]) == (constants.POLICY_INGRESS, constants.POLICY_EGRESS) == (1, 2)
+
+
+def test_policy_verdict_bits():
+    """The POLICY_V_* layout of the trace record's policy byte is the same in trace_types.h and constants.py."""
+    c = group("trace_types.h", "POLICY_V_")
+    assert c == {name[len("POLICY_V_"):]: getattr(constants, name) for name in dir(constants)
+                 if name.startswith("POLICY_V_")}
+
+
+def test_policy_drop_reasons_are_cilium_numbers():
+    """DROP_POLICY is -133 and DROP_POLICY_DENY -181, as in Cilium v1.16's bpf/lib/common.h."""
+    assert (DropReason.POLICY, DropReason.POLICY_DENY) == (-133, -181)
+    assert (DropReason.text(-133), DropReason.text(-181)) == ("Policy denied", "Policy denied by denylist")

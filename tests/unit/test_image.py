@@ -59,17 +59,31 @@ def test_relocation_refuses_an_unknown_map_fd():
 
 
 def test_map_of_maps_names_its_template():
-    """The map of maps records the '*_inner' map it is made like; other maps name none."""
+    """The map of maps records the template INNER_TEMPLATES names for it; other maps name none."""
     specs = [MapSpec("labkit_maglev_inner", 2, 4, 64, 1, 0, fd=7), MapSpec("cilium_lb4_maglev", 13, 2, 4, 64, 0, fd=8),
              MapSpec("cilium_lxc", 1, 4, 16, 64, 0, fd=9)]
     assert [image._with_inner(m, specs).inner for m in specs] == ["", "labkit_maglev_inner", ""]
 
 
+def test_two_maps_of_maps_each_name_their_own_template():
+    """With Maglev and policy in one module, each outer map pairs with its own template, not the other's."""
+    specs = [MapSpec("labkit_maglev_inner", 2, 4, 64, 1, 0, fd=7), MapSpec("cilium_lb4_maglev", 13, 2, 4, 64, 0, fd=8),
+             MapSpec("labkit_policy_inner", 11, 12, 24, 16384, 1, fd=9), MapSpec("labkit_policy", 13, 4, 4, 256, 0, fd=10)]
+    assert [image._with_inner(m, specs).inner for m in specs] == ["", "labkit_maglev_inner", "", "labkit_policy_inner"]
+
+
 def test_map_of_maps_without_a_template_is_an_error():
-    """Without exactly one '*_inner' map, the map of maps cannot be rebuilt: an error, not a guess."""
+    """Without its template among the module's maps, the map of maps cannot be rebuilt: an error, not a guess."""
     outer = MapSpec("cilium_lb4_maglev", 13, 2, 4, 64, 0, fd=8)
-    with pytest.raises(DatapathError, match="cilium_lb4_maglev"):
+    with pytest.raises(DatapathError, match="cilium_lb4_maglev.*labkit_maglev_inner"):
         image._with_inner(outer, [outer])
+
+
+def test_unknown_map_of_maps_is_an_error():
+    """A map of maps INNER_TEMPLATES does not list is refused, even when some '*_inner' map exists."""
+    specs = [MapSpec("labkit_maglev_inner", 2, 4, 64, 1, 0, fd=7), MapSpec("labkit_other", 13, 4, 4, 8, 0, fd=8)]
+    with pytest.raises(DatapathError, match="labkit_other"):
+        image._with_inner(specs[1], specs)
 
 
 def test_key_changes_with_text_and_flags():

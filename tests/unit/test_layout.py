@@ -19,7 +19,8 @@ from labkit.maps import ct, eps, lb, nat
 
 ROOT = Path(__file__).resolve().parents[2]
 BPF_LIB = ROOT / "bpf" / "lib"
-HEADERS = ("ct_types.h", "eps_types.h", "config_types.h", "trace_types.h", "lb_types.h", "nat_types.h")
+HEADERS = ("ct_types.h", "eps_types.h", "config_types.h", "trace_types.h", "lb_types.h", "nat_types.h",
+           "policy_types.h")
 
 #: Python class ↔ C struct name.
 PAIRS = [
@@ -126,6 +127,7 @@ def btf(tmp_path_factory) -> dict:
     lines = ["#include <linux/types.h>"]
     lines += [f'#include "{BPF_LIB / h}"' for h in HEADERS]
     lines += [f"struct {c_name} lk_layout_{c_name};" for c_name in dict.fromkeys(c for _, c in PAIRS)]
+    lines += [f"struct {c_name} lk_layout_{c_name};" for c_name in POLICY_LAYOUT]
     src.write_text("\n".join(lines) + "\n")
     obj = d / "layout.o"
     cc = subprocess.run(
@@ -274,3 +276,39 @@ def test_endpoint_info_has_cilium_layout():
     assert (offsets["ifindex"], offsets["lxc_id"], offsets["flags"]) == (0, 6, 8)
     assert (offsets["mac"], offsets["node_mac"], offsets["sec_id"]) == (16, 24, 32)
     assert ctypes.sizeof(eps.EndpointInfo) == 48
+
+
+# Cilium v1.16 (bpf/lib/common.h): struct policy_key (12 B, egress:1 pad:7 in one byte) and struct
+# policy_entry (24 B, deny:1 wildcard_protocol:1 wildcard_dport:1 pad:5 in one byte), member → (bit offset, bits).
+# labkit/maps/policy.py reads each bitfield byte whole (PolicyKey.egress, PolicyEntry.flag_bits).
+POLICY_LAYOUT = {
+    "policy_key": (12, {"prefixlen": (0, 32), "sec_label": (32, 32), "egress": (64, 1), "pad": (65, 7),
+                        "protocol": (72, 8), "dport": (80, 16)}),
+    "policy_entry": (24, {"proxy_port": (0, 16), "deny": (16, 1), "wildcard_protocol": (17, 1),
+                          "wildcard_dport": (18, 1), "pad": (19, 5), "auth_type": (24, 8), "pad1": (32, 16),
+                          "pad2": (48, 16), "packets": (64, 64), "bytes": (128, 64)}),
+}
+
+
+@pytest.mark.parametrize("c_name", POLICY_LAYOUT)
+def test_policy_structs_have_cilium_layout(btf, c_name):
+    """policy_key and policy_entry have v1.16's size and every member (bitfields too) at v1.16's bits."""
+    size, want = POLICY_LAYOUT[c_name]
+    types = btf["_types"]
+    struct = btf[c_name]
+    got = {m["name"]: (m["bits_offset"], m.get("bitfield_size") or _size(types, m["type_id"]) * 8)
+           for m in struct["members"]}
+    assert (struct["size"], got) == (size, want)
+
+
+def test_policy_mirrors_match_the_layout():
+    """PolicyKey and PolicyEntry put their fields at the C structs' bytes: the bitfield bytes read whole."""
+    from labkit.maps.policy import PolicyEntry, PolicyKey
+
+    key = {n: (getattr(PolicyKey, n).offset * 8, getattr(PolicyKey, n).size * 8) for n, _ in PolicyKey._fields_}
+    assert ctypes.sizeof(PolicyKey) == 12 and key == {"prefixlen": (0, 32), "sec_label": (32, 32),
+                                                      "egress": (64, 8), "protocol": (72, 8), "dport_be": (80, 16)}
+    entry = {n: (getattr(PolicyEntry, n).offset * 8, getattr(PolicyEntry, n).size * 8) for n, _ in PolicyEntry._fields_}
+    assert ctypes.sizeof(PolicyEntry) == 24 and entry == {
+        "proxy_port_be": (0, 16), "flag_bits": (16, 8), "auth_type": (24, 8), "pad1": (32, 16), "pad2": (48, 16),
+        "packets": (64, 64), "bytes": (128, 64)}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from labkit.config import CtTimeouts, DatapathConfig
-from labkit.datapath.source import MAP_NAMES, PROGRAMS, node_build
+from labkit.datapath.source import MAP_NAMES, POLICY_MAP_NAMES, PROGRAMS, node_build
 from labkit.maglev import FLOW_HASH_SEED
 from labkit.net.topology import Topology
 
@@ -190,3 +190,36 @@ def test_map_names():
     text = "\n".join(p.read_text() for p in (BPF / "lib").glob("*.h"))
     for name in MAP_NAMES:
         assert re.search(rf"\b{name}\b", text), name
+
+
+@pytest.mark.parametrize("mode", ["default", "always"])
+def test_policy_macros(topo, mode):
+    """policy default/always compiles policy in (ENABLE_POLICY=1); audit mode adds POLICY_AUDIT_MODE=1."""
+    b = node_build(topo, DatapathConfig(policy=mode), "node-a", vxlan_ifindex=3)
+    assert b.macros["ENABLE_POLICY"] == 1 and "POLICY_AUDIT_MODE" not in b.macros
+    a = node_build(topo, DatapathConfig(policy=mode, policy_audit=True), "node-a", vxlan_ifindex=3)
+    assert a.macros["POLICY_AUDIT_MODE"] == 1
+    assert set(a.macros) - set(node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=3).macros) == \
+        {"ENABLE_POLICY", "POLICY_AUDIT_MODE"}
+
+
+def test_policy_never_adds_nothing(topo):
+    """policy 'never' (the default) gives the same macros, cflags and pinned maps as a config without the option."""
+    b = node_build(topo, DatapathConfig(policy="never"), "node-a", vxlan_ifindex=3)
+    assert not {"ENABLE_POLICY", "POLICY_AUDIT_MODE"} & set(b.macros)
+    assert b.cflags() == node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=3).cflags()
+    assert b.map_names == MAP_NAMES
+
+
+def test_policy_build_pins_labkit_policy(topo):
+    """A policy build pins labkit_policy besides the usual maps; the name is declared in bpf/lib/maps_policy.h."""
+    b = node_build(topo, DatapathConfig(policy="default"), "node-a", vxlan_ifindex=3)
+    assert b.map_names == MAP_NAMES + POLICY_MAP_NAMES == MAP_NAMES + ("labkit_policy",)
+    assert re.search(r"BPF_HASH_OF_MAPS\(labkit_policy\b", (BPF / "lib" / "maps_policy.h").read_text())
+
+
+def test_policy_code_is_behind_enable_policy():
+    """Every policy include in the existing files sits inside #ifdef ENABLE_POLICY, so other builds compile as before."""
+    for path, header in ((BPF / "bpf_lxc.c", "lib/policy.h"), (BPF / "lib" / "maps.h", "maps_policy.h")):
+        text = path.read_text()
+        assert re.search(rf'#ifdef ENABLE_POLICY\n#include "{re.escape(header)}"\n#endif', text), path.name

@@ -32,6 +32,8 @@ HUBBLE_DROP_TEXT = {
     160: "No tunnel/encapsulation endpoint (datapath BUG!)",
     167: "No mapping for NAT masquerade",
     169: "FIB lookup failed",
+    133: "Policy denied",
+    181: "Policy denied by denylist",
 }
 
 
@@ -200,3 +202,38 @@ def test_trace_flags_print_in_the_line():
     flow = Flow(syn_event(flags=0x05), "node-a", "eth0")
     assert "[dsr-opt-added] [snat]" in flow.line()
     assert flow.to_json()["flags"] == ["dsr-opt-added", "snat"]
+
+
+# hubble observe's policy-verdict type (hubble/pkg/printer GetFlowType: "policy-verdict:<match> <DIRECTION>") and
+# verdict column (getVerdict: ALLOWED / DENIED / AUDITED), match names from pkg/monitor/api PolicyMatchType.String.
+@pytest.mark.parametrize("byte,text", [
+    (0x02 | 2 << 3 | 0x80, "policy-verdict:L3-L4 EGRESS DENIED"),
+    (0x01 | 0 << 3 | 0x80, "policy-verdict:none INGRESS DENIED"),
+    (0x02 | 0 << 3, "policy-verdict:none EGRESS ALLOWED"),
+    (0x01 | 1 << 3, "policy-verdict:L3-Only INGRESS ALLOWED"),
+    (0x01 | 3 << 3, "policy-verdict:L4-Only INGRESS ALLOWED"),
+    (0x02 | 4 << 3, "policy-verdict:all EGRESS ALLOWED"),
+    (0x02 | 5 << 3 | 0x40, "policy-verdict:L3-Proto EGRESS AUDITED"),
+    (0x01 | 6 << 3, "policy-verdict:Proto-Only INGRESS ALLOWED"),
+])
+def test_policy_verdict_prints_as_hubble(byte, text):
+    """The policy byte (high byte of flags) and remote_id print as Hubble prints a policy verdict, JSON alike."""
+    flow = Flow(syn_event(flags=byte << 8, remote_id=16777217), "node-a", "lxc-a1")
+    assert f"{text} (ID:16777217) " in flow.line()
+    p = flow.to_json()["policy"]
+    assert (f"policy-verdict:{p['match']} {p['direction']} {p['verdict']}", p["remote_identity"]) == (text, 16777217)
+
+
+def test_no_policy_byte_no_policy_text():
+    """Without a policy verdict (high byte 0) the line and JSON are exactly as before policy existed."""
+    flow = Flow(syn_event(flags=0x05, remote_id=0), "node-a", "eth0")
+    assert flow.policy is None and "policy" not in flow.line() and "policy" not in flow.to_json()
+    assert flow.to_json()["flags"] == ["dsr-opt-added", "snat"], "TRACE_F_* names ignore the policy byte"
+    both = Flow(syn_event(flags=0x05 | (0x02 | 0x80) << 8), "node-a", "eth0")
+    assert both.to_json()["flags"] == ["dsr-opt-added", "snat"]
+
+
+def test_remote_id_sits_where_pad2_was():
+    """remote_id is the record's last 4 bytes (what was pad2): the record stays 96 bytes."""
+    raw = bytes(syn_event(remote_id=0x01000001))
+    assert raw[92:96] == struct.pack("<I", 0x01000001)
