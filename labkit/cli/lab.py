@@ -27,9 +27,10 @@ from labkit.config import (
     SOCKET_LB_MODES,
     CtTimeouts,
 )
+from labkit.policy.resolve import ENFORCEMENT_MODES
 from labkit.release import DEFAULT_RELEASE, RELEASES, profile
 
-__all__ = ["add_commands", "cmd_up", "cmd_down", "cmd_status", "cmd_list", "cmd_doctor", "cmd_exec"]
+__all__ = ["add_commands", "policy_options", "cmd_up", "cmd_down", "cmd_status", "cmd_list", "cmd_doctor", "cmd_exec"]
 
 
 def add_commands(add) -> None:
@@ -57,6 +58,12 @@ def add_commands(add) -> None:
     p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
                    help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (fits on a screen) to "
                         f"{MAGLEV_TABLE_SIZES[-1]}; default 16381, Cilium's")
+    p.add_argument("--policy-mode", choices=ENFORCEMENT_MODES, default=None,
+                   help="network policy enforcement (Cilium's --policy-enforcement): default (an endpoint is "
+                        "enforced in a direction once a policy selects it there), always (every endpoint, "
+                        "default deny) or never")
+    p.add_argument("--policy-audit", action="store_true", default=None,
+                   help="policy audit mode: a packet policy would deny is let through and reported as AUDITED")
     p.set_defaults(func=cmd_up)
 
     p = add("down", "remove everything the lab created, then check that nothing is left")
@@ -86,6 +93,22 @@ def add_commands(add) -> None:
     p.set_defaults(func=cmd_exec)
 
 
+def policy_options(args) -> dict:
+    """``--policy-mode``/``--policy-audit`` as the datapath options ``policy``/``policy_audit``. A
+    DatapathConfig without those fields builds a datapath that enforces nothing: then asking for a mode other
+    than Cilium's default, or for audit, is refused rather than silently ignored."""
+    from dataclasses import fields
+
+    from labkit.config import DatapathConfig
+
+    wanted = {k: v for k, v in (("policy", args.policy_mode), ("policy_audit", args.policy_audit)) if v is not None}
+    missing = sorted(set(wanted) - {f.name for f in fields(DatapathConfig)})
+    if missing:
+        raise CliError(f"--policy-mode/--policy-audit: expected a datapath with the options {', '.join(missing)}, "
+                       f"got one without them (this labkit's BPF programs do not enforce policy)")
+    return wanted
+
+
 def cmd_up(args) -> int:
     from labkit.config import DatapathConfig
     from labkit.lab import Lab
@@ -107,6 +130,7 @@ def cmd_up(args) -> int:
         changes["cilium"] = args.cilium
     if args.ct_accounting is not None:
         changes["ct_accounting"] = args.ct_accounting == "on"
+    changes.update(policy_options(args))
     config = DatapathConfig().with_options(**changes)
     print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
     t0 = time.time()

@@ -31,7 +31,9 @@ from labkit.agent import endpoints as agent
 from labkit.agent.gc import LabGc, flush_address
 from labkit.agent.kubeproxy import parse_conntrack
 from labkit.agent.api import log_path, socket_path
-from labkit.agent.client import AgentClient, AgentDownError, RemoteServices
+from labkit.agent.client import AgentClient, AgentDownError, RemotePolicies, RemoteServices
+from labkit.agent.identities import IdentityStore
+from labkit.agent.identities import assign as assign_identities
 from labkit.datapath.doctor import require_datapath
 from labkit.datapath.source import MAP_NAMES
 from labkit.errors import CleanupError
@@ -92,6 +94,16 @@ class PodHandle(_Member):
     @property
     def node(self) -> str:
         return self.lab.topology.pod(self.name).node
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Its Kubernetes labels (``{"app": "a1"}`` unless the topology gave others)."""
+        return dict(self.lab.topology.pod(self.name).labels)
+
+    @property
+    def identity(self) -> int:
+        """The security identity the agent allocated for its labels."""
+        return self.lab.topology.pod(self.name).identity
 
     def tcp(self, target: str, port: int = 8080, sport: int | None = None):
         """A TCP connection to ``target`` (pod, node, external name or address), not yet open."""
@@ -177,6 +189,7 @@ class Lab:
         self._watchers: list = []
         self._log: EventLog | None = None
         self._services = None
+        self._policy = None
 
     def __repr__(self) -> str:
         return f"Lab({self.name!r}, routing={self.config.routing}, nodes={[n.name for n in self.topology.nodes]})"
@@ -200,6 +213,7 @@ class Lab:
             config = config.with_options(routing=routing)
         topology = topology or Topology.default(name)
         topology.validate()
+        topology, _ = assign_identities(topology)  # the agent's allocator numbers label sets, not pods
         if topology.lab != name:
             raise LabStateError(f"lab '{name}': topology describes lab '{topology.lab}'; expected the same name")
         require_datapath()
@@ -241,6 +255,7 @@ class Lab:
                          pin_dirs={n.name: str(BPFFS_ROOT / name / n.name) for n in topology.nodes},
                          owner_pid=os.getpid(), created=time.time())
         state.write()
+        IdentityStore(name).save(assign_identities(topology)[1])  # what the agent allocates from
         try:
             cls._realise(name, topology, config, ledger, state)
         except BaseException as exc:
@@ -706,8 +721,9 @@ class Lab:
         ledger.forget(lambda e: e["kind"] == "process" and e["name"] == "agent"
                       and process_start_time(e["pid"]) != e.get("start"))
         self._start_agent(self.name, ledger)
-        if self._services is not None:
-            self._services.client.close()
+        for remote in (self._services, self._policy):
+            if remote is not None:
+                remote.client.close()
 
     # -- members ---------------------------------------------------------------
     def pod(self, name: str) -> PodHandle:
@@ -764,6 +780,15 @@ class Lab:
         if self._services is None:
             self._services = RemoteServices(self)
         return self._services
+
+    @property
+    def policy(self) -> RemotePolicies:
+        """The lab's network policies (:class:`labkit.agent.client.RemotePolicies`), kept by its agent:
+        ``apply(yaml_text_or_dict)``, ``delete(name)``, ``list()``, ``get("a1")`` (the pod's pinned policy
+        map in ``cilium-dbg bpf policy get`` grammar), ``identities()``."""
+        if self._policy is None:
+            self._policy = RemotePolicies(self)
+        return self._policy
 
     def pin_dir(self, node: str) -> str:
         """``/sys/fs/bpf/labkit/<lab>/<node>``"""
