@@ -19,6 +19,7 @@ POST        /v1/apply                             a list of specs in one call (`
 GET         /v1/endpoint                          the endpoints in every node's ``cilium_lxc``
 GET         /v1/policy                            every policy: name, namespace, rules, pods it selects
 POST        /v1/policy                            ``{"text": YAML}`` or ``{"policies": [objects]}``: apply
+DELETE      /v1/policy                            remove every policy (``lab.reset()``)
 DELETE      /v1/policy/NAMESPACE/NAME             remove one policy
 GET         /v1/policy/endpoint/POD               a pod's resolved policy (``bpf policy get`` lines)
 GET         /v1/identity                          the identities (``cilium-dbg identity list`` lines)

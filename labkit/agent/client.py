@@ -317,6 +317,11 @@ class RemotePolicies:
         self.last_report = self.client.request("DELETE", f"{PREFIX}/policy/{_q(namespace)}/{_q(name)}")
         return self.last_report
 
+    def flush(self) -> dict:
+        """Remove every policy (``lab.reset()``)."""
+        self.last_report = self.client.request("DELETE", f"{PREFIX}/policy")
+        return self.last_report
+
     def list(self) -> list[dict]:
         """Every policy: name, namespace, rules, the pods it selects, the object as applied."""
         return self.client.get(f"{PREFIX}/policy")

@@ -370,6 +370,8 @@ def _policy_route(agent: Agent, method: str, parts: list[str], body, t0: float) 
     if parts == ["policy"]:
         if method == "GET":
             return 200, pols.list()
+        if method == "DELETE":
+            return done(pols.flush())
         if method == "POST":
             b = _mapping(body, "POST /v1/policy")
             if "text" in b:

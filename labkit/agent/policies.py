@@ -56,6 +56,8 @@ __all__ = [
     "Policies",
     "EndpointRef",
     "read_policy_map",
+    "entry_delta",
+    "cidr_prefixes",
 ]
 
 POLICIES_FILE = "policies.json"
@@ -129,6 +131,57 @@ def _pod_endpoint_ids(pin_dirs: Mapping[str, str]) -> dict[str, int]:
     return out
 
 
+def entry_delta(have: Mapping[bytes, bytes], want: Mapping[PolicyKey, PolicyEntry]
+                ) -> tuple[list[tuple[PolicyKey, PolicyEntry, str]], list[PolicyKey]]:
+    """What turns a map holding ``have`` (raw key → raw value) into one holding ``want``: the keys to write
+    (``"added"``, or ``"changed"`` when the value differs in what the agent decides, not in the counters the
+    datapath adds to) and the keys to delete.
+
+    >>> k = PolicyKey.make(256, 0)
+    >>> entry_delta({}, {k: PolicyEntry.allow(k)})[0][0][2], entry_delta({bytes(k): bytes(PolicyEntry.allow(k))}, {})[1]
+    ('added', [PolicyKey(Ingress: 256 ANY)])
+    """
+    writes = []
+    for k, v in want.items():
+        old = have.get(bytes(k))
+        if old is None or old[:_DECIDED] != bytes(v)[:_DECIDED]:
+            writes.append((k, v, "added" if old is None else "changed"))
+    wanted = {bytes(k) for k in want}
+    deletes = [PolicyKey.from_bytes(raw) for raw in sorted(have) if raw not in wanted]
+    return writes, deletes
+
+
+def cidr_prefixes(policies: Iterable[Policy], alloc: IdentityAllocator, own: Iterable[str] = ()) -> dict[str, int]:
+    """``{prefix: CIDR identity}`` the ipcache needs for ``policies``: every CIDR rule's prefix and its
+    ``except`` prefixes (a packet to an excepted address must find the except's identity, not the wider
+    prefix's), allocated in ``alloc``; not the default route (``reserved:world``'s entry) nor the lab's own
+    addresses ``own`` (a pod's or node's entry says more than a CIDR identity).
+
+    >>> from labkit.policy.rules import parse_policies
+    >>> pols = parse_policies('''
+    ... apiVersion: cilium.io/v2
+    ... kind: CiliumNetworkPolicy
+    ... metadata: {name: out}
+    ... spec:
+    ...   endpointSelector: {}
+    ...   egress: [{toCIDRSet: [{cidr: 203.0.113.0/24, except: [203.0.113.8/29]}]}, {toCIDR: [0.0.0.0/0]}]
+    ... ''')
+    >>> cidr_prefixes(pols, IdentityAllocator())
+    {'203.0.113.0/24': 16777217, '203.0.113.8/29': 16777218}
+    """
+    own = set(own)
+    out = {}
+    for pol in policies:
+        for rule in pol.rules:
+            for pr in rule.ingress + rule.egress:
+                for c in pr.cidrs or ():
+                    for prefix in (c.cidr, *c.except_):
+                        net = ipaddress.ip_network(prefix)
+                        if net.version == 4 and net.prefixlen and str(net) not in own:
+                            out[str(net)] = alloc.allocate_cidr(str(net))
+    return out
+
+
 class PolicyMaps:
     """One node's policy maps: create, pin, fill with the difference, remove."""
 
@@ -166,15 +219,12 @@ class PolicyMaps:
             self._create(ep_id)
         counts = {"created": int(created), "added": 0, "changed": 0, "deleted": 0}
         with PinnedMap(self.path(ep_id), PolicyKey, PolicyEntry) as m:
-            have = {bytes(k): bytes(v) for k, v in m.items_per_key()}
-            want = {bytes(k): (k, v) for k, v in entries.items()}
-            for raw, (k, v) in want.items():  # adds and changes first: an allowed flow never loses its key
-                old = have.get(raw)
-                if old is None or old[:_DECIDED] != bytes(v)[:_DECIDED]:
-                    m[k] = v
-                    counts["added" if old is None else "changed"] += 1
-            for raw in have.keys() - want.keys():
-                m.delete(PolicyKey.from_bytes(raw))
+            writes, deletes = entry_delta({bytes(k): bytes(v) for k, v in m.items_per_key()}, entries)
+            for k, v, kind in writes:  # adds and changes first: an allowed flow never loses its key
+                m[k] = v
+                counts[kind] += 1
+            for k in deletes:
+                m.delete(k)
                 counts["deleted"] += 1
             self._link(ep_id, m.fd)
         return counts
@@ -285,6 +335,9 @@ class Policies:
                 policy_from_obj(o, where or (f"policy {i + 1}" if len(items) > 1 else ""))
             new = [json.loads(json.dumps(o)) for o in items]
         keys = [_key_of(o) for o in new]
+        dups = sorted({f"{ns}/{n}" for ns, n in keys if keys.count((ns, n)) > 1})
+        if dups:
+            raise PolicyError(f"{where or 'policy'}: expected distinct policy names, got {', '.join(dups)} more than once")
         objects = [o for o in self.objects if _key_of(o) not in keys] + new
         replaced = [f"{ns}/{n}" for ns, n in keys if any(_key_of(o) == (ns, n) for o in self.objects)]
         report = self._commit(objects, {n for _, n in keys})
@@ -300,6 +353,17 @@ class Policies:
         report["deleted"] = [f"{namespace}/{name}"]
         return report
 
+    def flush(self) -> dict:
+        """Remove every policy (``lab.reset()``): every endpoint's map and CIDR ipcache entry goes."""
+        if not self.objects and not self.ipcache and not any(
+                PolicyMaps(self.view.name, n, d).pinned() for n, d in self.view.pin_dirs.items()):
+            return {"endpoints": {}, "removed": [], "ipcache": {"added": [], "deleted": []}, "warnings": [],
+                    "deleted": []}
+        deleted = [f"{ns}/{n}" for ns, n in map(_key_of, self.objects)]
+        report = self._commit([], set())
+        report["deleted"] = deleted
+        return report
+
     def sync(self) -> dict:
         """Write what the repository calls for (a new agent's restore, or a changed topology)."""
         return self._commit(list(self.objects), set())
@@ -312,7 +376,9 @@ class Policies:
         if empty:
             raise PolicyError(f"lab '{self.view.name}': expected every selector to select something, got: "
                               f"{'; '.join(empty)} (nothing written)")
-        ipcache = self._cidr_prefixes(self.parsed(objects), alloc)
+        topo = self.view.topology
+        own = [f"{p.ip}/32" for p in topo.pods] + [f"{n.ip}/32" for n in topo.nodes]
+        ipcache = cidr_prefixes(self.parsed(objects), alloc, own)
         if alloc.snapshot() != saved.snapshot():
             self.identities.save(alloc)
         report = self._write(res, ipcache)
@@ -320,21 +386,6 @@ class Policies:
         self.store.save(objects, ipcache)
         report["warnings"] = res.warnings
         return report
-
-    def _cidr_prefixes(self, policies: list[Policy], alloc: IdentityAllocator) -> dict[str, int]:
-        """``{prefix: CIDR identity}`` for every CIDR rule and except prefix, but the default route and the
-        lab's own /32s (their entries say more than a CIDR identity)."""
-        own = {f"{p.ip}/32" for p in self.view.topology.pods} | {f"{n.ip}/32" for n in self.view.topology.nodes}
-        out = {}
-        for pol in policies:
-            for rule in pol.rules:
-                for pr in rule.ingress + rule.egress:
-                    for c in pr.cidrs or ():
-                        for prefix in (c.cidr, *c.except_):
-                            net = ipaddress.ip_network(prefix)
-                            if net.version == 4 and net.prefixlen and str(net) not in own:
-                                out[str(net)] = alloc.allocate_cidr(str(net))
-        return out
 
     def _write(self, res: Resolution, ipcache: Mapping[str, int]) -> dict:
         """Every node's maps made to hold what ``res`` calls for; returns what was written."""

@@ -211,8 +211,9 @@ def cmd_status(args) -> int:
     for n in st["nodes"]:
         rows.append([n["name"], "node", n["ip"], f"pods {n['pod_cidr']} via {n['router_ip']}", n["netns"]])
     for p in st["pods"]:
-        rows.append([p["name"], "pod", p["ip"], f"on {p['node']} ({p['host_veth']}, identity {p['identity']})",
-                     p["netns"]])
+        labels = ",".join(f"{k}={v}" for k, v in sorted(p.get("labels", {}).items()))
+        rows.append([p["name"], "pod", p["ip"], f"on {p['node']} ({p['host_veth']}, identity {p['identity']}"
+                     + (f", labels {labels})" if labels else ")"), p["netns"]])
     for e in st["externals"]:
         rows.append([e["name"], "external", e["ip"], "underlay", e["netns"]])
     for row in table(rows):

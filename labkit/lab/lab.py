@@ -622,9 +622,10 @@ class Lab:
         return deleted
 
     def reset(self) -> None:
-        """Remove every Service, flush CT and NAT state, switch faults off, set the lab clock back and start the
-        GC's interval afresh; topology kept."""
+        """Remove every Service and network policy, flush CT and NAT state, switch faults off, set the lab clock
+        back and start the GC's interval afresh; topology kept."""
         self.services.flush()
+        self.policy.flush()
         self._clear_ct(n.name for n in self.topology.nodes)
         for node in self.topology.nodes:
             pin = self.pin_dir(node.name)
@@ -912,7 +913,7 @@ class Lab:
                 for n in self.topology.nodes
             ],
             "pods": [
-                {"name": p.name, "node": p.node, "ip": p.ip, "identity": p.identity,
+                {"name": p.name, "node": p.node, "ip": p.ip, "identity": p.identity, "labels": dict(p.labels),
                  "netns": self.topology.netns(p.name), "host_veth": self.topology.host_veth(p.name)}
                 for p in self.topology.pods
             ],
