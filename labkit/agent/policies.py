@@ -202,8 +202,12 @@ class PolicyMaps:
         ledger = Ledger(self.lab)
         if not any(e.get("path") == path for e in ledger.entries("pin")):
             ledger.record("pin", path=path)  # in the ledger before it exists: `down` removes it
-        fd = _bpf.map_create(_bpf.BPF_MAP_TYPE_LPM_TRIE, ctypes.sizeof(PolicyKey), ctypes.sizeof(PolicyEntry),
-                             POLICY_MAP_MAX_ENTRIES, policy_map_name(ep_id), flags=_bpf.BPF_F_NO_PREALLOC)
+        try:
+            fd = _bpf.map_create(_bpf.BPF_MAP_TYPE_LPM_TRIE, ctypes.sizeof(PolicyKey), ctypes.sizeof(PolicyEntry),
+                                 POLICY_MAP_MAX_ENTRIES, policy_map_name(ep_id), flags=_bpf.BPF_F_NO_PREALLOC)
+        except OSError as exc:
+            raise DatapathError(f"node '{self.node}': policy map {path}: expected the kernel to create an LPM trie "
+                                f"of {POLICY_MAP_MAX_ENTRIES} entries, got {exc.strerror}") from None
         try:
             _bpf.obj_pin(fd, path)
         except OSError as exc:
