@@ -64,6 +64,9 @@ def add_commands(add) -> None:
                         "default deny) or never")
     p.add_argument("--policy-audit", action="store_true", default=None,
                    help="policy audit mode: a packet policy would deny is let through and reported as AUDITED")
+    p.add_argument("--label", type=pod_label, action="append", default=[], metavar="POD:KEY=VALUE",
+                   help="give a pod a label, repeatable (a pod given none is labelled app=<its name>); pods with "
+                        "equal labels share one security identity")
     p.set_defaults(func=cmd_up)
 
     p = add("down", "remove everything the lab created, then check that nothing is left")
@@ -91,6 +94,27 @@ def add_commands(add) -> None:
     p.add_argument("name", metavar="NAME", help="a pod (a1), node (node-a) or external client (ext)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments, after --")
     p.set_defaults(func=cmd_exec)
+
+
+def pod_label(value: str) -> tuple[str, str, str]:
+    """``POD:KEY=VALUE`` → ``(POD, KEY, VALUE)``."""
+    pod, sep, rest = value.partition(":")
+    key, eq, val = rest.partition("=")
+    if not sep or not eq or not pod or not key:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected POD:KEY=VALUE, e.g. a1:app=web")
+    return pod, key, val
+
+
+def _topology_with_labels(lab: str, labels: list[tuple[str, str, str]]):
+    """The default topology with the ``--label`` labels (None when none were given)."""
+    if not labels:
+        return None
+    from labkit.net.topology import Topology
+
+    per_pod: dict[str, dict[str, str]] = {}
+    for pod, key, val in labels:
+        per_pod.setdefault(pod, {})[key] = val
+    return Topology.default(lab, labels=per_pod)
 
 
 def policy_options(args) -> dict:
@@ -134,7 +158,7 @@ def cmd_up(args) -> int:
     config = DatapathConfig().with_options(**changes)
     print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
     t0 = time.time()
-    lab = Lab.up(args.lab, config=config)
+    lab = Lab.up(args.lab, config=config, topology=_topology_with_labels(args.lab, args.label))
     took = time.time() - t0
     reused = lab.state.created < t0
     topo = lab.topology

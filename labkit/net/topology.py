@@ -163,13 +163,13 @@ class Topology:
 
     # -- construction -----------------------------------------------------
     @classmethod
-    def default(cls, lab: str = "demo") -> "Topology":
-        """The default lab of DESIGN §4: node-a (a1, a2), node-b (b1, b2) and ext.
+    def default(cls, lab: str = "demo", labels: Mapping[str, Mapping[str, str]] | None = None) -> "Topology":
+        """The default lab of DESIGN §4: node-a (a1, a2), node-b (b1, b2) and ext; ``labels`` as in :meth:`build`.
 
-        >>> len(Topology.default().pods)
-        4
+        >>> len(Topology.default().pods), Topology.default(labels={"a2": {"app": "a1"}}).pod("a2").labels
+        (4, {'app': 'a1'})
         """
-        return cls.build(lab, {"node-a": ["a1", "a2"], "node-b": ["b1", "b2"]}, externals=["ext"])
+        return cls.build(lab, {"node-a": ["a1", "a2"], "node-b": ["b1", "b2"]}, externals=["ext"], labels=labels)
 
     @classmethod
     def build(

@@ -674,3 +674,26 @@ def test_policy_get_without_map_says_allow_all(monkeypatch, capsys):
     monkeypatch.setattr(policy_cli, "agent_policies", lambda args: Remote())
     assert cli.main(["policy", "get", "a2"]) == 0
     assert "no policy enforces on it" in capsys.readouterr().out
+
+
+def test_up_labels_reach_the_topology(monkeypatch, capsys):
+    """up --label POD:KEY=VALUE builds the default topology with those labels (others keep app=<name>);
+    without --label no topology is passed (Lab.up's default)."""
+    seen = []
+
+    def up(name="demo", *, routing=None, config=None, topology=None):
+        seen.append(topology)
+        return FakeLab(name)
+
+    monkeypatch.setattr(Lab, "up", staticmethod(up))
+    assert cli.main(["--lab", "lbl", "up", "--label", "a2:app=a1", "--label", "a2:tier=db"]) == 0
+    assert cli.main(["--lab", "lbl", "up"]) == 0
+    assert {p.name: p.labels for p in seen[0].pods} == {"a1": {"app": "a1"}, "a2": {"app": "a1", "tier": "db"},
+                                                        "b1": {"app": "b1"}, "b2": {"app": "b2"}}
+    assert seen[1] is None
+
+
+def test_up_label_syntax(capsys):
+    """A --label without POD: or =VALUE is a usage error (exit 2) showing the expected form."""
+    assert cli.main(["up", "--label", "app=web"]) == 2
+    assert "expected POD:KEY=VALUE" in capsys.readouterr().err
