@@ -389,6 +389,10 @@ class Policies:
         self.objects, self.ipcache = objects, ipcache
         self.store.save(objects, ipcache)
         report["warnings"] = res.warnings
+        if self.mode == "never" and objects:
+            report["warnings"].append(f"lab '{self.view.name}' enforces no policy (policy mode never): the policies "
+                                      f"are kept but no endpoint gets a policy map; `labkit --lab {self.view.name} "
+                                      f"up --policy-mode default` builds a lab that enforces them")
         return report
 
     def _write(self, res: Resolution, ipcache: Mapping[str, int]) -> dict:

@@ -6,6 +6,7 @@ every map byte-identical, and `labkit policy get` / `labkit identity list` outpu
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import subprocess
@@ -62,12 +63,21 @@ def _key(ident, direction, proto=0, port=0):
 WEB_A1 = {k: PolicyEntry.allow(k) for k in (_key(1, IN), _key(IDS["b1"], IN, TCP, 8080), _key(0, EG))}
 
 
+def enforcing_config(**options):
+    """A DatapathConfig whose policy mode is Cilium's default (when the datapath has the option; a datapath
+    without it is enforced as Cilium's default by the agent)."""
+    from labkit.config import DatapathConfig
+
+    if any(f.name == "policy" for f in dataclasses.fields(DatapathConfig)):
+        options["policy"] = "default"
+    return DatapathConfig(**options)
+
+
 @pytest.fixture(scope="module")
 def shared_lab(_require_datapath):
     from labkit import Lab
-    from labkit.config import DatapathConfig
 
-    lab = Lab.up(tagged("pol"), config=DatapathConfig(gc_timer=False))
+    lab = Lab.up(tagged("pol"), config=enforcing_config(gc_timer=False))
     yield lab
     lab.down()
 
@@ -340,7 +350,7 @@ def test_equal_labels_share_identity_and_a_deleted_pod_loses_its_map(_require_da
 
     name = tagged("polsh")
     topo = Topology.build(name, {"node-a": ["a1", "a2"], "node-b": ["b1"]}, labels={"a2": {"app": "a1"}})
-    lab = Lab.up(name, topology=topo)
+    lab = Lab.up(name, topology=topo, config=enforcing_config())
     try:
         assert {p.name: p.identity for p in lab.topology.pods} == {"a1": 256, "a2": 256, "b1": 257}
         for pod in ("a1", "a2"):

@@ -9,7 +9,6 @@ import yaml
 
 from labkit.agent import policies as P
 from labkit.agent.identities import IdentityStore, assign
-from labkit.config import DatapathConfig
 from labkit.errors import NotFoundError, PolicyError
 from labkit.maps.policy import Direction, PolicyEntry, PolicyKey
 from labkit.net import ledger
@@ -80,8 +79,16 @@ spec:
 
 
 def test_enforcement_defaults_to_ciliums():
-    """A datapath config without policy options enforces as Cilium's --policy-enforcement=default, no audit."""
-    assert P.enforcement_of(DatapathConfig()) == ("default", False)
+    """A datapath config without policy options enforces as Cilium's --policy-enforcement=default, no audit;
+    one with them is taken at its word."""
+    class Without:
+        routing = "tunnel"
+
+    class With:
+        policy, policy_audit = "always", True
+
+    assert P.enforcement_of(Without()) == ("default", False)
+    assert P.enforcement_of(With()) == ("always", True)
 
 
 def test_enforcement_mode_must_be_known():
@@ -94,13 +101,19 @@ def test_enforcement_mode_must_be_known():
 
 
 # -- the repository, its map writes captured -----------------------------------------------------
+class Config:
+    """A datapath config whose policy mode is Cilium's default."""
+
+    policy, policy_audit = "default", False
+
+
 class View:
     """What Policies reads of the agent's view: name, topology (identities assigned), config, pin dirs."""
 
     def __init__(self, name="x", config=None):
         self.name = name
         self.topology = assign(Topology.default(name))[0]
-        self.config = config or DatapathConfig()
+        self.config = config or Config()
         self.pin_dirs = {"node-a": "/nonexistent/node-a", "node-b": "/nonexistent/node-b"}
 
     def pin_dir(self, node):
@@ -208,16 +221,15 @@ def test_cidr_identities_are_saved_with_the_change(repo):
 
 def test_always_mode_enforces_every_endpoint(repo):
     """--policy-enforcement=always (computePolicyEnforcementAndRules): every endpoint enforced, no policy needed."""
-    class Config:
-        policy, policy_audit = "always", False
-
-    repo.mode = P.enforcement_of(Config())[0]
+    repo.mode = "always"
     repo.sync()
     assert sorted(repo.writes[-1][0]) == ["a1", "a2", "b1", "b2"]
 
 
 def test_never_mode_enforces_nothing(repo):
-    """--policy-enforcement=never: even a selected endpoint is not enforced (no map: allow-all)."""
+    """--policy-enforcement=never: even a selected endpoint is not enforced (no map: allow-all), and the report
+    says how to get a lab that enforces."""
     repo.mode = "never"
-    repo.apply(WEB)
+    report = repo.apply(WEB)
     assert repo.writes[-1][0] == {}
+    assert "up --policy-mode default" in report["warnings"][-1]
