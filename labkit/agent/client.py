@@ -340,10 +340,10 @@ class RemotePolicies:
 
         from labkit.agent.policies import read_policy_map
         from labkit.maps.policy import policy_get_lines
+        from labkit.policy.identity import RESERVED_NAMES, reserved_labels
 
         info = self.resolved(pod)
         alloc = {int(k): v for k, v in self.client.get(f"{PREFIX}/identity")["identities"].items()}
-        from labkit.policy.identity import RESERVED_NAMES, reserved_labels
 
         def labels(ident: int) -> list[str]:
             if ident == 0:

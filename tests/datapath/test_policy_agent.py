@@ -253,6 +253,24 @@ def test_cli_apply_error_exit_status(lab, tmp_path):
     assert "spec.ingres: unknown field" in proc.stderr
 
 
+def test_cli_apply_list_delete_round_trip(lab, tmp_path):
+    """`policy apply FILE`, `policy list` (namespace, name, rules, selected pods), `policy delete FILE`: the
+    file's policies come and go, and a1's map with them."""
+    f = tmp_path / "web.yaml"
+    f.write_text(WEB + "---\n" + EXT)
+    proc = cli(lab, "policy", "apply", str(f))
+    assert proc.returncode == 0, proc.stderr
+    assert "applied default/a1-from-b1, default/a1-to-ext" in proc.stdout
+    proc = cli(lab, "policy", "list")
+    assert [line.split() for line in proc.stdout.splitlines()] == [
+        ["NAMESPACE", "NAME", "RULES", "SELECTS"], ["default", "a1-from-b1", "1", "a1"],
+        ["default", "a1-to-ext", "1", "a1"]]
+    assert set(pinned(lab, "a1")) == set(WEB_A1) - {_key(0, EG)} | {_key(FIRST_CIDR_IDENTITY, EG)}
+    proc = cli(lab, "policy", "delete", str(f))
+    assert proc.returncode == 0, proc.stderr
+    assert lab.policy.list() == [] and not os.path.lexists(map_path(lab, "a1"))
+
+
 # -- restore ----------------------------------------------------------------------------------------
 def test_agent_restart_restores_policies_and_maps(lab):
     """A new agent reads policies.json back and rewrites a1's map where it differs: a key deleted behind its
