@@ -267,7 +267,8 @@ class RemoteServices:
 
 class PolicyMapView:
     """One pod's policy map as the datapath holds it: ``lines`` in ``cilium-dbg bpf policy get`` grammar,
-    read from the pinned map (``path``; empty when the pod has none: no policy selects it, allow-all),
+    read from the pinned map (``path``; empty when the pod has none: no policy enforces on it, allow-all;
+    ``pinned`` says which),
     ``rows`` the typed map rows, ``expected`` the lines the agent resolved, and ``command`` the real
     command that dumps the same map."""
 
@@ -277,6 +278,11 @@ class PolicyMapView:
     @property
     def command(self) -> list[str]:
         return ["bpftool", "map", "dump", "pinned", self.path]
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the pod has a policy map at all."""
+        return bool(self.info.get("pinned", self.rows))
 
     def __str__(self) -> str:
         return "\n".join(self.lines)
@@ -352,9 +358,10 @@ class RemotePolicies:
                 return reserved_labels(ident).printable()
             return alloc.get(ident, [])
 
-        rows = read_policy_map(info["path"]) if os.path.lexists(info["path"]) else []
-        lines = policy_get_lines(rows, labels) if rows else []
-        return PolicyMapView(pod, info["path"], rows, lines, info["lines"], info)
+        pinned = os.path.lexists(info["path"])
+        rows = read_policy_map(info["path"]) if pinned else []
+        lines = policy_get_lines(rows, labels) if pinned else []
+        return PolicyMapView(pod, info["path"], rows, lines, info["lines"], {**info, "pinned": pinned})
 
 
 def _refs(backends) -> list:

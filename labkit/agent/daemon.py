@@ -201,6 +201,7 @@ class Agent:
                 "uptime_s": round(time.time() - self.started, 3), "services": len(self.fresh()._state().services),
                 "mode": self.services.mode, "cilium": self.services.cilium, "restored": self.restored,
                 "policies": len(self.policies.objects), "policy_restored": self.policy_restored,
+                "policy_mode": self.policies.mode, "policy_audit": self.policies.audit,
                 "monitor": {"running": self.monitor is not None, "records": getattr(self.monitor, "records", 0)},
                 "gc": {"timer": bool(self.gc.state()["timer"]), "error": self.gc_error}}
 

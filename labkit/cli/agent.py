@@ -48,7 +48,8 @@ def _lines(st: dict) -> list[str]:
         out.append(f"  maps synced: {restored['sync']}")
     if "policies" in st:
         pr = st.get("policy_restored") or {}
-        line = f"policies: {st['policies']}"
+        line = f"policies: {st['policies']} (enforcement {st.get('policy_mode', 'default')}" + \
+            (", audit)" if st.get("policy_audit") else ")")
         if pr.get("error"):
             line += f" (restore failed, maps left as they were: {pr['error']})"
         elif "endpoints" in pr:

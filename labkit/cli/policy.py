@@ -153,7 +153,7 @@ def cmd_policy_get(args) -> int:
                     "rows": [{"key": str(r.key), "entry": str(r.entry.flags), "packets": r.entry.packets,
                               "bytes": r.entry.bytes, "prefix": r.key.l4_prefix} for r in view.rows]})
         return 0
-    if not view.rows:
+    if not view.pinned:
         print(f"pod {view.pod} (endpoint {info['endpoint_id']} on {info['node']}): no policy map at {view.path}: "
               f"no policy enforces on it, so the datapath allows every packet")
         return 0
