@@ -20,6 +20,7 @@ GET         /v1/endpoint                          the endpoints in every node's 
 GET         /v1/policy                            every policy: name, namespace, rules, pods it selects
 POST        /v1/policy                            ``{"text": YAML}`` or ``{"policies": [objects]}``: apply
 DELETE      /v1/policy                            remove every policy (``lab.reset()``)
+POST        /v1/policy/sync                       rewrite every endpoint's map where it differs
 DELETE      /v1/policy/NAMESPACE/NAME             remove one policy
 GET         /v1/policy/endpoint/POD               a pod's resolved policy (``bpf policy get`` lines)
 GET         /v1/identity                          the identities (``cilium-dbg identity list`` lines)

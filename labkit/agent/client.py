@@ -323,6 +323,11 @@ class RemotePolicies:
         self.last_report = self.client.request("DELETE", f"{PREFIX}/policy/{_q(namespace)}/{_q(name)}")
         return self.last_report
 
+    def sync(self) -> dict:
+        """Have the agent rewrite every endpoint's map where it differs from the policies (a pod deleted)."""
+        self.last_report = self.client.request("POST", f"{PREFIX}/policy/sync")
+        return self.last_report
+
     def flush(self) -> dict:
         """Remove every policy (``lab.reset()``)."""
         self.last_report = self.client.request("DELETE", f"{PREFIX}/policy")

@@ -381,6 +381,8 @@ def _policy_route(agent: Agent, method: str, parts: list[str], body, t0: float) 
                 return done(pols.apply(b["policies"], str(b.get("source") or "")), 201)
             raise ConfigError("POST /v1/policy: expected {\"text\": YAML} or {\"policies\": [objects]}, got "
                               f"{', '.join(sorted(b)) or 'an empty object'}")
+    if parts == ["policy", "sync"] and method == "POST":
+        return done(pols.sync())
     if len(parts) == 3 and parts[0] == "policy" and parts[1] == "endpoint" and method == "GET":
         return 200, pols.endpoint_policy(parts[2])
     if len(parts) == 3 and parts[0] == "policy" and method == "DELETE":

@@ -562,7 +562,7 @@ class Lab:
 
     def delete_pod(self, name: str) -> dict:
         """Delete pod ``name`` as Kubernetes and Cilium would: its Service endpoints go, the agent removes its
-        endpoint and ipcache entries, every CT and NAT entry naming its address is deleted on every node
+        endpoint and ipcache entries and its policy map, every CT and NAT entry naming its address is deleted on every node
         (Cilium's GC of a removed endpoint), and its server, namespace, veth and cgroup are removed.
         Returns what went. ``labkit up`` (or ``start()`` in a notebook) brings the default lab back whole.
 
@@ -603,6 +603,7 @@ class Lab:
         self.state.cgroups.pop(name, None)
         self.state.write()
         self._services = None  # the agent's next call sees the topology without the pod
+        self.policy.sync()  # ... this one: the pod's policy map goes, as Cilium's endpoint deletion removes it
         self.note_change()
         return {"pod": name, "ip": pod.ip, "backends": backends, **flushed, "removed": len(removed)}
 
