@@ -17,6 +17,13 @@ PATCH       /v1/service/NAME/backend/POD:PORT     ``{"state": "terminating"}``
 DELETE      /v1/service/NAME/backend/POD:PORT     take it out
 POST        /v1/apply                             a list of specs in one call (``labkit service apply``)
 GET         /v1/endpoint                          the endpoints in every node's ``cilium_lxc``
+GET         /v1/policy                            every policy: name, namespace, rules, pods it selects
+POST        /v1/policy                            ``{"text": YAML}`` or ``{"policies": [objects]}``: apply
+DELETE      /v1/policy                            remove every policy (``lab.reset()``)
+POST        /v1/policy/sync                       rewrite every endpoint's map where it differs
+DELETE      /v1/policy/NAMESPACE/NAME             remove one policy
+GET         /v1/policy/endpoint/POD               a pod's resolved policy (``bpf policy get`` lines)
+GET         /v1/identity                          the identities (``cilium-dbg identity list`` lines)
 ==========  ====================================  ==================================================
 
 A change answers ``{"service": …, "agent_seconds": s}``: ``agent_seconds`` is the time the
@@ -60,7 +67,7 @@ def status_of(exc: BaseException) -> int:
     """The HTTP status an error from the agent is answered with."""
     if isinstance(exc, NotFoundError):
         return 404
-    if isinstance(exc, (ConfigError, errors.TopologyError)):
+    if isinstance(exc, (ConfigError, errors.TopologyError, errors.PolicyError)):
         return 400
     if isinstance(exc, errors.LabBusyError):
         return 409

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 from labkit.agent.api import PREFIX, error_of, socket_path
 from labkit.errors import LabStateError
 
-__all__ = ["AgentClient", "AgentDownError", "RemoteServices"]
+__all__ = ["AgentClient", "AgentDownError", "RemoteServices", "RemotePolicies", "PolicyMapView"]
 
 
 class AgentDownError(LabStateError):
@@ -263,6 +263,110 @@ class RemoteServices:
 
     def iptables(self, node: str, table: str = "nat") -> str:
         return self.local.iptables(node, table)
+
+
+class PolicyMapView:
+    """One pod's policy map as the datapath holds it: ``lines`` in ``cilium-dbg bpf policy get`` grammar,
+    read from the pinned map (``path``; empty when the pod has none: no policy enforces on it, allow-all;
+    ``pinned`` says which),
+    ``rows`` the typed map rows, ``expected`` the lines the agent resolved, and ``command`` the real
+    command that dumps the same map."""
+
+    def __init__(self, pod: str, path: str, rows: list, lines: list[str], expected: list[str], info: dict):
+        self.pod, self.path, self.rows, self.lines, self.expected, self.info = pod, path, rows, lines, expected, info
+
+    @property
+    def command(self) -> list[str]:
+        return ["bpftool", "map", "dump", "pinned", self.path]
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the pod has a policy map at all."""
+        return bool(self.info.get("pinned", self.rows))
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre># {html.escape(' '.join(self.command))}\n{html.escape(str(self))}</pre>"
+
+
+class RemotePolicies:
+    """``lab.policy`` of a running lab: the agent applies, deletes and lists CiliumNetworkPolicies; a pod's
+    map (:meth:`get`) is read here, from its pinned map.
+
+        >>> lab.policy.apply(open("web.yaml").read())      # doctest: +SKIP
+        >>> print(lab.policy.get("a1"))                    # doctest: +SKIP
+    """
+
+    def __init__(self, lab, client: AgentClient | None = None):
+        self.lab = lab.name
+        self._lab = lab
+        self.client = client or AgentClient(lab.name)
+        self.last_report: dict | None = None
+
+    def __repr__(self) -> str:
+        return f"RemotePolicies(lab={self.lab!r}, policies={[p['name'] for p in self.list()]})"
+
+    def apply(self, policy, source: str = "") -> dict:
+        """Apply a policy: YAML or JSON text (several documents allowed), a mapping, or a list of mappings.
+        Returns what the agent wrote (per endpoint: created, added, changed, deleted keys)."""
+        body = {"text": policy} if isinstance(policy, str) else {
+            "policies": [policy] if isinstance(policy, dict) else list(policy)}
+        self.last_report = self.client.request("POST", f"{PREFIX}/policy", {**body, "source": source})
+        return self.last_report
+
+    def delete(self, name: str, namespace: str = "default") -> dict:
+        """Remove policy ``namespace/name``."""
+        self.last_report = self.client.request("DELETE", f"{PREFIX}/policy/{_q(namespace)}/{_q(name)}")
+        return self.last_report
+
+    def sync(self) -> dict:
+        """Have the agent rewrite every endpoint's map where it differs from the policies (a pod deleted)."""
+        self.last_report = self.client.request("POST", f"{PREFIX}/policy/sync")
+        return self.last_report
+
+    def flush(self) -> dict:
+        """Remove every policy (``lab.reset()``)."""
+        self.last_report = self.client.request("DELETE", f"{PREFIX}/policy")
+        return self.last_report
+
+    def list(self) -> list[dict]:
+        """Every policy: name, namespace, rules, the pods it selects, the object as applied."""
+        return self.client.get(f"{PREFIX}/policy")
+
+    def resolved(self, pod: str) -> dict:
+        """What the agent resolved for ``pod``: enforcement per direction, selecting rules, lines, map path."""
+        return self.client.get(f"{PREFIX}/policy/endpoint/{_q(pod)}")
+
+    def identities(self) -> list[str]:
+        """``cilium-dbg identity list`` lines."""
+        return self.client.get(f"{PREFIX}/identity")["lines"]
+
+    def get(self, pod: str) -> PolicyMapView:
+        """Pod ``pod``'s policy map, read from the pinned map (``bpf policy get`` grammar)."""
+        import os
+
+        from labkit.agent.policies import read_policy_map
+        from labkit.maps.policy import policy_get_lines
+        from labkit.policy.identity import RESERVED_NAMES, reserved_labels
+
+        info = self.resolved(pod)
+        alloc = {int(k): v for k, v in self.client.get(f"{PREFIX}/identity")["identities"].items()}
+
+        def labels(ident: int) -> list[str]:
+            if ident == 0:
+                return ["reserved:unknown"]
+            if ident in RESERVED_NAMES:
+                return reserved_labels(ident).printable()
+            return alloc.get(ident, [])
+
+        pinned = os.path.lexists(info["path"])
+        rows = read_policy_map(info["path"]) if pinned else []
+        lines = policy_get_lines(rows, labels) if pinned else []
+        return PolicyMapView(pod, info["path"], rows, lines, info["lines"], {**info, "pinned": pinned})
 
 
 def _refs(backends) -> list:

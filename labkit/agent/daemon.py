@@ -10,6 +10,8 @@ loaded; ``labkit down`` stops it with the rest of the ledger. It owns:
   trace ring buffer drained to ``events.bin``;
 - the **CT garbage collector**'s timer (:class:`labkit.agent.gc.LabGc`), on a thread: a
   run whenever the lab clock says one is due;
+- the **network policies** (:class:`labkit.agent.policies.Policies`): the policy repository, kept in
+  ``policies.json``, resolved into every endpoint's pinned policy map on each change;
 - the **API** (:mod:`labkit.agent.api`) on ``/run/labkit/<lab>/agent.sock`` (mode 0600),
   which ``lab.services``, ``labkit service …`` and ``labkit agent status`` talk to.
 
@@ -39,6 +41,7 @@ from http.server import BaseHTTPRequestHandler
 
 from labkit.agent.api import PREFIX, socket_path, status_of
 from labkit.agent.gc import LabGc
+from labkit.agent.policies import Policies
 from labkit.agent.services import Services
 from labkit.agent.services.ids import AgentState
 from labkit.clock import LabClock
@@ -134,6 +137,8 @@ class Agent:
         self.services = Services.for_lab(self.view, keep_open=True)
         with _quiet_heap():
             self.restored = self._restore()
+        self.policies = Policies(self.view)
+        self.policy_restored = self._restore_policies()
         self.gc = LabGc(self.view)
         self.gc_error: str | None = None
         self.monitor: Monitor | None = None
@@ -169,18 +174,34 @@ class Agent:
                       problems=list(rec.problems), sync=str(sync), seconds=round(time.perf_counter() - t0, 3))
         return report
 
+    def _restore_policies(self) -> dict:
+        """The policy repository as ``policies.json`` says, every endpoint's map rewritten where it differs
+        (a pod deleted meanwhile loses its map). A failure is reported, not fatal: the maps stay as they are."""
+        t0 = time.perf_counter()
+        try:
+            report = self.policies.sync()
+        except LabkitError as exc:
+            return {"policies": len(self.policies.objects), "error": str(exc)}
+        return {"policies": len(self.policies.objects), "endpoints": len(report["endpoints"]),
+                "removed": report["removed"], "seconds": round(time.perf_counter() - t0, 3)}
+
     def fresh(self) -> Services:
-        """The Services engine, rebuilt if the lab's topology changed under it."""
+        """The Services engine, rebuilt if the lab's topology changed under it (the policy maps then follow
+        the new topology too)."""
         if self.view.stale():
             self.view.reload()
             self.services.maps.release()
             self.services = Services.for_lab(self.view, keep_open=True)
+            self.policies = Policies(self.view)
+            self.policy_restored = self._restore_policies()
         return self.services
 
     def health(self) -> dict:
         return {"status": "ok", "lab": self.view.name, "pid": os.getpid(), "started": self.started,
                 "uptime_s": round(time.time() - self.started, 3), "services": len(self.fresh()._state().services),
                 "mode": self.services.mode, "cilium": self.services.cilium, "restored": self.restored,
+                "policies": len(self.policies.objects), "policy_restored": self.policy_restored,
+                "policy_mode": self.policies.mode, "policy_audit": self.policies.audit,
                 "monitor": {"running": self.monitor is not None, "records": getattr(self.monitor, "records", 0)},
                 "gc": {"timer": bool(self.gc.state()["timer"]), "error": self.gc_error}}
 
@@ -300,6 +321,8 @@ def route(agent: Agent, method: str, parts: list[str], body) -> tuple[int, objec
         if method == "DELETE":
             svcs.flush()
             return changed(None)
+    if parts[:1] in (["policy"], ["identity"]):
+        return _policy_route(agent, method, parts, body, t0)
     if parts == ["apply"] and method == "POST":
         result = svcs.apply(body if body is not None else [])
         return 200, {"result": result, "agent_seconds": round(time.perf_counter() - t0, 6)}
@@ -328,6 +351,42 @@ def route(agent: Agent, method: str, parts: list[str], body) -> tuple[int, objec
             if "state" not in b:
                 raise ConfigError(f"service '{name}': backend '{ref}': no state given; expected {{\"state\": ...}}")
             return changed(svcs.set_backend_state(name, ref, b["state"]))
+    raise NotFoundError(f"{method} {PREFIX}/{'/'.join(parts)}: no such resource or method "
+                        f"(see labkit.agent.api for the API)")
+
+
+def _policy_route(agent: Agent, method: str, parts: list[str], body, t0: float) -> tuple[int, object]:
+    """``/v1/policy…`` and ``/v1/identity``: the policy repository and the identities."""
+    pols = agent.policies
+
+    def done(report: dict, status: int = 200):
+        return status, {**report, "agent_seconds": round(time.perf_counter() - t0, 6)}
+
+    if parts == ["identity"] and method == "GET":
+        from labkit.policy.identity import identity_list_lines
+
+        alloc = pols.identities.load()
+        return 200, {"identities": {str(k): v for k, v in alloc.snapshot().items()},
+                     "lines": identity_list_lines(alloc)}
+    if parts == ["policy"]:
+        if method == "GET":
+            return 200, pols.list()
+        if method == "DELETE":
+            return done(pols.flush())
+        if method == "POST":
+            b = _mapping(body, "POST /v1/policy")
+            if "text" in b:
+                return done(pols.apply(str(b["text"]), str(b.get("source") or "")), 201)
+            if "policies" in b:
+                return done(pols.apply(b["policies"], str(b.get("source") or "")), 201)
+            raise ConfigError("POST /v1/policy: expected {\"text\": YAML} or {\"policies\": [objects]}, got "
+                              f"{', '.join(sorted(b)) or 'an empty object'}")
+    if parts == ["policy", "sync"] and method == "POST":
+        return done(pols.sync())
+    if len(parts) == 3 and parts[0] == "policy" and parts[1] == "endpoint" and method == "GET":
+        return 200, pols.endpoint_policy(parts[2])
+    if len(parts) == 3 and parts[0] == "policy" and method == "DELETE":
+        return done(pols.delete(parts[2], parts[1]))
     raise NotFoundError(f"{method} {PREFIX}/{'/'.join(parts)}: no such resource or method "
                         f"(see labkit.agent.api for the API)")
 

@@ -21,6 +21,11 @@ Examples::
     labkit service backend web b1:8080 --state terminating
     labkit service backend web a2:8080 --add        # only that service's rows are written
     labkit service apply services.yaml              # many services in one call, as kubectl apply -f
+    labkit policy apply web.yaml                    # CiliumNetworkPolicies; the agent writes the policy maps
+    labkit policy get a1                            # a1's policy map, like `cilium-dbg bpf policy get`
+    labkit policy list                              # the policies and the pods each selects
+    labkit policy delete web.yaml                   # ... or by name: labkit policy delete web
+    labkit identity list                            # like `cilium-dbg identity list`
     labkit agent status                             # the lab's agent: pid, services, what it restored
     labkit agent restart                            # a new agent; the datapath keeps forwarding
     labkit lb list node-a                           # like `cilium service list`, from node-a's maps
@@ -67,7 +72,7 @@ __all__ = ["main", "build_parser", "COMMANDS", "ROOT_FREE", "sudo_argv", "cmd_na
 #: ``labkit --help`` lists them. A command line loads only its command's module, so a command that talks
 #: to the agent (``labkit service backend …``) does not pay for the lab, the grader or BCC.
 COMMANDS = {"up": "lab", "down": "lab", "cleanup": "lab", "status": "lab", "list": "lab", "doctor": "lab", "exec": "lab",
-            "ct": "ct", "nat": "nat", "service": "service", "lb": "lb", "conntrack": "conntrack", "pod": "pod",
+            "ct": "ct", "nat": "nat", "service": "service", "policy": "policy", "identity": "policy", "lb": "lb", "conntrack": "conntrack", "pod": "pod",
             "gc": "gc", "trace": "trace", "clock": "clock", "fault": "fault", "agent": "agent",
             "grade": "grade", "answers": "grade", "work": "work", "export": "work"}
 

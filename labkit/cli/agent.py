@@ -46,6 +46,15 @@ def _lines(st: dict) -> list[str]:
         out.append(f"  {restored['checked']}")
     if restored.get("sync"):
         out.append(f"  maps synced: {restored['sync']}")
+    if "policies" in st:
+        pr = st.get("policy_restored") or {}
+        line = f"policies: {st['policies']} (enforcement {st.get('policy_mode', 'default')}" + \
+            (", audit)" if st.get("policy_audit") else ")")
+        if pr.get("error"):
+            line += f" (restore failed, maps left as they were: {pr['error']})"
+        elif "endpoints" in pr:
+            line += f", {pr['endpoints']} endpoint policy maps synced at start in {pr.get('seconds', 0)} s"
+        out.append(line)
     mon, gc = st.get("monitor", {}), st.get("gc", {})
     out.append(f"monitor: {'running' if mon.get('running') else 'stopped'}, {mon.get('records', 0)} records written")
     out.append(f"gc timer: {'on' if gc.get('timer') else 'off'}" + (f" (last error: {gc['error']})" if gc.get("error") else ""))

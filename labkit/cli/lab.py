@@ -27,9 +27,10 @@ from labkit.config import (
     SOCKET_LB_MODES,
     CtTimeouts,
 )
+from labkit.policy.resolve import ENFORCEMENT_MODES
 from labkit.release import DEFAULT_RELEASE, RELEASES, profile
 
-__all__ = ["add_commands", "cmd_up", "cmd_down", "cmd_status", "cmd_list", "cmd_doctor", "cmd_exec"]
+__all__ = ["add_commands", "policy_options", "cmd_up", "cmd_down", "cmd_status", "cmd_list", "cmd_doctor", "cmd_exec"]
 
 
 def add_commands(add) -> None:
@@ -57,6 +58,15 @@ def add_commands(add) -> None:
     p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
                    help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (fits on a screen) to "
                         f"{MAGLEV_TABLE_SIZES[-1]}; default 16381, Cilium's")
+    p.add_argument("--policy-mode", choices=ENFORCEMENT_MODES, default=None,
+                   help="network policy enforcement (Cilium's --policy-enforcement): default (an endpoint is "
+                        "enforced in a direction once a policy selects it there), always (every endpoint, "
+                        "default deny) or never")
+    p.add_argument("--policy-audit", action="store_true", default=None,
+                   help="policy audit mode: a packet policy would deny is let through and reported as AUDITED")
+    p.add_argument("--label", type=pod_label, action="append", default=[], metavar="POD:KEY=VALUE",
+                   help="give a pod a label, repeatable (a pod given none is labelled app=<its name>); pods with "
+                        "equal labels share one security identity")
     p.set_defaults(func=cmd_up)
 
     p = add("down", "remove everything the lab created, then check that nothing is left")
@@ -86,6 +96,43 @@ def add_commands(add) -> None:
     p.set_defaults(func=cmd_exec)
 
 
+def pod_label(value: str) -> tuple[str, str, str]:
+    """``POD:KEY=VALUE`` → ``(POD, KEY, VALUE)``."""
+    pod, sep, rest = value.partition(":")
+    key, eq, val = rest.partition("=")
+    if not sep or not eq or not pod or not key:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected POD:KEY=VALUE, e.g. a1:app=web")
+    return pod, key, val
+
+
+def _topology_with_labels(lab: str, labels: list[tuple[str, str, str]]):
+    """The default topology with the ``--label`` labels (None when none were given)."""
+    if not labels:
+        return None
+    from labkit.net.topology import Topology
+
+    per_pod: dict[str, dict[str, str]] = {}
+    for pod, key, val in labels:
+        per_pod.setdefault(pod, {})[key] = val
+    return Topology.default(lab, labels=per_pod)
+
+
+def policy_options(args) -> dict:
+    """``--policy-mode``/``--policy-audit`` as the datapath options ``policy``/``policy_audit``. A
+    DatapathConfig without those fields builds a datapath that enforces nothing: then asking for a mode other
+    than Cilium's default, or for audit, is refused rather than silently ignored."""
+    from dataclasses import fields
+
+    from labkit.config import DatapathConfig
+
+    wanted = {k: v for k, v in (("policy", args.policy_mode), ("policy_audit", args.policy_audit)) if v is not None}
+    missing = sorted(set(wanted) - {f.name for f in fields(DatapathConfig)})
+    if missing:
+        raise CliError(f"--policy-mode/--policy-audit: expected a datapath with the options {', '.join(missing)}, "
+                       f"got one without them (this labkit's BPF programs do not enforce policy)")
+    return wanted
+
+
 def cmd_up(args) -> int:
     from labkit.config import DatapathConfig
     from labkit.lab import Lab
@@ -107,10 +154,11 @@ def cmd_up(args) -> int:
         changes["cilium"] = args.cilium
     if args.ct_accounting is not None:
         changes["ct_accounting"] = args.ct_accounting == "on"
+    changes.update(policy_options(args))
     config = DatapathConfig().with_options(**changes)
     print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
     t0 = time.time()
-    lab = Lab.up(args.lab, config=config)
+    lab = Lab.up(args.lab, config=config, topology=_topology_with_labels(args.lab, args.label))
     took = time.time() - t0
     reused = lab.state.created < t0
     topo = lab.topology
@@ -187,8 +235,9 @@ def cmd_status(args) -> int:
     for n in st["nodes"]:
         rows.append([n["name"], "node", n["ip"], f"pods {n['pod_cidr']} via {n['router_ip']}", n["netns"]])
     for p in st["pods"]:
-        rows.append([p["name"], "pod", p["ip"], f"on {p['node']} ({p['host_veth']}, identity {p['identity']})",
-                     p["netns"]])
+        labels = ",".join(f"{k}={v}" for k, v in sorted(p.get("labels", {}).items()))
+        rows.append([p["name"], "pod", p["ip"], f"on {p['node']} ({p['host_veth']}, identity {p['identity']}"
+                     + (f", labels {labels})" if labels else ")"), p["netns"]])
     for e in st["externals"]:
         rows.append([e["name"], "external", e["ip"], "underlay", e["netns"]])
     for row in table(rows):

@@ -38,6 +38,9 @@ __all__ = [
     "ringbuf_producer_pos",
     "BPF_ANY",
     "BPF_NOEXIST",
+    "BPF_MAP_TYPE_LPM_TRIE",
+    "BPF_MAP_TYPE_HASH_OF_MAPS",
+    "BPF_F_NO_PREALLOC",
     "BPF_EXIST",
 ]
 
@@ -49,6 +52,8 @@ BPF_MAP_CREATE = 0
 BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 2, 3, 4
 BPF_MAP_GET_FD_BY_ID = 14
 BPF_MAP_TYPE_ARRAY = 2
+BPF_MAP_TYPE_LPM_TRIE, BPF_MAP_TYPE_HASH_OF_MAPS = 11, 13
+BPF_F_NO_PREALLOC = 1
 BPF_PROG_ATTACH, BPF_PROG_DETACH = 8, 9
 BPF_OBJ_PIN, BPF_OBJ_GET, BPF_OBJ_GET_INFO_BY_FD = 6, 7, 15
 BPF_MAP_LOOKUP_BATCH, BPF_MAP_UPDATE_BATCH, BPF_MAP_DELETE_BATCH = 24, 26, 27
@@ -87,12 +92,13 @@ def obj_pin(fd: int, path: str) -> None:
 
 
 def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str = "",
-               flags: int = 0) -> int:
+               flags: int = 0, inner_map_fd: int = 0) -> int:
     """``BPF_MAP_CREATE`` of an unpinned map; returns its fd (the map lives while something holds it).
-    ``flags`` are the map_flags (``BPF_F_NO_PREALLOC`` for an LPM trie)."""
+    ``flags`` is ``map_flags`` (``BPF_F_NO_PREALLOC``, which an LPM trie requires); ``inner_map_fd`` the
+    template of a map-in-map's inner maps. The kernel keeps the first 15 bytes of ``name``."""
     raw = name.encode()[:15]
-    return _sys(BPF_MAP_CREATE, _attr("=IIIIIII16s", map_type, key_size, value_size, max_entries, flags, 0, 0, raw),
-                f"create map {name or '(unnamed)'}")
+    return _sys(BPF_MAP_CREATE, _attr("=IIIIIII16s", map_type, key_size, value_size, max_entries, flags,
+                                      inner_map_fd, 0, raw), f"create map {name or '(unnamed)'}")
 
 
 def map_fd_by_id(map_id: int) -> int:

@@ -31,7 +31,9 @@ from labkit.agent import endpoints as agent
 from labkit.agent.gc import LabGc, flush_address
 from labkit.agent.kubeproxy import parse_conntrack
 from labkit.agent.api import log_path, socket_path
-from labkit.agent.client import AgentClient, AgentDownError, RemoteServices
+from labkit.agent.client import AgentClient, AgentDownError, RemotePolicies, RemoteServices
+from labkit.agent.identities import IdentityStore
+from labkit.agent.identities import assign as assign_identities
 from labkit.datapath.doctor import require_datapath
 from labkit.datapath.source import MAP_NAMES
 from labkit.errors import CleanupError
@@ -92,6 +94,16 @@ class PodHandle(_Member):
     @property
     def node(self) -> str:
         return self.lab.topology.pod(self.name).node
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Its Kubernetes labels (``{"app": "a1"}`` unless the topology gave others)."""
+        return dict(self.lab.topology.pod(self.name).labels)
+
+    @property
+    def identity(self) -> int:
+        """The security identity the agent allocated for its labels."""
+        return self.lab.topology.pod(self.name).identity
 
     def tcp(self, target: str, port: int = 8080, sport: int | None = None):
         """A TCP connection to ``target`` (pod, node, external name or address), not yet open."""
@@ -177,6 +189,7 @@ class Lab:
         self._watchers: list = []
         self._log: EventLog | None = None
         self._services = None
+        self._policy = None
 
     def __repr__(self) -> str:
         return f"Lab({self.name!r}, routing={self.config.routing}, nodes={[n.name for n in self.topology.nodes]})"
@@ -200,6 +213,7 @@ class Lab:
             config = config.with_options(routing=routing)
         topology = topology or Topology.default(name)
         topology.validate()
+        topology, _ = assign_identities(topology)  # the agent's allocator numbers label sets, not pods
         if topology.lab != name:
             raise LabStateError(f"lab '{name}': topology describes lab '{topology.lab}'; expected the same name")
         require_datapath()
@@ -241,6 +255,7 @@ class Lab:
                          pin_dirs={n.name: str(BPFFS_ROOT / name / n.name) for n in topology.nodes},
                          owner_pid=os.getpid(), created=time.time())
         state.write()
+        IdentityStore(name).save(assign_identities(topology)[1])  # what the agent allocates from
         try:
             cls._realise(name, topology, config, ledger, state)
         except BaseException as exc:
@@ -547,7 +562,7 @@ class Lab:
 
     def delete_pod(self, name: str) -> dict:
         """Delete pod ``name`` as Kubernetes and Cilium would: its Service endpoints go, the agent removes its
-        endpoint and ipcache entries, every CT and NAT entry naming its address is deleted on every node
+        endpoint and ipcache entries and its policy map, every CT and NAT entry naming its address is deleted on every node
         (Cilium's GC of a removed endpoint), and its server, namespace, veth and cgroup are removed.
         Returns what went. ``labkit up`` (or ``start()`` in a notebook) brings the default lab back whole.
 
@@ -588,6 +603,7 @@ class Lab:
         self.state.cgroups.pop(name, None)
         self.state.write()
         self._services = None  # the agent's next call sees the topology without the pod
+        self.policy.sync()  # ... this one: the pod's policy map goes, as Cilium's endpoint deletion removes it
         self.note_change()
         return {"pod": name, "ip": pod.ip, "backends": backends, **flushed, "removed": len(removed)}
 
@@ -607,9 +623,10 @@ class Lab:
         return deleted
 
     def reset(self) -> None:
-        """Remove every Service, flush CT and NAT state, switch faults off, set the lab clock back and start the
-        GC's interval afresh; topology kept."""
+        """Remove every Service and network policy, flush CT and NAT state, switch faults off, set the lab clock
+        back and start the GC's interval afresh; topology kept."""
         self.services.flush()
+        self.policy.flush()
         self._clear_ct(n.name for n in self.topology.nodes)
         for node in self.topology.nodes:
             pin = self.pin_dir(node.name)
@@ -706,8 +723,9 @@ class Lab:
         ledger.forget(lambda e: e["kind"] == "process" and e["name"] == "agent"
                       and process_start_time(e["pid"]) != e.get("start"))
         self._start_agent(self.name, ledger)
-        if self._services is not None:
-            self._services.client.close()
+        for remote in (self._services, self._policy):
+            if remote is not None:
+                remote.client.close()
 
     # -- members ---------------------------------------------------------------
     def pod(self, name: str) -> PodHandle:
@@ -764,6 +782,15 @@ class Lab:
         if self._services is None:
             self._services = RemoteServices(self)
         return self._services
+
+    @property
+    def policy(self) -> RemotePolicies:
+        """The lab's network policies (:class:`labkit.agent.client.RemotePolicies`), kept by its agent:
+        ``apply(yaml_text_or_dict)``, ``delete(name)``, ``list()``, ``get("a1")`` (the pod's pinned policy
+        map in ``cilium-dbg bpf policy get`` grammar), ``identities()``."""
+        if self._policy is None:
+            self._policy = RemotePolicies(self)
+        return self._policy
 
     def pin_dir(self, node: str) -> str:
         """``/sys/fs/bpf/labkit/<lab>/<node>``"""
@@ -887,7 +914,7 @@ class Lab:
                 for n in self.topology.nodes
             ],
             "pods": [
-                {"name": p.name, "node": p.node, "ip": p.ip, "identity": p.identity,
+                {"name": p.name, "node": p.node, "ip": p.ip, "identity": p.identity, "labels": dict(p.labels),
                  "netns": self.topology.netns(p.name), "host_veth": self.topology.host_veth(p.name)}
                 for p in self.topology.pods
             ],

@@ -15,8 +15,15 @@ node address           underlay host, from the node's position          198.51.1
 pod CIDR               one /24 per node from 198.18.0.0/15              198.18.1.0/24
 router (gateway) IP    first host of the pod CIDR, on ``cilium_host``   198.18.1.1
 pod address            pod CIDR host ``10 + <index on its node>``       198.18.1.11
+pod labels             ``{"app": <pod name>}`` unless given             ``app=a1``
 external client        ``ext``, underlay host .100                      198.51.100.100
 =====================  ===============================================  ==================
+
+A pod's security identity stands for its *labels*: the agent allocates it
+(:mod:`labkit.agent.identities`, Cilium's rule: pods with equal labels share one
+number, cluster identities from 256). :meth:`Topology.build` numbers pods from 256
+in declaration order, which is what that allocator gives pods whose labels all
+differ (the default labels do); the agent's allocation replaces it when a lab is built.
 
 Addresses come only from ranges reserved for documentation and benchmarking
 (RFC 5737, RFC 2544), never from 10/8, 172.16/12 or 192.168/16. Interface names
@@ -35,7 +42,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from labkit.constants import Hook
 from labkit.errors import NotFoundError, TopologyError
@@ -45,6 +52,7 @@ __all__ = [
     "Pod",
     "External",
     "Topology",
+    "default_labels",
     "LAB_NAME",
     "UNDERLAY",
     "POD_SUPERNET",
@@ -98,7 +106,41 @@ class Pod:
     name: str
     node: str
     ip: str
-    identity: int  #: security identity (Cilium allocates cluster-local ones from 256)
+    identity: int  #: security identity of its labels (the agent's allocator: cluster-local from 256)
+    #: Kubernetes labels (``{"app": "web"}``); None in a constructor call means ``{"app": <name>}``
+    labels: dict = field(default=None, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.labels is None:
+            object.__setattr__(self, "labels", default_labels(self.name))
+        _check_labels(self.name, self.labels)
+
+
+def default_labels(pod: str) -> dict[str, str]:
+    """The labels a pod gets when none are given: ``app`` is its name, so every pod of a
+    default lab has its own identity (as a Deployment per pod would).
+
+    >>> default_labels("a1")
+    {'app': 'a1'}
+    """
+    return {"app": pod}
+
+
+_LABEL_KEY = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
+
+
+def _check_labels(pod: str, labels) -> None:
+    """Kubernetes label syntax: ``[prefix/]name`` keys, values of at most 63 characters."""
+    if not isinstance(labels, dict):
+        raise TopologyError(f"pod '{pod}': labels: expected a mapping of strings, got {type(labels).__name__}")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not _LABEL_KEY.fullmatch(k):
+            raise TopologyError(f"pod '{pod}': label key {k!r}: expected [prefix/]name of letters, digits, '-', "
+                                f"'_' and '.', at most 63 characters")
+        if not isinstance(v, str) or not _LABEL_VALUE.fullmatch(v):
+            raise TopologyError(f"pod '{pod}': label {k}={v!r}: expected a value of letters, digits, '-', '_' "
+                                f"and '.', at most 63 characters")
 
 
 @dataclass(frozen=True)
@@ -121,13 +163,13 @@ class Topology:
 
     # -- construction -----------------------------------------------------
     @classmethod
-    def default(cls, lab: str = "demo") -> "Topology":
-        """The default lab of DESIGN §4: node-a (a1, a2), node-b (b1, b2) and ext.
+    def default(cls, lab: str = "demo", labels: Mapping[str, Mapping[str, str]] | None = None) -> "Topology":
+        """The default lab of DESIGN §4: node-a (a1, a2), node-b (b1, b2) and ext; ``labels`` as in :meth:`build`.
 
-        >>> len(Topology.default().pods)
-        4
+        >>> len(Topology.default().pods), Topology.default(labels={"a2": {"app": "a1"}}).pod("a2").labels
+        (4, {'app': 'a1'})
         """
-        return cls.build(lab, {"node-a": ["a1", "a2"], "node-b": ["b1", "b2"]}, externals=["ext"])
+        return cls.build(lab, {"node-a": ["a1", "a2"], "node-b": ["b1", "b2"]}, externals=["ext"], labels=labels)
 
     @classmethod
     def build(
@@ -135,12 +177,19 @@ class Topology:
         lab: str,
         nodes: dict[str, list[str]],
         externals: Iterable[str] = ("ext",),
+        labels: Mapping[str, Mapping[str, str]] | None = None,
     ) -> "Topology":
-        """Lay out addresses for ``{node: [pods]}`` by the rules of this module.
+        """Lay out addresses for ``{node: [pods]}`` by the rules of this module; ``labels``
+        gives some pods their labels (``{pod: {key: value}}``; the others get ``app=<name>``).
 
-        >>> Topology.build("t", {"n1": ["p1"]}).pod("p1").ip
-        '198.18.1.11'
+        >>> t = Topology.build("t", {"n1": ["p1", "p2"]}, labels={"p2": {"app": "web", "tier": "front"}})
+        >>> t.pod("p1").ip, t.pod("p1").labels, t.pod("p2").labels
+        ('198.18.1.11', {'app': 'p1'}, {'app': 'web', 'tier': 'front'})
         """
+        labels = dict(labels or {})
+        unknown = sorted(set(labels) - {p for pods in nodes.values() for p in pods})
+        if unknown:
+            raise TopologyError(f"lab '{lab}': labels given for {', '.join(unknown)}, which are not pods of it")
         node_objs, pod_objs = [], []
         identity = 256
         for i, (node_name, pod_names) in enumerate(nodes.items(), start=1):
@@ -151,7 +200,8 @@ class Topology:
             for j, pod_name in enumerate(pod_names, start=1):
                 if j > 240:
                     raise TopologyError(f"node '{node_name}': at most 240 pods, got {len(pod_names)}")
-                pod_objs.append(Pod(pod_name, node_name, str(cidr[10 + j]), identity))
+                pod_objs.append(Pod(pod_name, node_name, str(cidr[10 + j]), identity,
+                                    dict(labels[pod_name]) if pod_name in labels else None))
                 identity += 1
         ext_objs = [External(name, str(UNDERLAY[100 + k])) for k, name in enumerate(externals)]
         topo = cls(lab, tuple(node_objs), tuple(pod_objs), tuple(ext_objs))
@@ -310,8 +360,9 @@ class Topology:
             )
 
     # -- changes (return new topologies) ------------------------------------
-    def with_pod(self, name: str, node: str) -> "Topology":
-        """A copy with one more pod on ``node``, addressed by the rules above."""
+    def with_pod(self, name: str, node: str, labels: Mapping[str, str] | None = None) -> "Topology":
+        """A copy with one more pod on ``node``, addressed by the rules above (the next identity
+        number: the agent's allocator gives it the identity of its labels)."""
         n = self.node(node)
         taken = {p.ip for p in self.pods}
         cidr = ipaddress.ip_network(n.pod_cidr)
@@ -319,9 +370,18 @@ class Topology:
         if ip is None:
             raise TopologyError(f"node '{node}': no free pod address left in {n.pod_cidr}")
         identity = max([p.identity for p in self.pods], default=255) + 1
-        topo = replace(self, pods=self.pods + (Pod(name, node, ip, identity),))
+        topo = replace(self, pods=self.pods + (Pod(name, node, ip, identity, None if labels is None else dict(labels)),))
         topo.validate()
         return topo
+
+    def with_identities(self, identities: Mapping[str, int]) -> "Topology":
+        """A copy whose pods have the identities ``{pod: identity}`` gives (the others keep theirs).
+
+        >>> Topology.default().with_identities({"a1": 300}).pod("a1").identity
+        300
+        """
+        return replace(self, pods=tuple(replace(p, identity=int(identities.get(p.name, p.identity)))
+                                        for p in self.pods))
 
     def without_pod(self, name: str) -> "Topology":
         """A copy without pod ``name``."""
@@ -335,7 +395,7 @@ class Topology:
             "lab": self.lab,
             "underlay": self.underlay,
             "nodes": [vars(n) for n in self.nodes],
-            "pods": [vars(p) for p in self.pods],
+            "pods": [{**vars(p), "labels": dict(p.labels)} for p in self.pods],
             "externals": [vars(e) for e in self.externals],
         }
 

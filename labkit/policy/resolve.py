@@ -51,6 +51,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from labkit.errors import PolicyError
 from labkit.maps.policy import (
     DPORT_BITS,
     NEXTHDR_BITS,
@@ -72,6 +73,7 @@ from labkit.policy.matchpattern import fqdn, matches
 from labkit.policy.rules import FqdnSelector, PeerRule, Policy, PortProto, Rule
 
 __all__ = [
+    "ENFORCEMENT_MODES",
     "Endpoint",
     "Verdict",
     "EndpointPolicy",
@@ -88,6 +90,10 @@ _ANY_EXPANDS_TO = ("TCP", "UDP", "SCTP")
 #: "cluster" adds every pod identity, "world" every CIDR identity (they carry reserved:world),
 #: "all" is the wildcard identity 0.
 _CLUSTER_RESERVED = ("host", "remote-node", "init", "ingress", "health", "unmanaged", "kube-apiserver")
+#: --policy-enforcement (pkg/option): pkg/policy/repository.go computePolicyEnforcementAndRules enforces
+#: both directions of every endpoint with "always", neither with "never", and with "default" a direction
+#: only once a rule selecting the endpoint has rules in it.
+ENFORCEMENT_MODES = ("default", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -371,13 +377,17 @@ def _enforced(rules: Sequence[Rule], direction: str) -> tuple[bool, bool]:
 
 
 def resolve(endpoints: Sequence[Endpoint], policies: Sequence[Policy], alloc: IdentityAllocator,
-            fqdn_cache: Mapping[str, Iterable[str]] | None = None, allow_localhost: bool = True) -> Resolution:
+            fqdn_cache: Mapping[str, Iterable[str]] | None = None, allow_localhost: bool = True,
+            enforcement: str = "default") -> Resolution:
     """Each endpoint's enforcement and policy map rows, and warnings for selectors that match
     no endpoint (allowed, as Cilium allows them). ``fqdn_cache`` maps names the DNS proxy has
     seen to their IPs; each IP a toFQDNs selector picks out gets a local identity labelled by
     the selectors that pick it (``fqdn:<selector>``, allocated in ``alloc``), and the rules
     select those identities. toCIDR prefixes and their ``except`` prefixes get their CIDR
-    identities in ``alloc`` too: the ipcache entries the agent must write for them."""
+    identities in ``alloc`` too: the ipcache entries the agent must write for them.
+    ``enforcement`` is the agent's policy enforcement mode (:data:`ENFORCEMENT_MODES`)."""
+    if enforcement not in ENFORCEMENT_MODES:
+        raise PolicyError(f"policy enforcement mode: expected one of {', '.join(ENFORCEMENT_MODES)}, got {enforcement!r}")
     warnings: list[str] = []
     peers = _Peers(endpoints, alloc, fqdn_cache or {})
     peers.learn([f for pol in policies for rule in pol.rules for pr in rule.egress for f in (pr.fqdns or ())])
@@ -387,13 +397,15 @@ def resolve(endpoints: Sequence[Endpoint], policies: Sequence[Policy], alloc: Id
                 warnings.append(f"{pol.name}: {rule.path}.endpointSelector ({rule.endpoint_selector}) selects no endpoint")
     out: dict[str, EndpointPolicy] = {}
     for ep in endpoints:
-        selecting = [(pol, rule) for pol in policies for rule in pol.rules if rule.endpoint_selector.matches(ep.labels)]
+        # "never": computePolicyEnforcementAndRules returns no matching rules at all
+        selecting = [] if enforcement == "never" else [
+            (pol, rule) for pol in policies for rule in pol.rules if rule.endpoint_selector.matches(ep.labels)]
         rules = [r for _, r in selecting]
         ms = _MapState()
         enforced = {}
         for direction, dir_enum in (("ingress", Direction.INGRESS), ("egress", Direction.EGRESS)):
             has, deny_default = _enforced(rules, direction)
-            enforced[direction] = has and deny_default
+            enforced[direction] = enforcement == "always" or (enforcement == "default" and has and deny_default)
             if not enforced[direction]:
                 ms.insert(PolicyKey.make(0, dir_enum), deny=False)  # allowAllIdentities
             elif direction == "ingress" and allow_localhost:

@@ -594,3 +594,106 @@ def test_export_refuses_binary_to_a_terminal(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     assert cli.main(["export", "--dir", str(work), "--to", "-"]) == 1
     assert "send stdout to a file" in capsys.readouterr().err
+
+
+# -- policy -------------------------------------------------------------------------------
+def _policy_args(mode=None, audit=None):
+    import argparse
+
+    return argparse.Namespace(policy_mode=mode, policy_audit=audit)
+
+
+def test_policy_flags_reach_a_config_that_has_them(monkeypatch):
+    """--policy-mode/--policy-audit become the datapath options policy/policy_audit when DatapathConfig has them."""
+    import dataclasses
+
+    from labkit import config as config_module
+    from labkit.cli.lab import policy_options
+
+    @dataclasses.dataclass(frozen=True)
+    class WithPolicy:
+        policy: str = "default"
+        policy_audit: bool = False
+
+    monkeypatch.setattr(config_module, "DatapathConfig", WithPolicy)
+    assert policy_options(_policy_args("always", True)) == {"policy": "always", "policy_audit": True}
+    assert policy_options(_policy_args()) == {}
+
+
+def test_policy_flags_refused_without_the_options(monkeypatch):
+    """A DatapathConfig without policy options refuses --policy-mode (no silent no-op), and takes no flag at all."""
+    import dataclasses
+
+    from labkit import config as config_module
+    from labkit.cli.common import CliError
+    from labkit.cli.lab import policy_options
+
+    @dataclasses.dataclass(frozen=True)
+    class WithoutPolicy:
+        routing: str = "tunnel"
+
+    monkeypatch.setattr(config_module, "DatapathConfig", WithoutPolicy)
+    assert policy_options(_policy_args()) == {}
+    with pytest.raises(CliError, match="expected a datapath with the options policy, policy_audit"):
+        policy_options(_policy_args("never", True))
+
+
+def test_policy_mode_choices():
+    """up --policy-mode takes Cilium's --policy-enforcement values only."""
+    assert parse("up", "--policy-mode", "always").policy_mode == "always"
+    assert cli.main(["up", "--policy-mode", "sometimes"]) == 2
+
+
+def test_policy_get_prints_the_bpftool_command_first(monkeypatch, capsys):
+    """`policy get POD` prints the bpftool command that dumps the pinned map, then the bpf policy get lines."""
+    from labkit.agent.client import PolicyMapView
+    from labkit.cli import policy as policy_cli
+
+    path = "/sys/fs/bpf/labkit/demo/node-a/cilium_policy_00001"
+
+    class Remote:
+        def get(self, pod):
+            return PolicyMapView(pod, path, ["row"], ["POLICY   DIRECTION", "Allow    Ingress"], [],
+                                 {"endpoint_id": 1, "node": "node-a"})
+
+    monkeypatch.setattr(policy_cli, "agent_policies", lambda args: Remote())
+    assert cli.main(["policy", "get", "a1"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"# bpftool map dump pinned {path}", "POLICY   DIRECTION",
+                                                    "Allow    Ingress"]
+
+
+def test_policy_get_without_map_says_allow_all(monkeypatch, capsys):
+    """A pod with no pinned policy map is reported as such: no policy enforces on it, every packet allowed."""
+    from labkit.agent.client import PolicyMapView
+    from labkit.cli import policy as policy_cli
+
+    class Remote:
+        def get(self, pod):
+            return PolicyMapView(pod, "/x/cilium_policy_00002", [], [], [], {"endpoint_id": 2, "node": "node-a"})
+
+    monkeypatch.setattr(policy_cli, "agent_policies", lambda args: Remote())
+    assert cli.main(["policy", "get", "a2"]) == 0
+    assert "no policy enforces on it" in capsys.readouterr().out
+
+
+def test_up_labels_reach_the_topology(monkeypatch, capsys):
+    """up --label POD:KEY=VALUE builds the default topology with those labels (others keep app=<name>);
+    without --label no topology is passed (Lab.up's default)."""
+    seen = []
+
+    def up(name="demo", *, routing=None, config=None, topology=None):
+        seen.append(topology)
+        return FakeLab(name)
+
+    monkeypatch.setattr(Lab, "up", staticmethod(up))
+    assert cli.main(["--lab", "lbl", "up", "--label", "a2:app=a1", "--label", "a2:tier=db"]) == 0
+    assert cli.main(["--lab", "lbl", "up"]) == 0
+    assert {p.name: p.labels for p in seen[0].pods} == {"a1": {"app": "a1"}, "a2": {"app": "a1", "tier": "db"},
+                                                        "b1": {"app": "b1"}, "b2": {"app": "b2"}}
+    assert seen[1] is None
+
+
+def test_up_label_syntax(capsys):
+    """A --label without POD: or =VALUE is a usage error (exit 2) showing the expected form."""
+    assert cli.main(["up", "--label", "app=web"]) == 2
+    assert "expected POD:KEY=VALUE" in capsys.readouterr().err

@@ -32,6 +32,8 @@ MODULES = [
     "labkit.addr",
     "labkit.datapath.source",
     "labkit.agent.endpoints",
+    "labkit.agent.identities",
+    "labkit.agent.policies",
     "labkit.net.podserver",
     "labkit.maps.lb",
     "labkit.agent.services",

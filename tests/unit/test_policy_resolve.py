@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from labkit.errors import PolicyError
 from labkit.maps.policy import Direction, PolicyKey
 from labkit.policy.identity import IdentityAllocator, pod_labels
 from labkit.policy.resolve import Endpoint, covers, masked_ports, resolve
@@ -258,3 +259,36 @@ def test_empty_ingress_list_does_not_select():
     """`ingress: []` is no ingress rule: pkg/policy/repository.go counts len(r.Ingress) > 0 || len(r.IngressDeny) > 0."""
     _, db, _ = run("spec: {endpointSelector: {matchLabels: {app: db}}, ingress: []}", pod="db")
     assert not db.ingress_enforced and db.verdict(256, IN, TCP, 5432).allowed
+
+
+def test_always_enforces_unselected_endpoints():
+    """--policy-enforcement=always (repository.go computePolicyEnforcementAndRules returns true, true): an
+    endpoint no policy selects is default deny both ways, ingress from the host still allowed."""
+    eps, alloc = lab()
+    db = resolve(eps, [], alloc, enforcement="always").endpoints["db"]
+    assert (db.ingress_enforced, db.egress_enforced) == (True, True)
+    assert keys(db) == [("Ingress: 1 ANY", False)]
+
+
+def test_never_enforces_selected_endpoints():
+    """--policy-enforcement=never: no rule applies (no matching rules are returned), both directions allow-all,
+    even a deny rule's keys are absent."""
+    res, _, _ = run("""spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingressDeny: [{fromEndpoints: [{matchLabels: {app: client}}]}]
+""")
+    eps, alloc = lab()
+    web = resolve(eps, policy("""spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingressDeny: [{fromEndpoints: [{matchLabels: {app: client}}]}]
+"""), alloc, enforcement="never").endpoints["web"]
+    assert (web.ingress_enforced, web.egress_enforced) == (False, False)
+    assert keys(web) == [("Egress: 0 ANY", False), ("Ingress: 0 ANY", False)]
+    assert res.endpoints["web"].ingress_enforced  # the same policy under "default" enforces
+
+
+def test_unknown_enforcement_mode_is_refused():
+    """A mode outside default/always/never is a PolicyError naming the modes."""
+    eps, alloc = lab()
+    with pytest.raises(PolicyError, match="expected one of default, always, never"):
+        resolve(eps, [], alloc, enforcement="audit")

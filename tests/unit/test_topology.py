@@ -252,3 +252,55 @@ def test_to_networkx(topo):
     assert {frozenset(e) for e in g.edges} == expected_edges
     assert g.nodes["a1"]["kind"] == "pod" and g.nodes["node-a/lxc-a1"]["hooks"] == ["from-container", "to-container"]
     assert g.nodes["node-a/eth0"]["netns"] == "lk-demo-node-a"
+
+
+# -- labels ---------------------------------------------------------------------------------
+def test_default_labels_name_the_pod(topo):
+    """Every pod of the default lab is labelled app=<its name>, so no two default pods share labels."""
+    assert {p.name: p.labels for p in topo.pods} == {"a1": {"app": "a1"}, "a2": {"app": "a2"},
+                                                     "b1": {"app": "b1"}, "b2": {"app": "b2"}}
+
+
+def test_build_takes_labels_per_pod():
+    """Topology.build gives the pods named in ``labels`` those labels and the others app=<name>."""
+    t = Topology.build("t", {"n1": ["p1", "p2"]}, labels={"p2": {"app": "web", "tier": "front"}})
+    assert (t.pod("p1").labels, t.pod("p2").labels) == ({"app": "p1"}, {"app": "web", "tier": "front"})
+
+
+def test_labels_for_an_unknown_pod_are_refused():
+    """Labels given for a name that is not a pod of the lab are a TopologyError naming it."""
+    with pytest.raises(TopologyError, match="labels given for zz"):
+        Topology.build("t", {"n1": ["p1"]}, labels={"zz": {"app": "x"}})
+
+
+@pytest.mark.parametrize("labels, bad", [({"bad key": "x"}, "label key 'bad key'"),
+                                         ({"app": "a b"}, "label app='a b'"),
+                                         ({"app": 3}, "label app=3"),
+                                         ({"-app": "x"}, "label key '-app'")])
+def test_malformed_labels_are_refused(labels, bad):
+    """Label keys and values follow Kubernetes' syntax; anything else is a TopologyError naming the label."""
+    with pytest.raises(TopologyError, match=bad):
+        Topology.build("t", {"n1": ["p1"]}, labels={"p1": labels})
+
+
+def test_labels_survive_the_state_file():
+    """to_dict/from_dict keep every pod's labels; a state file written before labels existed loads app=<name>."""
+    t = Topology.build("t", {"n1": ["p1", "p2"]}, labels={"p2": {"app": "web"}})
+    assert Topology.from_dict(t.to_dict()) == t
+    old = t.to_dict()
+    for p in old["pods"]:
+        del p["labels"]
+    assert {p.name: p.labels for p in Topology.from_dict(old).pods} == {"p1": {"app": "p1"}, "p2": {"app": "p2"}}
+
+
+def test_with_identities_replaces_only_the_named_pods(topo):
+    """with_identities sets the given pods' identities and leaves the rest and the original alone."""
+    t = topo.with_identities({"b1": 256})
+    assert [p.identity for p in t.pods] == [256, 257, 256, 259]
+    assert [p.identity for p in topo.pods] == [256, 257, 258, 259]
+
+
+def test_with_pod_takes_labels(topo):
+    """with_pod gives the new pod the labels passed, else app=<name>."""
+    assert topo.with_pod("a3", "node-a", {"app": "a1"}).pod("a3").labels == {"app": "a1"}
+    assert topo.with_pod("a3", "node-a").pod("a3").labels == {"app": "a3"}
