@@ -51,6 +51,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from labkit.config import POLICY_MODES
 from labkit.errors import PolicyError
 from labkit.maps.policy import (
     DPORT_BITS,
@@ -93,7 +94,7 @@ _CLUSTER_RESERVED = ("host", "remote-node", "init", "ingress", "health", "unmana
 #: --policy-enforcement (pkg/option): pkg/policy/repository.go computePolicyEnforcementAndRules enforces
 #: both directions of every endpoint with "always", neither with "never", and with "default" a direction
 #: only once a rule selecting the endpoint has rules in it.
-ENFORCEMENT_MODES = ("default", "always", "never")
+ENFORCEMENT_MODES = POLICY_MODES  # the agent's modes are the datapath's (DatapathConfig.policy)
 
 
 @dataclass(frozen=True)
