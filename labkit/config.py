@@ -131,6 +131,13 @@ class DatapathConfig:
     #: count packets and bytes per CT entry (CONNTRACK_ACCOUNTING; the agent's --bpf-conntrack-accounting,
     #: off by default, so a node prints Packets=0 Bytes=0)
     ct_accounting: bool = False
+    #: --monitor-aggregation: none, lowest, low, medium (the default, as on a node) or maximum. Not a macro:
+    #: the level lives in labkit_config, so ``Lab.monitor_aggregation()`` changes it without a rebuild
+    monitor_aggregation: str = "medium"
+    #: pages of each node's labkit_events ring buffer (a power of two; 256 pages = 1 MiB)
+    events_ring_pages: int = 256
+    #: flows the lab's Hubble ring keeps (--hubble-event-buffer-capacity: 2^n-1, default 4095)
+    hubble_buffer_size: int = 4095
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
@@ -148,6 +155,17 @@ class DatapathConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: expected True or False, got {getattr(self, name)!r}")
         profile(self.cilium)  # ConfigError names the releases
+        try:
+            from labkit.maps.config import MonitorAggregation
+            MonitorAggregation.parse(self.monitor_aggregation)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        pages = self.events_ring_pages
+        if isinstance(pages, bool) or not isinstance(pages, int) or pages < 1 or pages & (pages - 1) or pages > 65536:
+            raise ConfigError(f"events_ring_pages: expected a power of two from 1 to 65536, got {pages!r}")
+        size = self.hubble_buffer_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1 or (size + 1) & size or size > 65535:
+            raise ConfigError(f"hubble_buffer_size: expected 2^n-1 (1, 3, 7, ... 4095, ... 65535), got {size!r}")
         for name in ("ct_tcp_size", "ct_any_size", "lb_map_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 16 <= value <= 16_777_216:

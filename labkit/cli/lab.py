@@ -57,6 +57,11 @@ def add_commands(add) -> None:
     p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
                    help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (fits on a screen) to "
                         f"{MAGLEV_TABLE_SIZES[-1]}; default 16381, Cilium's")
+    p.add_argument("--monitor-aggregation", choices=("none", "lowest", "low", "medium", "maximum"), default=None,
+                   help="which trace records count as reported to Hubble (`labkit observe`), as Cilium's "
+                        "--monitor-aggregation (default medium, as on a node); `labkit trace` still shows all")
+    p.add_argument("--hubble-buffer-size", type=int, default=None, metavar="N",
+                   help="flows the lab's Hubble ring keeps: 2^n-1, default 4095 (Hubble's event buffer capacity)")
     p.set_defaults(func=cmd_up)
 
     p = add("down", "remove everything the lab created, then check that nothing is left")
@@ -107,6 +112,10 @@ def cmd_up(args) -> int:
         changes["cilium"] = args.cilium
     if args.ct_accounting is not None:
         changes["ct_accounting"] = args.ct_accounting == "on"
+    if args.monitor_aggregation is not None:
+        changes["monitor_aggregation"] = args.monitor_aggregation
+    if args.hubble_buffer_size is not None:
+        changes["hubble_buffer_size"] = args.hubble_buffer_size
     config = DatapathConfig().with_options(**changes)
     print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
     t0 = time.time()

@@ -49,6 +49,7 @@ MAP_NAMES = (
     "cilium_snat_v4_external",
     "labkit_config",
     "labkit_events",
+    "labkit_events_lost",
 )
 
 
@@ -154,6 +155,7 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
         "LB_MAP_SIZE": config.lb_map_size,
         "VXLAN_PORT": VXLAN_PORT,
         "LB_LOOPBACK_IPV4": be32(LOOPBACK_SNAT_ADDR),
+        "EVENTS_RING_PAGES": config.events_ring_pages,
         **config.timeouts.macros(),
         **config.profile.macros(),
     }

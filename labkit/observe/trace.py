@@ -13,6 +13,7 @@ A flow line reads like Hubble's::
 from __future__ import annotations
 
 import ctypes
+import enum
 import os
 import socket
 import time
@@ -24,7 +25,7 @@ from labkit.addr import ipv4
 from labkit.constants import DropReason, Hook, TraceFlags, Verdict
 from labkit.maps.ct import CtFlags, CtResult, TcpFlags, proto_name
 
-__all__ = ["TraceTuple", "TraceEvent", "Flow", "EventLog", "EVENT_SIZE"]
+__all__ = ["TraceTuple", "TraceEvent", "Flow", "EventLog", "EVENT_SIZE", "Report"]
 
 
 class TraceTuple(ctypes.LittleEndianStructure):
@@ -64,6 +65,13 @@ _ICMP_TYPES = {0: "EchoReply", 3: "DestUnreachable", 5: "Redirect", 8: "EchoRequ
                12: "ParameterProblem"}
 
 
+class Report(enum.IntFlag):
+    """``trace_event.report`` (REPORT_* in bpf/lib/trace_types.h; keep in sync)."""
+
+    REPORTED = 0x01  #: Cilium at the lab's monitor aggregation level would have emitted this record
+    MONITOR = 0x02  #: the hook's CT lookup returned a non-zero 'monitor'
+
+
 class TraceEvent(ctypes.LittleEndianStructure):
     """``struct trace_event`` (96 bytes)."""
 
@@ -89,7 +97,9 @@ class TraceEvent(ctypes.LittleEndianStructure):
         ("inner", TraceTuple),
         ("rev_nat_index", ctypes.c_uint16),
         ("flags", ctypes.c_uint16),
-        ("pad2", ctypes.c_uint32),
+        ("obs_point", ctypes.c_uint8),
+        ("report", ctypes.c_uint8),
+        ("pad2", ctypes.c_uint16),
     ]
 
 
