@@ -41,7 +41,7 @@ def add_commands(add) -> None:
 
 def cmd_observe(args) -> int:
     from labkit.net.ledger import lab_dir
-    from labkit.observe.hubble import FlowFilter, Names, compact, response
+    from labkit.observe.hubble import FlowFilter, Names, compact, response, ring_lost
     from labkit.observe.ring import HubbleRing
 
     lab = common.attach(args)
@@ -85,8 +85,7 @@ def cmd_observe(args) -> int:
             slots, skipped = ring.read(seq)
             seq = ring.written
             if skipped:  # the ring overwrote what this reader had not read yet
-                emit([{"lost_events": {"source": "HUBBLE_RING_BUFFER", "num_events_lost": str(skipped)},
-                       "node_name": "", "time": ""}])
+                emit([ring_lost(skipped)])
             emit(flt.select(response(s, names, devices) for s in slots))
             if not slots:
                 if not path.parent.exists():

@@ -31,7 +31,7 @@ from labkit.observe.ring import SLOT_LOST, Slot
 from labkit.observe.trace import TraceEvent, TraceTuple
 from labkit.policy.identity import RESERVED_NAMES, pod_labels, reserved_labels
 
-__all__ = ["Names", "response", "compact", "FlowFilter", "OBS_POINTS", "DROP_REASON_DESC"]
+__all__ = ["Names", "response", "ring_lost", "compact", "FlowFilter", "OBS_POINTS", "DROP_REASON_DESC"]
 
 #: Cilium's trace_point numbers → (flow.proto TraceObservationPoint name, the monitor's name that
 #: ``-o compact`` prints: pkg/monitor/api/types.go TraceObservationPoints). 0 is TO_LXC, which Hubble's
@@ -184,6 +184,13 @@ def response(slot: Slot, names: Names, devices: dict[str, dict[int, str]] | None
     device = (devices or {}).get(node, {}).get(slot.event.ifindex, "")
     return {"flow": _flow(slot.event, slot.wall_ns, node, names, device), "node_name": node,
             "time": _rfc3339(slot.wall_ns)}
+
+
+def ring_lost(count: int, wall_ns: int | None = None) -> dict:
+    """The lost-events response a reader gets when Hubble's ring overwrote ``count`` entries it had not read
+    (LostEventSource HUBBLE_RING_BUFFER)."""
+    return {"lost_events": {"source": "HUBBLE_RING_BUFFER", "num_events_lost": str(count)},
+            "time": _rfc3339(time.time_ns() if wall_ns is None else wall_ns)}
 
 
 def _identity_text(identity: int) -> str:
