@@ -31,6 +31,9 @@ LB_MODES = ("snat", "dsr", "hybrid")
 #: Where Services live: the cilium_lb4_* maps, or kube-proxy's iptables on every node.
 SERVICE_MODES = ("ebpf", "iptables")
 #: --bpf-lb-maglev-table-size choices (prime); the default is Cilium's, 16381 (251 prints on a screen).
+#: --monitor-aggregation values Cilium accepts (pkg/option/monitor.go monitorAggregationOption); the levels
+#: themselves: labkit.maps.config.MonitorAggregation.
+MONITOR_AGGREGATION_NAMES = ("none", "disabled", "lowest", "low", "medium", "max", "maximum", "0", "1", "2", "3", "4")
 MAGLEV_TABLE_SIZES = (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071)
 VXLAN_PORT = 8472  # Cilium's default tunnel port
 #: What labkit still does differently from Cilium, on purpose, each with the reason (``labkit status`` prints
@@ -155,11 +158,9 @@ class DatapathConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: expected True or False, got {getattr(self, name)!r}")
         profile(self.cilium)  # ConfigError names the releases
-        try:
-            from labkit.maps.config import MonitorAggregation
-            MonitorAggregation.parse(self.monitor_aggregation)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        if str(self.monitor_aggregation).lower() not in MONITOR_AGGREGATION_NAMES:
+            raise ConfigError(f"monitor aggregation level {self.monitor_aggregation!r}: expected one of none, lowest, "
+                              f"low, medium, maximum or 0-4")
         pages = self.events_ring_pages
         if isinstance(pages, bool) or not isinstance(pages, int) or pages < 1 or pages & (pages - 1) or pages > 65536:
             raise ConfigError(f"events_ring_pages: expected a power of two from 1 to 65536, got {pages!r}")

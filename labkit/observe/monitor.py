@@ -118,7 +118,7 @@ class Monitor:
             lost = self._lost(i)
             if lost > self.lost_seen[i]:
                 self.hubble.append(Slot(kind=SLOT_LOST, node_id=self.node_ids[i], wall_ns=time.time_ns(),
-                                        lost=lost - self.lost_seen[i]))
+                                        lost=lost - self.lost_seen[i], lost_total=lost))
                 self.lost_seen[i] = lost
         if wrote:
             self.out.flush()

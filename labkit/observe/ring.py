@@ -46,13 +46,14 @@ class Slot(ctypes.LittleEndianStructure):
         ("pad2", ctypes.c_uint32),
         ("wall_ns", ctypes.c_uint64),  #: wall-clock time of the record (CLOCK_REALTIME ns)
         ("seq", ctypes.c_uint64),  #: its sequence number (a reader checks it was not overwritten)
-        ("lost", ctypes.c_uint64),  #: SLOT_LOST: how many records
+        ("lost", ctypes.c_uint64),  #: SLOT_LOST: how many records (Hubble's num_events_lost)
+        ("lost_total", ctypes.c_uint64),  #: SLOT_LOST: the node's counter when read (all losses so far)
         ("event", TraceEvent),
     ]
 
 
 SLOT_SIZE = ctypes.sizeof(Slot)
-assert SLOT_SIZE == 32 + EVENT_SIZE
+assert SLOT_SIZE == 40 + EVENT_SIZE
 
 
 def _check_capacity(capacity: int) -> None:
