@@ -44,7 +44,8 @@ LAB_DIFFERENCES = (
     "that `labkit clock advance` shows a lifetime running out without waiting; on a node the offset is 0",
     "every packet at every hook is reported to a ring buffer (labkit_events), so that a step can show each "
     "packet's whole path; Cilium aggregates trace events (MONITOR_AGGREGATION) and reports a flow again only "
-    "after a report interval or a flag change",
+    "after a report interval or a flag change: each record says whether Cilium at the lab's level would have "
+    "emitted it, and only those reach the Hubble ring (`labkit observe`)",
     "IPv4 fragments are dropped (DROP_FRAG_NOSUPPORT), as Cilium does with --enable-ipv4-fragment-tracking=false "
     "(its default tracks them): lab traffic never fragments, and the datapath stays short enough to read",
     "traffic reaching a node is routed to the pod by the node's kernel, and the CT ingress work Cilium does in "

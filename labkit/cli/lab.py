@@ -181,6 +181,8 @@ def cmd_status(args) -> int:
         ["Cilium", f"{st['datapath'].get('cilium', DEFAULT_RELEASE)} behaviour and output"],
         ["CT accounting", "on (Packets/Bytes counted)" if st["datapath"].get("ct_accounting")
                           else "off (as on a node: Packets=0 Bytes=0)"],
+        ["monitor", f"aggregation {st.get('monitor_aggregation', '-')}, Hubble ring of "
+                    f"{st['datapath'].get('hubble_buffer_size', '-')} flows (`labkit observe`)"],
         ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
         ["agent", st.get("agent", "-")],
         ["CT GC", st.get("gc", "-")],

@@ -896,6 +896,7 @@ class Lab:
             "datapath": self.config.to_dict(),
             "clock": {"now": self.clock.now(), "offset": self.clock.offset, "mono": mono_seconds()},
             "faults": self.faults(),
+            "monitor_aggregation": self.monitor_aggregation(),
             "agent": self._agent_summary(),
             "gc": self._gc_summary(),
             "variants": [v.to_dict() for v in variants_of(self.name)],
