@@ -75,11 +75,11 @@ def cmd_observe(args) -> int:
 
     last = args.last if args.last is not None else (0 if args.follow else DEFAULT_LAST)
     slots, _ = ring.read(0)
+    seq = ring.written  # --follow goes on exactly after what was read
     matching = flt.select(response(s, names, devices) for s in slots)
     emit(matching[-last:] if last else [])
     if not args.follow:
         return 0
-    seq = ring.written
     try:
         while True:
             slots, skipped = ring.read(seq)

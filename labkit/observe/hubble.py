@@ -31,7 +31,7 @@ from labkit.observe.ring import SLOT_LOST, Slot
 from labkit.observe.trace import TraceEvent, TraceTuple
 from labkit.policy.identity import RESERVED_NAMES, pod_labels, reserved_labels
 
-__all__ = ["Names", "response", "ring_lost", "compact", "FlowFilter", "OBS_POINTS", "DROP_REASON_DESC"]
+__all__ = ["Names", "response", "ring_lost", "compact", "last_flows", "FlowFilter", "OBS_POINTS", "DROP_REASON_DESC"]
 
 #: Cilium's trace_point numbers → (flow.proto TraceObservationPoint name, the monitor's name that
 #: ``-o compact`` prints: pkg/monitor/api/types.go TraceObservationPoints). 0 is TO_LXC, which Hubble's
@@ -314,3 +314,27 @@ class FlowFilter:
     def select(self, responses: Iterable[dict]) -> list[dict]:
         """The responses that match, in order."""
         return [r for r in responses if self.matches(r)]
+
+
+def last_flows(lab, flt: FlowFilter | None = None, last: int | None = None) -> list[dict]:
+    """The lab's Hubble ring as GetFlowsResponse dicts, oldest first: those ``flt`` keeps, the last ``last`` of
+    them (all with None) — what ``labkit observe --last N`` prints.
+
+        >>> drops = last_flows(lab, FlowFilter(verdicts=["DROPPED"]), last=5)   # doctest: +SKIP
+        >>> [r["flow"]["drop_reason_desc"] for r in drops]                       # doctest: +SKIP
+        ['NO_TUNNEL_OR_ENCAPSULATION_ENDPOINT']
+    """
+    from labkit.net.ledger import lab_dir
+    from labkit.observe.ring import HubbleRing
+
+    ring = HubbleRing.open(lab_dir(lab.name) / "hubble.ring")
+    try:
+        slots = ring.entries()
+    finally:
+        ring.close()
+    names = Names.from_topology(lab.topology)
+    devices = {node: {int(k): v for k, v in devs.items()} for node, devs in lab.state.devices.items()}
+    resps = [response(s, names, devices) for s in slots]
+    if flt is not None:
+        resps = flt.select(resps)
+    return resps[-last:] if last else resps if last is None else []

@@ -119,6 +119,9 @@ def test_drops_are_reported_at_every_level(lab):
     assert (flow["verdict"], flow["drop_reason_desc"], flow["event_type"]) == \
         ("DROPPED", "NO_TUNNEL_OR_ENCAPSULATION_ENDPOINT", {"type": 1, "sub_type": 160})
     assert "is_reply" not in flow  # drops: direction unknown (decodeIsReply)
+    from labkit.observe.hubble import FlowFilter, last_flows
+
+    assert last_flows(lab, FlowFilter(verdicts=["DROPPED"]), last=1) == [json.loads(out.stdout)]
 
 
 def test_observe_json_lines_validate_and_filter(lab):
