@@ -34,6 +34,9 @@ SERVICE_MODES = ("ebpf", "iptables")
 #: labkit's default is 'never' (no policy code compiled in); the agent decides per endpoint what the map holds.
 POLICY_MODES = ("default", "always", "never")
 #: --bpf-lb-maglev-table-size choices (prime); the default is Cilium's, 16381 (251 prints on a screen).
+#: --monitor-aggregation values Cilium accepts (pkg/option/monitor.go monitorAggregationOption); the levels
+#: themselves: labkit.maps.config.MonitorAggregation.
+MONITOR_AGGREGATION_NAMES = ("none", "disabled", "lowest", "low", "medium", "max", "maximum", "0", "1", "2", "3", "4")
 MAGLEV_TABLE_SIZES = (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071)
 VXLAN_PORT = 8472  # Cilium's default tunnel port
 #: What labkit still does differently from Cilium, on purpose, each with the reason (``labkit status`` prints
@@ -44,7 +47,8 @@ LAB_DIFFERENCES = (
     "that `labkit clock advance` shows a lifetime running out without waiting; on a node the offset is 0",
     "every packet at every hook is reported to a ring buffer (labkit_events), so that a step can show each "
     "packet's whole path; Cilium aggregates trace events (MONITOR_AGGREGATION) and reports a flow again only "
-    "after a report interval or a flag change",
+    "after a report interval or a flag change: each record says whether Cilium at the lab's level would have "
+    "emitted it, and only those reach the Hubble ring (`labkit observe`)",
     "IPv4 fragments are dropped (DROP_FRAG_NOSUPPORT), as Cilium does with --enable-ipv4-fragment-tracking=false "
     "(its default tracks them): lab traffic never fragments, and the datapath stays short enough to read",
     "traffic reaching a node is routed to the pod by the node's kernel, and the CT ingress work Cilium does in "
@@ -148,6 +152,13 @@ class DatapathConfig:
     policy: str = "never"
     #: --policy-audit-mode: a packet policy would drop passes, its verdict marked audited (POLICY_AUDIT_MODE)
     policy_audit: bool = False
+    #: --monitor-aggregation: none, lowest, low, medium (the default, as on a node) or maximum. Not a macro:
+    #: the level lives in labkit_config, so ``Lab.monitor_aggregation()`` changes it without a rebuild
+    monitor_aggregation: str = "medium"
+    #: pages of each node's labkit_events ring buffer (a power of two; 256 pages = 1 MiB)
+    events_ring_pages: int = 256
+    #: flows the lab's Hubble ring keeps (--hubble-event-buffer-capacity: 2^n-1, default 4095)
+    hubble_buffer_size: int = 4095
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
@@ -170,6 +181,15 @@ class DatapathConfig:
             raise ConfigError("policy_audit: expected policy 'default' or 'always' (audit mode audits policy "
                               "verdicts), got policy 'never'")
         profile(self.cilium)  # ConfigError names the releases
+        if str(self.monitor_aggregation).lower() not in MONITOR_AGGREGATION_NAMES:
+            raise ConfigError(f"monitor aggregation level {self.monitor_aggregation!r}: expected one of none, lowest, "
+                              f"low, medium, maximum or 0-4")
+        pages = self.events_ring_pages
+        if isinstance(pages, bool) or not isinstance(pages, int) or pages < 1 or pages & (pages - 1) or pages > 65536:
+            raise ConfigError(f"events_ring_pages: expected a power of two from 1 to 65536, got {pages!r}")
+        size = self.hubble_buffer_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1 or (size + 1) & size or size > 65535:
+            raise ConfigError(f"hubble_buffer_size: expected 2^n-1 (1, 3, 7, ... 4095, ... 65535), got {size!r}")
         for name in ("ct_tcp_size", "ct_any_size", "lb_map_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 16 <= value <= 16_777_216:

@@ -1,6 +1,6 @@
 /* config_types.h — labkit_config, the one-entry array through which the lab
- * changes a running datapath: the lab clock offset, break-it faults and the
- * trace mode. Cilium's nearest relative is cilium_runtime_config.
+ * changes a running datapath: the lab clock offset, break-it faults, the
+ * trace mode and the monitor aggregation level. Cilium's nearest relative is cilium_runtime_config.
  *
  * Python mirrors this in labkit/maps/config.py. Keep in sync with that file.
  */
@@ -32,7 +32,7 @@ struct lab_config {
 	__u32 clock_offset; /* seconds added to CLOCK_MONOTONIC seconds */
 	__u32 faults;       /* FAULT_* */
 	__u32 trace_mode;   /* TRACE_* */
-	__u32 pad;
+	__u32 monitor_aggregation; /* MONITOR_AGG_*: which records are marked REPORT_REPORTED */
 };
 
 #endif /* LABKIT_CONFIG_TYPES_H */

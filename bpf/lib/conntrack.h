@@ -54,8 +54,15 @@ static __always_inline bool ct_entry_seen_both_syns(const struct ct_entry *entry
 
 /* Set the lifetime and OR the packet's TCP flags into the direction's seen
  * flags; the report timestamp moves when the flags change or every
- * CT_REPORT_INTERVAL seconds (Cilium's monitor aggregation clock). */
-static __always_inline void __ct_update_timeout(struct ct_entry *entry, __u32 lifetime, int dir,
+ * CT_REPORT_INTERVAL seconds (Cilium's monitor aggregation clock). True when
+ * it moved: Cilium's __ct_update_timeout then returns TRACE_PAYLOAD_LEN, the
+ * 'monitor' that lets a trace notification through at medium aggregation.
+ *
+ * Cilium ANDs the packet's flags with CT_REPORT_FLAGS first (the agent's
+ * --monitor-aggregation-flags; pkg/datapath/linux/config/config.go). labkit
+ * keeps Helm's default, bpf.monitorFlags "all" (0xff): every flag counts, and
+ * the seen flags are the CT rows labkit has always written. */
+static __always_inline bool __ct_update_timeout(struct ct_entry *entry, __u32 lifetime, int dir,
 						__u8 tcp_flags, __u32 now)
 {
 	__u8 accumulated, seen;
@@ -78,12 +85,14 @@ static __always_inline void __ct_update_timeout(struct ct_entry *entry, __u32 li
 			entry->tx_flags_seen = seen;
 			entry->last_tx_report = now;
 		}
+		return true;
 	}
+	return false;
 }
 
 /* Choose the lifetime for this packet: SYN timeout until a TCP packet without
  * SYN is seen (seen_non_syn is sticky), then the established lifetime. */
-static __always_inline void ct_update_timeout(struct ct_entry *entry, bool is_tcp, int dir,
+static __always_inline bool ct_update_timeout(struct ct_entry *entry, bool is_tcp, int dir,
 					      __u8 tcp_flags, __u32 now)
 {
 	__u32 lifetime = dir == CT_SERVICE ? CT_SERVICE_LIFETIME_NONTCP : CT_CONNECTION_LIFETIME_NONTCP;
@@ -96,7 +105,7 @@ static __always_inline void ct_update_timeout(struct ct_entry *entry, bool is_tc
 		else
 			lifetime = CT_SYN_TIMEOUT;
 	}
-	__ct_update_timeout(entry, lifetime, dir, tcp_flags, now);
+	return __ct_update_timeout(entry, lifetime, dir, tcp_flags, now);
 }
 
 static __always_inline void ct_state_fill(struct ct_state *state, const struct ct_entry *entry)
@@ -111,7 +120,11 @@ static __always_inline void ct_state_fill(struct ct_state *state, const struct c
 }
 
 /* One lookup of one stored key. CT_ESTABLISHED on a hit, CT_NEW on a miss or
- * when a SYN reopens a closing entry (Cilium v1.16's __ct_lookup). */
+ * when a SYN reopens a closing entry (Cilium v1.16's __ct_lookup).
+ *
+ * state->monitor follows __ct_lookup's *monitor: set on a miss, on a FIN or
+ * RST, and from the timeout update of a live entry; a hit on an entry closed
+ * both ways leaves it as the previous lookup of ct_lookup4 set it. */
 static __always_inline int __ct_lookup4(const struct ipv4_ct_tuple *tuple, int action, int dir,
 					__u8 tcp_flags, __u32 len, __u32 now, struct ct_state *state)
 {
@@ -119,10 +132,12 @@ static __always_inline int __ct_lookup4(const struct ipv4_ct_tuple *tuple, int a
 	struct ct_entry *entry = ct_map_lookup(tuple);
 
 	state->syn = is_tcp && (tcp_flags & TCP_FLAG_SYN);
-	if (!entry)
+	if (!entry) {
+		state->monitor = 1;
 		return CT_NEW;
+	}
 	if (ct_entry_alive(entry))
-		ct_update_timeout(entry, is_tcp, dir, tcp_flags, now);
+		state->monitor = ct_update_timeout(entry, is_tcp, dir, tcp_flags, now);
 #ifdef CONNTRACK_ACCOUNTING
 	/* Counted only when the datapath is built with accounting (the agent
 	 * leaves it off by default, so a node prints Packets=0 Bytes=0). */
@@ -140,12 +155,13 @@ static __always_inline int __ct_lookup4(const struct ipv4_ct_tuple *tuple, int a
 			entry->flags &= ~(CT_F_RX_CLOSING | CT_F_TX_CLOSING | CT_F_SEEN_NON_SYN);
 			entry->rx_flags_seen = 0;
 			entry->tx_flags_seen = 0;
-			ct_update_timeout(entry, is_tcp, dir, tcp_flags, now);
+			state->monitor = ct_update_timeout(entry, is_tcp, dir, tcp_flags, now);
 			ct_state_fill(state, entry);
 			return CT_NEW;
 		}
 		break;
 	case ACTION_CLOSE:
+		state->monitor = 1; /* Cilium reports every FIN and RST */
 		if (lab_fault(FAULT_NO_CLOSE))
 			break;
 		if (dir == CT_SERVICE) {

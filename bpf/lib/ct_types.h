@@ -79,7 +79,7 @@ struct ct_state {
 	__u8 tx_flags_seen;
 	__u8 rx_flags_seen;
 	__u8 syn;     /* the packet that found the entry was a SYN (Cilium's ct_state.syn) */
-	__u8 pad;
+	__u8 monitor; /* the lookup's 'monitor' output was non-zero: report this packet (aggregation) */
 };
 
 #endif /* LABKIT_CT_TYPES_H */

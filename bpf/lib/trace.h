@@ -42,6 +42,54 @@ static __always_inline void trace_ct(struct trace_event *ev, int dir, int result
 	ev->ct_tx_seen = st->tx_flags_seen;
 	ev->ct_rx_seen = st->rx_flags_seen;
 	ev->rev_nat_index = lk_ntohs(st->rev_nat_index);
+	if (st->monitor)
+		ev->report |= REPORT_MONITOR;
+}
+
+/* The trace notification Cilium sends for this hook's outcome. The pod's
+ * program reports where the packet goes next (bpf_lxc.c: to-overlay when it
+ * is tunnelled, to-stack when handed to the stack, to-endpoint when delivered
+ * to a pod); labkit has no separate from-endpoint record. */
+static __always_inline __u8 trace_obs_point(const struct trace_event *ev)
+{
+	switch (ev->hook) {
+	case HOOK_FROM_CONTAINER:
+		if (ev->verdict == VERDICT_REDIRECTED)
+			return ev->tunnel_endpoint ? OBS_TO_OVERLAY : OBS_TO_LXC;
+		return OBS_TO_STACK;
+	case HOOK_TO_CONTAINER:
+		return OBS_TO_LXC;
+	case HOOK_FROM_NETDEV:
+		return OBS_FROM_NETWORK;
+	case HOOK_TO_NETDEV:
+		return OBS_TO_NETWORK;
+	case HOOK_FROM_OVERLAY:
+		return OBS_FROM_OVERLAY;
+	default:
+		return OBS_TO_OVERLAY;
+	}
+}
+
+/* Would Cilium at aggregation level 'level' have emitted this record?
+ * Drops: always (bpf/lib/drop.h's send_drop_notify does not aggregate).
+ * Traces: bpf/lib/trace.h's emit_trace_notify(): from TRACE_AGGREGATE_RX on,
+ * no from-* point; from TRACE_AGGREGATE_ACTIVE_CT on, only when the CT lookup
+ * returned a non-zero monitor (a hook without CT information passes 0). */
+static __always_inline bool trace_reported(const struct trace_event *ev, __u32 level)
+{
+	if (ev->verdict == VERDICT_DROPPED)
+		return true;
+	if (level >= TRACE_AGGREGATE_RX) {
+		switch (ev->obs_point) {
+		case OBS_FROM_LXC:
+		case OBS_FROM_OVERLAY:
+		case OBS_FROM_NETWORK:
+			return false;
+		}
+	}
+	if (level >= TRACE_AGGREGATE_ACTIVE_CT && !(ev->report & REPORT_MONITOR))
+		return false;
+	return true;
 }
 
 static __always_inline void trace_emit(struct trace_event *ev, __u8 verdict, int reason)
@@ -49,11 +97,21 @@ static __always_inline void trace_emit(struct trace_event *ev, __u8 verdict, int
 	const struct lab_config *cfg = lab_config_get();
 	__u32 mode = cfg ? cfg->trace_mode : TRACE_ALL;
 
+	__u32 zero = 0;
+	__u64 *lost;
+
 	ev->verdict = verdict;
 	ev->drop_reason = reason;
+	ev->obs_point = trace_obs_point(ev);
+	if (trace_reported(ev, cfg ? cfg->monitor_aggregation : MONITOR_AGG_NONE))
+		ev->report |= REPORT_REPORTED;
 	if (mode == TRACE_NONE || (mode == TRACE_DROPS && verdict != VERDICT_DROPPED))
 		return;
-	labkit_events.ringbuf_output(ev, sizeof(*ev), 0);
+	if (labkit_events.ringbuf_output(ev, sizeof(*ev), 0) < 0) {
+		lost = labkit_events_lost.lookup(&zero);
+		if (lost)
+			__sync_fetch_and_add(lost, 1);
+	}
 }
 
 #endif /* LABKIT_TRACE_H */

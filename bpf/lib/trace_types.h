@@ -59,6 +59,34 @@
 #define POLICY_V_AUDITED     0x40 /* denied, but let through (POLICY_AUDIT_MODE) */
 #define POLICY_V_DENIED      0x80 /* the packet was dropped by policy */
 
+/* Observation points: Cilium v1.16's enum trace_point numbers (bpf/lib/trace_helpers.h
+ * there; Hubble's TraceObservationPoint in api/v1/flow/flow.proto, where 0 reads
+ * TO_ENDPOINT). Which one a labkit record stands for: trace_obs_point() in trace.h. */
+#define OBS_TO_LXC       0  /* "to-endpoint" */
+#define OBS_TO_STACK     3
+#define OBS_TO_OVERLAY   4
+#define OBS_FROM_LXC     5  /* "from-endpoint" */
+#define OBS_FROM_OVERLAY 9
+#define OBS_FROM_NETWORK 10
+#define OBS_TO_NETWORK   11
+
+/* Monitor aggregation levels (lab_config.monitor_aggregation): the agent's
+ * --monitor-aggregation settings (pkg/option/monitor.go, MonitorAggregationLevel*),
+ * which the agent writes into MONITOR_AGGREGATION. */
+#define MONITOR_AGG_NONE    0
+#define MONITOR_AGG_LOWEST  1
+#define MONITOR_AGG_LOW     2
+#define MONITOR_AGG_MEDIUM  3
+#define MONITOR_AGG_MAX     4
+/* The two thresholds bpf/lib/trace.h's emit_trace_notify() compares it with. */
+#define TRACE_AGGREGATE_RX        1 /* hide the from-* observation points */
+#define TRACE_AGGREGATE_ACTIVE_CT 3 /* report only when the CT lookup asked to (its 'monitor') */
+
+/* trace_event.report: whether Cilium at the lab's level would have emitted
+ * this notification. Every record still reaches labkit_events. */
+#define REPORT_REPORTED 0x01 /* Cilium would have sent it to the monitor */
+#define REPORT_MONITOR  0x02 /* the hook's CT lookup returned a non-zero 'monitor' */
+
 /* Trace modes (lab_config.trace_mode). */
 #define TRACE_ALL   0
 #define TRACE_DROPS 1
@@ -98,7 +126,11 @@ struct trace_event {
 	struct trace_tuple inner;  /* VXLAN packets at eth0: the encapsulated packet */
 	__u16 rev_nat_index;    /* host byte order, 0 if none */
 	__u16 flags;            /* TRACE_F_*; the high byte: a policy verdict (POLICY_V_*) */
+	__u8 obs_point;         /* OBS_*: the notification Cilium sends for this hook's outcome */
+	__u8 report;            /* REPORT_* */
+	__u16 pad2;
 	__u32 remote_id;        /* the peer's identity a policy verdict is about, or 0 */
+	__u32 pad3;
 };
 
 #endif /* LABKIT_TRACE_TYPES_H */

@@ -33,6 +33,8 @@ Examples::
     labkit lb list node-a --raw                     # ... every slot, backend and reverse NAT entry
     labkit trace --last 20                          # the last 20 flows, Hubble style
     labkit trace --follow --node node-b             # new flows of node-b until Ctrl-C
+    labkit observe --from-pod a1 --last 10          # what Hubble would show, `hubble observe` style
+    labkit observe -o json --verdict DROPPED        # one GetFlowsResponse per line, for jq
     labkit clock advance 120                        # move the lab clock 2 minutes ahead
     labkit clock show --json
     labkit down                                     # remove everything the lab created
@@ -73,7 +75,7 @@ __all__ = ["main", "build_parser", "COMMANDS", "ROOT_FREE", "sudo_argv", "cmd_na
 #: to the agent (``labkit service backend …``) does not pay for the lab, the grader or BCC.
 COMMANDS = {"up": "lab", "down": "lab", "cleanup": "lab", "status": "lab", "list": "lab", "doctor": "lab", "exec": "lab",
             "ct": "ct", "nat": "nat", "service": "service", "policy": "policy", "identity": "policy", "lb": "lb", "conntrack": "conntrack", "pod": "pod",
-            "gc": "gc", "trace": "trace", "clock": "clock", "fault": "fault", "agent": "agent",
+            "gc": "gc", "trace": "trace", "observe": "observe", "clock": "clock", "fault": "fault", "agent": "agent",
             "grade": "grade", "answers": "grade", "work": "work", "export": "work"}
 
 #: The commands that need no root: they read the repo or the learner's own files. Every other one drives

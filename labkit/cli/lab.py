@@ -67,6 +67,11 @@ def add_commands(add) -> None:
     p.add_argument("--label", type=pod_label, action="append", default=[], metavar="POD:KEY=VALUE",
                    help="give a pod a label, repeatable (a pod given none is labelled app=<its name>); pods with "
                         "equal labels share one security identity")
+    p.add_argument("--monitor-aggregation", choices=("none", "lowest", "low", "medium", "maximum"), default=None,
+                   help="which trace records count as reported to Hubble (`labkit observe`), as Cilium's "
+                        "--monitor-aggregation (default medium, as on a node); `labkit trace` still shows all")
+    p.add_argument("--hubble-buffer-size", type=int, default=None, metavar="N",
+                   help="flows the lab's Hubble ring keeps: 2^n-1, default 4095 (Hubble's event buffer capacity)")
     p.set_defaults(func=cmd_up)
 
     p = add("down", "remove everything the lab created, then check that nothing is left")
@@ -155,6 +160,10 @@ def cmd_up(args) -> int:
     if args.ct_accounting is not None:
         changes["ct_accounting"] = args.ct_accounting == "on"
     changes.update(policy_options(args))
+    if args.monitor_aggregation is not None:
+        changes["monitor_aggregation"] = args.monitor_aggregation
+    if args.hubble_buffer_size is not None:
+        changes["hubble_buffer_size"] = args.hubble_buffer_size
     config = DatapathConfig().with_options(**changes)
     print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
     t0 = time.time()
@@ -220,6 +229,8 @@ def cmd_status(args) -> int:
         ["Cilium", f"{st['datapath'].get('cilium', DEFAULT_RELEASE)} behaviour and output"],
         ["CT accounting", "on (Packets/Bytes counted)" if st["datapath"].get("ct_accounting")
                           else "off (as on a node: Packets=0 Bytes=0)"],
+        ["monitor", f"aggregation {st.get('monitor_aggregation', '-')}, Hubble ring of "
+                    f"{st['datapath'].get('hubble_buffer_size', '-')} flows (`labkit observe`)"],
         ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],
         ["agent", st.get("agent", "-")],
         ["CT GC", st.get("gc", "-")],

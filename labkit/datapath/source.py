@@ -50,6 +50,7 @@ MAP_NAMES = (
     "cilium_snat_v4_external",
     "labkit_config",
     "labkit_events",
+    "labkit_events_lost",
 )
 #: The maps a node pins besides MAP_NAMES when policy is compiled in (ENABLE_POLICY, bpf/lib/maps_policy.h).
 POLICY_MAP_NAMES = ("labkit_policy",)
@@ -162,6 +163,7 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
         "LB_MAP_SIZE": config.lb_map_size,
         "VXLAN_PORT": VXLAN_PORT,
         "LB_LOOPBACK_IPV4": be32(LOOPBACK_SNAT_ADDR),
+        "EVENTS_RING_PAGES": config.events_ring_pages,
         **config.timeouts.macros(),
         **config.profile.macros(),
     }

@@ -53,7 +53,7 @@ from labkit.errors import ConfigError, DatapathError, LabStateError, LabTimeoutE
 from labkit.net.ledger import (RUN_DIR, STATE_VERSION, LabLock, LabState, Ledger, lab_dir, process_start_time,
                                wait_gone)
 from labkit.maps.base import PinnedMap
-from labkit.maps.config import AGENT_FAULTS, IMPLEMENTED_FAULTS, ConfigMaps, Fault, LabConfig, TraceMode
+from labkit.maps.config import AGENT_FAULTS, IMPLEMENTED_FAULTS, ConfigMaps, Fault, LabConfig, MonitorAggregation, TraceMode
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
 from labkit.maps.nat import NAT_MAP, NatEntry, NatKey4, NatRow
 from labkit.net.topology import Topology
@@ -289,7 +289,7 @@ class Lab:
             for node, proc in loaders.items():
                 pin_dir = state.pin_dirs[node]
                 agent.program_node(topology, node, config.routing, pin_dir, net["endpoints"][node])
-                ConfigMaps([pin_dir]).write(LabConfig.initial())
+                ConfigMaps([pin_dir]).write(LabConfig.initial(MonitorAggregation.parse(config.monitor_aggregation)))
                 proc.stdin.write("attach\n")
                 proc.stdin.flush()
             for node, proc in loaders.items():
@@ -370,7 +370,8 @@ class Lab:
         """The lab's agent process (:mod:`labkit.agent.daemon`: Services, monitor, GC timer, API); returns
         once it answers on its socket. Everything it creates is in the ledger before it exists."""
         recorded = {e.get("path") for e in ledger.entries("file")}
-        for path in (socket_path(name), log_path(name), lab_dir(name) / "events.bin", lab_dir(name) / "monitor.pos"):
+        for path in (socket_path(name), log_path(name), lab_dir(name) / "events.bin", lab_dir(name) / "monitor.pos",
+                     lab_dir(name) / "hubble.ring"):
             if str(path) not in recorded:
                 ledger.record("file", path=str(path))
         proc = subprocess.Popen([sys.executable, "-m", "labkit", "agent", "--lab", name], stdin=subprocess.DEVNULL,
@@ -632,7 +633,8 @@ class Lab:
             pin = self.pin_dir(node.name)
             with PinnedMap(f"{pin}/{NAT_MAP}", NatKey4, NatEntry) as m:
                 m.clear()
-        self._config.write(LabConfig.initial())
+        level = self._config.read().monitor_aggregation  # the lab's level stays, as on a node
+        self._config.write(LabConfig.initial(level))
         (lab_dir(self.name) / "faults.json").unlink(missing_ok=True)  # the agent's faults off too
         self.gc.restart()  # on the clock as it is now set back
         self._mark_trace_epoch()
@@ -858,6 +860,22 @@ class Lab:
             self._config.update(trace_mode=value)
         return TraceMode(self._config.read().trace_mode).name.lower()
 
+    def monitor_aggregation(self, level: "str | int | None" = None) -> str:
+        """The monitor aggregation level: which trace records count as reported (Cilium's
+        ``--monitor-aggregation``: none, lowest, low, medium, maximum). Sets it on every node when given,
+        without rebuilding the programs; returns it. Every record still reaches ``labkit trace``.
+
+            >>> lab.monitor_aggregation("none")   # doctest: +SKIP
+            'none'
+        """
+        if level is not None:
+            try:
+                value = MonitorAggregation.parse(level)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            self._config.update(monitor_aggregation=int(value))
+        return MonitorAggregation(self._config.read().monitor_aggregation).label
+
     def _agent_summary(self) -> str:
         st = self.agent_status()
         if st.get("status") != "ok":
@@ -905,6 +923,7 @@ class Lab:
             "datapath": self.config.to_dict(),
             "clock": {"now": self.clock.now(), "offset": self.clock.offset, "mono": mono_seconds()},
             "faults": self.faults(),
+            "monitor_aggregation": self.monitor_aggregation(),
             "agent": self._agent_summary(),
             "gc": self._gc_summary(),
             "variants": [v.to_dict() for v in variants_of(self.name)],

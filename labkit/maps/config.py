@@ -1,6 +1,6 @@
 """``labkit_config``: the one-entry array through which a running datapath
-is told the lab clock offset, which break-it faults are on, and how much to
-trace. Keep in sync with bpf/lib/config_types.h.
+is told the lab clock offset, which break-it faults are on, how much to
+trace and at which monitor aggregation level records count as reported. Keep in sync with bpf/lib/config_types.h.
 
     >>> Fault.names(Fault.NO_IN_ENTRY | Fault.WRONG_LIFETIME)
     ['no-in-entry', 'wrong-lifetime']
@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 
 from labkit.maps.base import PinnedMap
 
-__all__ = ["LabConfig", "Fault", "TraceMode", "IMPLEMENTED_FAULTS", "AGENT_FAULTS", "CONFIG_MAP", "ConfigMaps"]
+__all__ = ["LabConfig", "Fault", "TraceMode", "MonitorAggregation", "IMPLEMENTED_FAULTS", "AGENT_FAULTS", "CONFIG_MAP", "ConfigMaps"]
 
 CONFIG_MAP = "labkit_config"
 
@@ -77,6 +77,38 @@ class TraceMode(enum.IntEnum):
     NONE = 2
 
 
+class MonitorAggregation(enum.IntEnum):
+    """``--monitor-aggregation`` levels, with the numbers of Cilium's MonitorAggregationLevel*
+    (pkg/option/monitor.go); the hooks compare them with trace.h's TRACE_AGGREGATE_* thresholds.
+
+        >>> MonitorAggregation.parse("maximum"), MonitorAggregation.MEDIUM.label
+        (<MonitorAggregation.MAX: 4>, 'medium')
+    """
+
+    NONE = 0  #: every record is reported
+    LOWEST = 1  #: no from-* observation point
+    LOW = 2  #: the same as lowest today (Cilium: "may aggregate additional traffic in future")
+    MEDIUM = 3  #: and only when the CT lookup asks for a report (new flow, flag change, interval, close)
+    MAX = 4  #: the same as medium in the datapath
+
+    @property
+    def label(self) -> str:
+        """The name ``labkit up --monitor-aggregation`` takes: ``'none'`` … ``'maximum'``."""
+        return "maximum" if self is MonitorAggregation.MAX else self.name.lower()
+
+    @classmethod
+    def parse(cls, value: "str | int") -> "MonitorAggregation":
+        """A name (Cilium's: none, disabled, lowest, low, medium, max, maximum) or a number 0–4."""
+        names = {"none": 0, "disabled": 0, "lowest": 1, "low": 2, "medium": 3, "max": 4, "maximum": 4}
+        key = str(value).strip().lower()
+        if key in names:
+            return cls(names[key])
+        if key.isdigit() and int(key) in cls._value2member_map_:
+            return cls(int(key))
+        raise ValueError(f"monitor aggregation level {value!r}: expected one of none, lowest, low, medium, "
+                         f"maximum or 0-4")
+
+
 class LabConfig(ctypes.LittleEndianStructure):
     """``struct lab_config`` (16 bytes)."""
 
@@ -84,13 +116,15 @@ class LabConfig(ctypes.LittleEndianStructure):
         ("clock_offset", ctypes.c_uint32),
         ("faults", ctypes.c_uint32),
         ("trace_mode", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
+        ("monitor_aggregation", ctypes.c_uint32),
     ]
 
     @classmethod
-    def initial(cls) -> "LabConfig":
-        """What a node starts with and returns to on reset: clock offset 0, no fault, trace everything."""
-        return cls(clock_offset=0, faults=0, trace_mode=TraceMode.ALL)
+    def initial(cls, monitor_aggregation: int = 3) -> "LabConfig":
+        """What a node starts with and returns to on reset: clock offset 0, no fault, trace everything, the
+        lab's aggregation level (medium unless told, as on a node)."""
+        return cls(clock_offset=0, faults=0, trace_mode=TraceMode.ALL,
+                   monitor_aggregation=int(monitor_aggregation))
 
 
 class _U32(ctypes.c_uint32):

@@ -3,6 +3,13 @@ buffer, appending the records to ``/run/labkit/<lab>/events.bin`` for any
 number of readers (``labkit trace``, notebook steps). Cilium's monitor agent
 plays the same part between the datapath and Hubble.
 
+It also plays Hubble's observer: each record the hook marked TRACE_R_REPORTED
+(what Cilium at the lab's aggregation level would have emitted) goes into the
+lab's Hubble ring (:mod:`labkit.observe.ring`), and growth of a node's
+``labkit_events_lost`` counter (records the kernel ring had no room for)
+becomes a lost-events entry there, as Hubble reports PERF_EVENT_RING_BUFFER
+losses.
+
 It runs inside the lab's agent (:mod:`labkit.agent.daemon`). After every write it records, in ``monitor.pos`` (one u64 per node, in
 ``pin_dirs`` order), how far into each ring buffer it has consumed *and*
 flushed; a reader that needs every event up to now compares those with the
@@ -10,6 +17,7 @@ rings' producer positions (:func:`flushed_past`).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import struct
@@ -17,9 +25,16 @@ import threading
 import time
 
 from labkit.datapath import bpf as _bpf
-from labkit.errors import LabTimeoutError
+from labkit.errors import DatapathError, LabTimeoutError
 from labkit.net.ledger import LabState, Ledger, lab_dir
-from labkit.observe.trace import EVENT_SIZE
+from labkit.config import DatapathConfig
+from labkit.maps.base import PinnedMap
+from labkit.observe.ring import SLOT_FLOW, SLOT_LOST, HubbleRing, Slot
+from labkit.observe.trace import EVENT_SIZE, Report, TraceEvent
+
+
+class _U32(ctypes.c_uint32):
+    """Key of the one-entry lost counter."""
 
 __all__ = ["Monitor", "ROTATE_BYTES", "flushed_past"]
 
@@ -45,6 +60,31 @@ class Monitor:
             self.poller.register(ring.fd, select.EPOLLIN)
         self.out = open(self.path, "ab")
         self.records = 0  #: how many records it has written since it started
+        capacity = DatapathConfig.from_dict(state.config).hubble_buffer_size
+        self.hubble = HubbleRing.create(lab_dir(lab) / "hubble.ring", capacity)
+        self.node_ids = [self._node_id(state, node) for node in state.pin_dirs]
+        self.lost_maps = [self._open_lost(pin) for pin in state.pin_dirs.values()]
+        self.lost_seen = [self._lost(i) for i in range(len(self.lost_maps))]
+
+    @staticmethod
+    def _node_id(state: LabState, node: str) -> int:
+        for n in state.topology.get("nodes", []):
+            if n.get("name") == node:
+                return int(n.get("node_id", 0))
+        return 0
+
+    @staticmethod
+    def _open_lost(pin: str) -> "PinnedMap | None":
+        try:
+            return PinnedMap(f"{pin}/labkit_events_lost", _U32, ctypes.c_uint64)
+        except (OSError, DatapathError):  # a datapath built before the counter existed
+            return None
+
+    def _lost(self, index: int) -> int:
+        if self.lost_maps[index] is None:
+            return 0
+        value = self.lost_maps[index].get(_U32(0))
+        return int(value.value) if value is not None else 0
 
     def loop(self, stopping: threading.Event) -> None:
         """Drain until ``stopping`` is set (it looks every 0.2 s)."""
@@ -54,6 +94,10 @@ class Monitor:
         finally:
             self.out.close()
             os.close(self.pos_fd)
+            self.hubble.close()
+            for m in self.lost_maps:
+                if m is not None:
+                    m.close()
 
     def drain(self, wait: float) -> None:
         """Wait up to ``wait`` s for records, append what the rings hold, then publish how far it got."""
@@ -62,10 +106,20 @@ class Monitor:
         except InterruptedError:
             return
         wrote = 0
-        for ring in self.rings:
+        wall_minus_mono = time.time_ns() - time.monotonic_ns()
+        for i, ring in enumerate(self.rings):
             for rec in ring.records():
                 self.out.write(rec[:EVENT_SIZE])
                 wrote += 1
+                ev = TraceEvent.from_buffer_copy(rec[:EVENT_SIZE])
+                if ev.report & Report.REPORTED:
+                    self.hubble.append(Slot(kind=SLOT_FLOW, node_id=ev.node_id, wall_ns=ev.ts_ns + wall_minus_mono,
+                                            event=ev))
+            lost = self._lost(i)
+            if lost > self.lost_seen[i]:
+                self.hubble.append(Slot(kind=SLOT_LOST, node_id=self.node_ids[i], wall_ns=time.time_ns(),
+                                        lost=lost - self.lost_seen[i], lost_total=lost))
+                self.lost_seen[i] = lost
         if wrote:
             self.out.flush()
             self.records += wrote

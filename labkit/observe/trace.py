@@ -18,6 +18,7 @@ Hubble does, with the peer's identity as Hubble writes one (ID:n)::
 from __future__ import annotations
 
 import ctypes
+import enum
 import os
 import socket
 import time
@@ -29,7 +30,7 @@ from labkit.addr import ipv4
 from labkit.constants import POLICY_V_SHIFT, DropReason, Hook, PolicyVerdict, TraceFlags, Verdict
 from labkit.maps.ct import CtFlags, CtResult, TcpFlags, proto_name
 
-__all__ = ["TraceTuple", "TraceEvent", "Flow", "EventLog", "EVENT_SIZE"]
+__all__ = ["TraceTuple", "TraceEvent", "Flow", "EventLog", "EVENT_SIZE", "Report"]
 
 
 class TraceTuple(ctypes.LittleEndianStructure):
@@ -69,8 +70,15 @@ _ICMP_TYPES = {0: "EchoReply", 3: "DestUnreachable", 5: "Redirect", 8: "EchoRequ
                12: "ParameterProblem"}
 
 
+class Report(enum.IntFlag):
+    """``trace_event.report`` (REPORT_* in bpf/lib/trace_types.h; keep in sync)."""
+
+    REPORTED = 0x01  #: Cilium at the lab's monitor aggregation level would have emitted this record
+    MONITOR = 0x02  #: the hook's CT lookup returned a non-zero 'monitor'
+
+
 class TraceEvent(ctypes.LittleEndianStructure):
-    """``struct trace_event`` (96 bytes)."""
+    """``struct trace_event`` (104 bytes)."""
 
     _fields_ = [
         ("ts_ns", ctypes.c_uint64),
@@ -94,7 +102,11 @@ class TraceEvent(ctypes.LittleEndianStructure):
         ("inner", TraceTuple),
         ("rev_nat_index", ctypes.c_uint16),
         ("flags", ctypes.c_uint16),  # TRACE_F_*; the high byte: a policy verdict (POLICY_V_*)
+        ("obs_point", ctypes.c_uint8),
+        ("report", ctypes.c_uint8),
+        ("pad2", ctypes.c_uint16),
         ("remote_id", ctypes.c_uint32),  # the peer's identity of that verdict
+        ("pad3", ctypes.c_uint32),
     ]
 
 

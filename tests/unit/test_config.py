@@ -189,3 +189,35 @@ def test_policy_round_trips():
     """policy and policy_audit survive to_dict/from_dict."""
     c = DatapathConfig(policy="always", policy_audit=True)
     assert DatapathConfig.from_dict(c.to_dict()) == c
+
+
+def test_observation_defaults_are_a_nodes():
+    """Monitor aggregation medium (Helm's bpf.monitorAggregation), Hubble's 4095-flow ring, a 1 MiB events ring."""
+    c = DatapathConfig()
+    assert (c.monitor_aggregation, c.hubble_buffer_size, c.events_ring_pages) == ("medium", 4095, 256)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("monitor_aggregation", "high"), ("monitor_aggregation", "5"),
+    ("hubble_buffer_size", 4096), ("hubble_buffer_size", 0), ("hubble_buffer_size", True),
+    ("events_ring_pages", 3), ("events_ring_pages", 0), ("events_ring_pages", 131072),
+])
+def test_invalid_observation_options(field, value):
+    """A level Cilium does not know, a ring capacity that is not 2^n-1, or a ring that is not a power of two of
+    pages is a ConfigError naming the option and the value."""
+    with pytest.raises(ConfigError, match=re.escape(repr(value))):
+        DatapathConfig(**{field: value})
+
+
+def test_monitor_aggregation_levels_parse_as_cilium():
+    """MonitorAggregation takes Cilium's names and numbers (pkg/option/monitor.go monitorAggregationOption)."""
+    from labkit.maps.config import LabConfig, MonitorAggregation
+
+    assert [MonitorAggregation.parse(v) for v in ("none", "disabled", "lowest", "low", "medium", "max", "maximum", "3")] \
+        == [0, 0, 1, 2, 3, 4, 4, 3]
+    assert MonitorAggregation.MAX.label == "maximum" and MonitorAggregation.LOWEST.label == "lowest"
+    with pytest.raises(ValueError, match="'high'"):
+        MonitorAggregation.parse("high")
+    assert LabConfig.initial().monitor_aggregation == MonitorAggregation.MEDIUM
+    for name in ("none", "lowest", "low", "medium", "maximum"):
+        DatapathConfig(monitor_aggregation=name)  # every `labkit up --monitor-aggregation` choice is valid

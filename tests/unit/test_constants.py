@@ -11,6 +11,8 @@ from labkit import constants
 from labkit.constants import DropReason, Hook, PolicyMatch, TraceFlags, Verdict
 from labkit.maps import config as mconfig
 from labkit.maps import ct, eps, lb, nat
+from labkit.observe.hubble import OBS_POINTS
+from labkit.observe.trace import Report
 
 BPF_LIB = Path(__file__).resolve().parents[2] / "bpf" / "lib"
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)[ \t]+(-?(?:0[xX][0-9a-fA-F]+|\d+))\b", re.M)
@@ -60,7 +62,25 @@ def test_drop_reasons():
 def test_trace_modes():
     """TraceMode mirrors TRACE_* both ways."""
     assert members(mconfig.TraceMode) == group("trace_types.h", "TRACE_", exclude=tuple(
-        n for n in defines("trace_types.h") if n.startswith("TRACE_F_")))
+        n for n in defines("trace_types.h") if n.startswith(("TRACE_F_", "TRACE_AGGREGATE_"))))
+
+
+def test_monitor_aggregation_levels():
+    """MonitorAggregation mirrors MONITOR_AGG_* both ways, and the thresholds are Cilium's (trace.h)."""
+    assert members(mconfig.MonitorAggregation) == group("trace_types.h", "MONITOR_AGG_")
+    assert group("trace_types.h", "TRACE_AGGREGATE_") == {"RX": 1, "ACTIVE_CT": 3}
+
+
+def test_report_bits():
+    """Report mirrors REPORT_* both ways."""
+    assert members(Report) == group("trace_types.h", "REPORT_")
+
+
+def test_observation_points():
+    """Every OBS_* is Cilium's trace_point number with the Hubble name labkit prints for it."""
+    names = {"TO_LXC": "TO_ENDPOINT", "FROM_LXC": "FROM_ENDPOINT"}
+    for name, value in group("trace_types.h", "OBS_").items():
+        assert OBS_POINTS[value][0] == names.get(name, name)
 
 
 def test_trace_flags():

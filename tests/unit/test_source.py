@@ -42,6 +42,7 @@ def test_tunnel_macros(topo):
         "VXLAN_IFINDEX": 42,
         "VXLAN_PORT": 8472,
         "LB_LOOPBACK_IPV4": LOOPBACK_MACRO,
+        "EVENTS_RING_PAGES": 256,  # DatapathConfig.events_ring_pages: 1 MiB per node
         "CT_MAP_SIZE_TCP": 4096,
         "CT_MAP_SIZE_ANY": 2048,
         "LB_MAP_SIZE": 65536,

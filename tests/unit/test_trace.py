@@ -38,8 +38,8 @@ HUBBLE_DROP_TEXT = {
 
 
 def test_event_size():
-    """struct trace_event is 96 bytes and EVENT_SIZE says so."""
-    assert ctypes.sizeof(TraceEvent) == 96 == EVENT_SIZE
+    """struct trace_event is 104 bytes and EVENT_SIZE says so."""
+    assert ctypes.sizeof(TraceEvent) == 104 == EVENT_SIZE
     assert ctypes.sizeof(TraceTuple) == 16
 
 
@@ -233,7 +233,7 @@ def test_no_policy_byte_no_policy_text():
     assert both.to_json()["flags"] == ["dsr-opt-added", "snat"]
 
 
-def test_remote_id_sits_where_pad2_was():
-    """remote_id is the record's last 4 bytes (what was pad2): the record stays 96 bytes."""
+def test_remote_id_follows_the_observation_bytes():
+    """remote_id sits after flags, obs_point, report and pad2 (bytes 96-99), before the final pad."""
     raw = bytes(syn_event(remote_id=0x01000001))
-    assert raw[92:96] == struct.pack("<I", 0x01000001)
+    assert raw[96:100] == struct.pack("<I", 0x01000001) and raw[100:104] == bytes(4)
