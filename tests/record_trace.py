@@ -4,7 +4,7 @@
 
 Two connections, each open, send, close: a1 -> b1:8080 (pod to pod through the tunnel) and a1 -> the
 Service web:80 whose one backend is b2:8080 (DNAT at from-container, reverse NAT at to-container). Each
-step is written with its records (the raw 96-byte events in hex, node and device names) and every node's
+step is written with its records (the raw events in hex, node and device names) and every node's
 CT rows before and after, so tests rebuild the same Flow and CtRow objects (tracefixtures.recorded_steps).
 """
 from __future__ import annotations

@@ -11,6 +11,15 @@ from labkit.observe.trace import TraceEvent, TraceTuple
 __all__ = ["be16", "tup", "syn_event", "recorded_steps"]
 
 
+
+def recorded_event(hex_text: str) -> TraceEvent:
+    """A record of tcp_conn_trace.json. It was recorded when struct trace_event was 96 bytes; the 8 bytes the
+    record has grown since (a policy verdict's remote identity and padding) were zero in every such record."""
+    from labkit.observe.trace import EVENT_SIZE
+
+    raw = bytes.fromhex(hex_text)
+    return TraceEvent.from_buffer_copy(raw + bytes(EVENT_SIZE - len(raw)))
+
 def be16(port: int) -> int:
     return int.from_bytes(port.to_bytes(2, "big"), "little")
 
@@ -71,7 +80,7 @@ def recorded_steps(name: str, path=None) -> list:
                               config=DatapathConfig().with_options(routing=data["routing"]),
                               clock=SimpleNamespace(now=lambda now=s["now"]: now),
                               ct_command=lambda node: [f"cilium-dbg bpf ct list global  # {node}"])
-        flows = [Flow(TraceEvent.from_buffer_copy(bytes.fromhex(f["event"])), f["node"], f["device"])
+        flows = [Flow(recorded_event(f["event"]), f["node"], f["device"])
                  for f in s["flows"]]
         out.append(Step(s["title"], lab, flows, {n: [row(r) for r in rows] for n, rows in s["before"].items()},
                         {n: [row(r) for r in rows] for n, rows in s["after"].items()}, s["result"], s["now"]))

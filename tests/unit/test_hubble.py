@@ -16,7 +16,7 @@ from labkit.net.topology import Topology
 from labkit.observe.hubble import FlowFilter, Names, compact, response, ring_lost
 from labkit.observe.ring import SLOT_FLOW, SLOT_LOST, Slot
 from labkit.observe.trace import TraceEvent
-from tracefixtures import be16, syn_event, tup
+from tracefixtures import be16, recorded_event, syn_event, tup
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "hubble-flow.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
@@ -131,7 +131,7 @@ def _recorded_slots() -> list[Slot]:
     for steps in data["connections"].values():
         for step in steps:
             for f in step["flows"]:
-                slots.append(flow_slot(TraceEvent.from_buffer_copy(bytes.fromhex(f["event"])), node_ids[f["node"]]))
+                slots.append(flow_slot(recorded_event(f["event"]), node_ids[f["node"]]))
     return slots
 
 

@@ -263,7 +263,7 @@ def test_python_mirror_sizes_match_docstrings():
         eps.RemoteEndpointInfo: 12,  # 4+4+2+1+1
         mconfig.LabConfig: 16,  # 4*4
         trace.TraceTuple: 16,  # 4+4+2+2+4*1
-        trace.TraceEvent: 96,  # 8+4+4+4*1+2+2+4+4*1+4+4+3*16+2+2+4
+        trace.TraceEvent: 104,  # 8+4+4+4*1+2+2+4+4*1+4+4+3*16+2+2+1+1+2+4+4
     }
     assert {c: ctypes.sizeof(c) for c in expected} == expected
 
