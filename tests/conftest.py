@@ -1,5 +1,8 @@
 """What every tier shares: the CI gate and the tier markers.
 
+`make test` runs the tests on every core (pytest-xdist, ``-n auto --dist loadgroup``): a file's tests stay
+on one worker, and each worker's labs carry its own name (tests/labtag.py).
+
 A test under tests/datapath is marked ``datapath``, one under tests/bpf ``bpf`` and one under
 tests/labs ``labs``, so ``pytest -m "not datapath and not bpf and not labs"`` runs what needs no root. Tests that need the
 kernel datapath ask for ``datapath_ready``: without root or BPF they skip, and with
@@ -17,9 +20,13 @@ _TIERS = {"datapath": "datapath", "bpf": "bpf", "labs": "labs"}  # directory und
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its tier (the directory it lives in under tests/)."""
+    """Mark each test with its tier (the directory it lives in under tests/), and with the group that keeps it
+    on one worker under ``pytest -n N --dist loadgroup`` (make test): its file, so that a module's shared lab is
+    brought up once; every test of the shared JupyterLab and Chromium (``browser_session``) in one group."""
     here = Path(__file__).parent
     for item in items:
+        group = "browser" if "browser_session" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
         try:
             tier = Path(item.fspath).relative_to(here).parts[0]
         except ValueError:

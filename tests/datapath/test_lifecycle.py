@@ -214,9 +214,11 @@ def test_doctor_passes_on_this_machine():
     """`labkit doctor --json` runs every check, including compiling and attaching a probe, and all pass."""
     import json
 
-    r = subprocess.run([sys.executable, "-m", "labkit", "cli", "doctor", "--json"], capture_output=True, text=True,
-                       timeout=120)
-    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "cli", "doctor", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=120)
+    checks = {c["name"]: c for c in json.loads(out)}
     assert "compile+attach" in checks
-    assert [c for c in checks.values() if not c["ok"]] == [] and r.returncode == 0
-    assert not [n for n in os.listdir(_netns.NETNS_DIR) if n.startswith("lk-doctor-")], "doctor left its probe"
+    assert [c for c in checks.values() if not c["ok"]] == [] and proc.returncode == 0
+    # The probe is named after the doctor's pid (another test run's doctor may be probing right now).
+    assert f"lk-doctor-{proc.pid}" not in os.listdir(_netns.NETNS_DIR), "doctor left its probe"
