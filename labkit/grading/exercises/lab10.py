@@ -1,6 +1,6 @@
 """Lab 10, identities and network policy: whom an identity stands for, where a denied SYN stops and what it
 leaves, an established connection after its allow goes (and replies through a deny-all), the egress verdict
-behind a Service, and a break-it fault that turns a reply into a new connection.
+behind a Service, a hairpin through a deny-all, and a break-it fault that turns a reply into a new connection.
 
 Graders read what the notebook's cells recorded: each step's trace records (the policy verdicts ride in them:
 remote identity, direction, drop reason) and CT rows. The rules the answers follow are Cilium v1.16's:
@@ -9,7 +9,8 @@ remote identity, direction, drop reason) and CT rows. The rules the answers foll
   packets are checked against the endpoint's policy map; ``CT_REPLY`` and ``CT_RELATED`` skip policy ("Skip
   policy enforcement for return traffic"); a denied packet returns before ``ct_create4``, so it makes no row
   at that hook; the egress verdict is taken after the service lookup, on the DNATed destination's identity
-  (cilium_ipcache) and port.
+  (cilium_ipcache) and port; at ingress a new packet from IPV4_LOOPBACK whose OUT entry is a loopback one, or
+  one whose entry carries ``loopback``, skips policy (the hairpin).
 - bpf/lib/policy.h ``__policy_can_access``: the lookup key is the peer's identity, protocol and port; no match
   is DROP_POLICY (-133, "Policy denied").
 - pkg/identity (cache allocation): an identity stands for a label set, so pods with equal labels share it.
@@ -24,10 +25,12 @@ from labkit.constants import DropReason, Hook
 from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.grading.exercises.common import (broken_step, dst, hook_name, is_syn, kinds_answer, row_kind, src,
                                              step_rows, unhealthy)
-from labkit.maps.ct import CtResult
+from labkit.maps.ct import CtFlags
+from labkit.net.topology import LOOPBACK_SNAT_ADDR
 
-WHO, DENIED, ESTAB, SVC, BREAK = ("1. Who may call b1", "2. A denied SYN", "3. Established, then the allow goes",
-                                  "4. Policy behind a Service", "6. Break it")
+WHO, DENIED, ESTAB, SVC, HAIRPIN, BREAK = (
+    "1. Who may call b1", "2. A denied SYN", "3. Established, then the allow goes", "4. Policy behind a Service",
+    "5. Hairpin under deny-all", "6. Break it")
 _FAULT = "no-out-entry"  #: section 6's fault, left out of the evidence of sections 1-4
 _CLEAN = {"faults": lambda f: _FAULT not in f}
 
@@ -283,9 +286,75 @@ def service_egress(answer, ev) -> Outcome:
     return Outcome(False, "; ".join(problems) + ".", diff, reveal=f"({ident}, {port})")
 
 
-# -- 10.5 (break it) ----------------------------------------------------------------------
+# -- 10.5 ---------------------------------------------------------------------------------
+_FLAG_NAMES = {n.lower(): n for n in CtFlags.names(sum(CtFlags))}  #: 'lbloopback' -> 'LBLoopback', ...
+
+
 @exercise(
     "10.5",
+    "A hairpin through a deny-all",
+    hints=(
+        "Read the line of the SYN at node-a's to-container in the open to self: its source, its ct= and its flags.",
+        "Compare it with a2's SYN to a1 in the same cell, which a1's map refused: what does the hairpin SYN carry "
+        "that a2's does not?",
+        "The answer is ('new', 'LBLoopback'): a new SYN, from the loopback address, of a flow marked LBLoopback: "
+        "ipv4_policy lets it in without asking the map.",
+    ),
+    fault="no-loopback-snat",
+    cells=(HAIRPIN,),
+)
+def hairpin_skips_policy(answer, ev) -> Outcome:
+    """(CT state of the hairpin SYN at a1's to-container, the CT flag it carried), from section 5's open of a1 ->
+    self, graded only when the same section's a2 -> a1 SYN shows a1 denying all ingress."""
+    step = ev.step(op="tcp-open", actor="a1", target="self", port=80, **_CLEAN)
+    if step is None:
+        return Outcome.needs(HAIRPIN, "a1's connection to self records the hairpin's trace")
+    control = [s for s in ev.steps(op="tcp-open", actor="a2", target="a1", port=8080, **_CLEAN)]
+    a1 = ev.topology.pod("a1").ip
+    refused = control and not control[-1].ok and any(
+        f.dropped and f.event.drop_reason == DropReason.POLICY and f.hook == Hook.TO_CONTAINER for f in control[-1].flows)
+    syns = [f for f in step.flows if f.node == "node-a" and f.hook == Hook.TO_CONTAINER and is_syn(f.event.before)
+            and dst(f.event.before) == (a1, 8080) and src(f.event.before)[1] == step.attrs.get("sport")]
+    if not refused or not step.ok or not syns or syns[0].dropped or syns[0].policy is not None \
+            or src(syns[0].event.before)[0] != LOOPBACK_SNAT_ADDR:
+        saw = ("a2's connection to a1 not refused by a1's policy" if not refused else
+               "no hairpin SYN delivered into a1" if not syns else
+               f"the hairpin SYN arriving from {src(syns[0].event.before)[0]}"
+               f"{' with a verdict' if syns[0].policy is not None else ''}, connect() "
+               f"{'succeeding' if step.ok else 'failing'}")
+        return unhealthy(HAIRPIN, saw, step)
+    live_flags = CtFlags.names(syns[0].event.ct_flags)
+    live = (syns[0].ct_result.name.lower(), "LBLoopback" if "LBLoopback" in live_flags else ",".join(live_flags))
+    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        return Outcome(False, f"expected a pair ('CT state', 'flag'), got {answer!r}.")
+    flag = str(answer[1]).strip().strip("[]").replace("_", "").lower()
+    got = (_ct_name(answer[0]), _FLAG_NAMES.get(flag, str(answer[1]).strip()))
+    diff = tuple(("=" if g == want else "-", want, g) for want, g in zip(live, got))
+    if got == live:
+        return Outcome(True, f"the SYN entered a1 as ct={live[0]}, from {LOOPBACK_SNAT_ADDR}, flagged {live[1]}: "
+                             "a new packet that policy would check, but Cilium's ipv4_policy lets a new packet from "
+                             "the service loopback address through when its flow's OUT row is a loopback one, and the "
+                             "IN row it creates carries the flag, so the rest of the connection passes too. a2, with "
+                             "the same labels as a1, was refused in the same cell: the exception is the hairpin's "
+                             "alone.", diff)
+    problems = []
+    if got[0] != live[0]:
+        if got[0] == "reply":
+            problems.append("the SYN coming back into a1 is not a reply: it is the first packet a1's server sees of "
+                            "a flow from the loopback address, and a reply would skip policy anyway")
+        elif got[0] == "established":
+            problems.append("a1's OUT row of the flow does not make the returning SYN established at to-container: "
+                            "read its ct=")
+        else:
+            problems.append(f"{answer[0]!r} is not the SYN's ct= at a1's to-container")
+    if got[1] != live[1]:
+        problems.append(f"{answer[1]!r} is not the flag that marks the flow as a hairpin on that line")
+    return Outcome(False, "; ".join(problems) + ".", diff, reveal=f"{live}")
+
+
+# -- 10.6 (break it) ----------------------------------------------------------------------
+@exercise(
+    "10.6",
     "Break it: an answer that looks new",
     hints=(
         "Find the DROPPED line of the step: on which hook, and what does its ct= say?",
