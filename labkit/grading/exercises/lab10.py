@@ -98,7 +98,7 @@ def shared_identity(answer, ev) -> Outcome:
                              "a policy cannot tell apart two pods with equal labels.", out.diff)
     have = set(got)
     if have == {"a2"}:
-        msg = "an identity does not belong to one pod: it stands for a set of labels, and a2's labels are a1's."
+        msg = "an identity does not belong to one pod: it stands for a set of labels. Compare every pod's labels."
     elif have == {"a1"}:
         msg = "the rule names app=a1, but the verdict on a2's SYN names the identity a2 itself carries."
     elif {"b1", "b2"} & have:
