@@ -14,6 +14,7 @@ import warnings
 from labkit.config import DatapathConfig
 from labkit.grading.checks import check
 from labkit.lab import Lab
+from labkit.net.topology import Topology
 from labkit.lab.session import VARIANTS, current_lab, down_variants, lab_name, set_current
 
 __all__ = ["start", "check", "current_lab", "lab_name", "show", "VARIANTS"]
@@ -23,12 +24,14 @@ warnings.filterwarnings("ignore", message="Unable to import Axes3D")
 
 
 def start(routing: str | None = None, socket_lb: str | None = None, variant: str | None = None,
-          lb_mode: str | None = None, **options):
+          lb_mode: str | None = None, labels: dict | None = None, **options):
     """Bring up (or attach to) this notebook's lab, reset it, and make it the current one.
 
     ``variant`` names a second lab beside the main one (``<name>-<variant>``), for
     side-by-side comparisons such as tunnel vs native, socket LB vs per-packet LB, or
-    ``lb_mode`` snat vs dsr. Other datapath options (``ct_tcp_size=64``, ...) pass through.
+    ``lb_mode`` snat vs dsr. ``labels`` gives some pods other labels than ``app=<pod>``
+    (``{"a2": {"app": "a1"}}``, as ``labkit up --label a2:app=a1``; lab 10). Other datapath
+    options (``ct_tcp_size=64``, ``policy="default"``, ...) pass through.
     The garbage collector's timer is off unless ``gc_timer=True``: a learner reading at
     their own pace must not find rows collected that the lab is not about collecting.
     Starting the main lab takes down variant labs a restarted kernel left behind.
@@ -47,7 +50,8 @@ def start(routing: str | None = None, socket_lb: str | None = None, variant: str
     name = f"{lab_name()}-{variant}" if variant else lab_name()
     if variant is None:
         down_variants(name)
-    lab = Lab.up(name, config=config)
+    topology = Topology.default(name, labels=labels) if labels else None
+    lab = Lab.up(name, config=config, topology=topology)
     lab.reset()
     if variant:
         return lab
