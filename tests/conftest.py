@@ -17,6 +17,9 @@ import pytest
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _TIERS = {"datapath": "datapath", "bpf": "bpf", "labs": "labs"}  # directory under tests/ -> marker
+#: Groups that take minutes (every lab's notebook runs and mutants, the browser tests): started first.
+LONGEST_FIRST = ["tests/labs/test_mutations.py", "tests/labs/test_notebooks.py", "browser",
+                 "tests/labs/test_grade_notebooks.py"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -24,9 +27,15 @@ def pytest_collection_modifyitems(config, items):
     on one worker under ``pytest -n N --dist loadgroup`` (make test): its file, so that a module's shared lab is
     brought up once; every test of the shared JupyterLab and Chromium (``browser_session``) in one group."""
     here = Path(__file__).parent
+    groups = {}
     for item in items:
         group = "browser" if "browser_session" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        groups[item.nodeid] = group
         item.add_marker(pytest.mark.xdist_group(group))
+    # The longest groups first: a worker picks groups in this order, and a long one started last runs alone.
+    items.sort(key=lambda item: LONGEST_FIRST.index(groups[item.nodeid]) if groups[item.nodeid] in LONGEST_FIRST
+               else len(LONGEST_FIRST))
+    for item in items:
         try:
             tier = Path(item.fspath).relative_to(here).parts[0]
         except ValueError:
