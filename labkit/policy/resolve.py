@@ -86,6 +86,7 @@ __all__ = [
     "masked_ports",
     "covers",
     "DNS_PROXY_PORT",
+    "fqdn_selects",
 ]
 
 #: The DNS proxy's port in every node (labkit's choice, fixed). Cilium v1.16 lets the OS pick it
@@ -290,6 +291,8 @@ class Resolution:
 
     endpoints: dict[str, EndpointPolicy]
     warnings: list[str]
+    #: every cached IP a toFQDNs selector picks out → its identity (the ipcache entries the agent writes)
+    fqdn_ids: dict[str, int] = field(default_factory=dict)
 
 
 class _Peers:
@@ -359,7 +362,7 @@ class _Peers:
             ids |= got
         for f in rule.fqdns or ():
             for name, ips in self.fqdns.items():
-                if _fqdn_selects(f, name):
+                if fqdn_selects(f, name):
                     ids |= {self.fqdn_ids[ip] for ip in ips}
         return ids
 
@@ -369,13 +372,15 @@ class _Peers:
         by_ip: dict[str, set[str]] = {}
         for name, ips in self.fqdns.items():
             for sel in selectors:
-                if _fqdn_selects(sel, name):
+                if fqdn_selects(sel, name):
                     for ip in ips:
                         by_ip.setdefault(ip, set()).add(sel.match_name or sel.match_pattern)
         self.fqdn_ids = {ip: self.alloc.allocate_fqdn(sels) for ip, sels in by_ip.items()}
 
 
-def _fqdn_selects(sel: FqdnSelector, name: str) -> bool:
+def fqdn_selects(sel: FqdnSelector, name: str) -> bool:
+    """Whether a toFQDNs or DNS rule item selects ``name`` (a full name with its final dot): matchName
+    exactly, matchPattern by its anchored regex (pkg/fqdn/matchpattern)."""
     if sel.match_name:
         return fqdn(sel.match_name) == name
     return matches(sel.match_pattern, name)
@@ -435,4 +440,4 @@ def resolve(endpoints: Sequence[Endpoint], policies: Sequence[Policy], alloc: Id
         out[ep.name] = EndpointPolicy(ep, enforced["ingress"], enforced["egress"], ms.rows(),
                                       [f"{p.name}/{r.path}" for p, r in selecting])
     # a selector warning is reported once, however many endpoints the rule applies to
-    return Resolution(out, list(dict.fromkeys(warnings)))
+    return Resolution(out, list(dict.fromkeys(warnings)), dict(peers.fqdn_ids))
