@@ -454,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lab", required=True)
     ap.add_argument("--gc-poll", type=float, default=1.0, help="how often the GC timer looks at the lab clock (s)")
     ap.add_argument("--tofqdns-proxy-response-max-delay", type=float, default=None, metavar="SECONDS",
-                    help="longest the DNS proxy holds an answer while the maps are written (Cilium: 100ms)")
+                    help="longest the DNS proxy holds an answer while the maps are written (Cilium: 100ms; "
+                         "default $LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY, else 0.1)")
     args = ap.parse_args(argv)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -470,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         from labkit.fqdn.proxy import MAX_DELAY, DnsProxies
 
         delay = args.tofqdns_proxy_response_max_delay
+        if delay is None and os.environ.get("LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY"):
+            delay = float(os.environ["LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY"])  # inherited from `labkit up`
         agent.dns_proxies = DnsProxies(agent, max_delay=MAX_DELAY if delay is None else delay)
         agent.dns_proxies.start(stopping)
         for ev in agent.dns_proxies.ready.values():

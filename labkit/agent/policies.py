@@ -388,7 +388,11 @@ class Policies:
         return report
 
     def flush(self) -> dict:
-        """Remove every policy (``lab.reset()``): every endpoint's map and CIDR ipcache entry goes."""
+        """Remove every policy (``lab.reset()``): every endpoint's map and CIDR ipcache entry goes, and the DNS
+        cache is emptied (the reset lab clock would otherwise keep old answers alive longer)."""
+        if self.dns.entries:
+            self.dns.entries = []
+            self._save_dns()
         if not self.objects and not self.ipcache and not any(
                 PolicyMaps(self.view.name, n, d).pinned() for n, d in self.view.pin_dirs.items()):
             return {"endpoints": {}, "removed": [], "ipcache": {"added": [], "deleted": []}, "warnings": [],

@@ -91,7 +91,7 @@ def _node_proxy_routing(topo: Topology) -> None:
             ipr = IPRoute()
         try:
             lo = ipr.link_lookup(ifname="lo")[0]
-            ipr.route("replace", dst="0.0.0.0/0", table=PROXY_ROUTE_TABLE, type="local", oif=lo)
+            ipr.route("replace", dst="0.0.0.0/0", table=PROXY_ROUTE_TABLE, type="local", scope=254, oif=lo)
             if not [r for r in ipr.get_rules(family=2) if r.get_attr("FRA_PRIORITY") == PROXY_RULE_PRIORITY]:
                 ipr.rule("add", table=PROXY_ROUTE_TABLE, priority=PROXY_RULE_PRIORITY, fwmark=PROXY_MARK,
                          fwmask=PROXY_MARK_MASK)
