@@ -158,6 +158,11 @@ class DnsProxies:
             worker.join(self.max_delay)
             if worker.is_alive():
                 self._event(qid, "max-delay", name=name, waited_ms=round((time.monotonic() - t0) * 1000, 3))
+        self._release(qid, name, answer, src, dst, t0)
+
+    def _release(self, qid: int, name: str, answer: bytes, src: tuple[str, int], dst: tuple[str, int],
+                 t0: float) -> None:
+        """Send the answer to the pod; the event is stamped as it leaves."""
         self._send(answer, src, dst)
         self._event(qid, "released", name=name, held_ms=round((time.monotonic() - t0) * 1000, 3))
 
