@@ -250,3 +250,27 @@ def test_dnsmasq_is_in_the_ledger(flab):
     procs = {e["name"]: e for e in Ledger(flab.name).entries("process")}
     assert procs["dnsmasq"]["netns"] == flab.topology.netns("ext")
     assert "podserver-ext" in procs
+
+
+def test_allowed_query_reaches_dnsmasq_from_the_node(fl):
+    """The proxy forwards an allowed query from the node's address (labkit's choice; Cilium's transparent mode
+    keeps the pod's): dnsmasq logs node-a's 198.51.100.11, not a1's address."""
+    log = Path(f"/run/labkit/{fl.name}/dnsmasq.log")
+    size = log.stat().st_size
+    resolve(fl, "api.lab.example")
+    seen = [line for line in log.read_text()[size:].splitlines() if "query[A] api.lab.example" in line]
+    assert seen and all(line.endswith("from 198.51.100.11") for line in seen)
+
+
+def test_pod_without_dns_rule_asks_dnsmasq_itself(fl):
+    """a2 has no policy: its 53/UDP key is not a redirect, so its query reaches dnsmasq from its own address
+    and the proxy learns nothing from it."""
+    log = Path(f"/run/labkit/{fl.name}/dnsmasq.log")
+    size = log.stat().st_size
+
+    p = fl.popen("a2", [sys.executable, "-c", _RESOLVE, "web.lab.example", "-", _ROOT], stdout=subprocess.PIPE, text=True)
+    got = json.loads(p.communicate(timeout=30)[0])
+    assert got["records"] == [[WEB, DEFAULT_TTL]]
+    a2 = fl.topology.pod("a2").ip
+    assert any(line.endswith(f"from {a2}") for line in log.read_text()[size:].splitlines())
+    assert f"{WEB}/32" not in ipcache(fl)
