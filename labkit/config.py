@@ -93,7 +93,7 @@ LAB_DIFFERENCES = (
     "the only L7 proxy is the DNS proxy, one thread per node in the agent with its socket in the node's "
     "namespace on the fixed port 10053 (Cilium's is in the host, its port OS-assigned unless --tofqdns-proxy-port); "
     "pods' packets reach it only the --enable-bpf-tproxy way (bpf_sk_assign from bpf_lxc, plus Cilium's fwmark "
-    "0x200 rule to table 2005), UDP only, and it forwards from the node's address where Cilium's transparent mode "
+    "0x200 rule to table 2004), UDP only, and it forwards from the node's address where Cilium's transparent mode "
     "keeps the pod's; its DNS cache runs on the lab clock, so `labkit clock advance` expires answers, and keeps no "
     "zombies (IPs of expired names stay in Cilium's maps while a connection uses them)",
 )

@@ -5,10 +5,11 @@
  * carries a proxy port, the program looks up the proxy's socket with the
  * packet's own addresses but the proxy port as destination port
  * (bpf_sk_lookup_udp), assigns the packet to it (bpf_sk_assign), and marks it
- * MARK_MAGIC_TO_PROXY with the port in the upper 16 bits; the agent's ip rule
- * (priority 9, fwmark 0x200/0xf00 → table 2005, pkg/datapath/linux/route and
- * linux_defaults RouteTableToProxy) routes every marked packet locally
- * (table 2005: local 0.0.0.0/0 dev lo), so the stack delivers it to the
+ * MARK_MAGIC_TO_PROXY with the port in the upper 16 bits (__ctx_redirect_to_proxy);
+ * the agent's ip rule
+ * (priority 9, fwmark 0x200/0xf00 → table 2004: linux_defaults
+ * RulePriorityToProxyIngress, RouteTableToProxy) routes every marked packet locally
+ * (table 2004: local 0.0.0.0/0 dev lo), so the stack delivers it to the
  * assigned socket although its destination address is not the node's.
  * Without bpf tproxy v1.16 leaves the socket to iptables' TPROXY target
  * instead; labkit uses the bpf_sk_assign way only, from cil_from_container
@@ -54,7 +55,9 @@ static __always_inline int proxy_assign_udp4(struct __sk_buff *skb, const struct
 	bpf_sk_release(sk);
 	if (err)
 		return DROP_PROXY_SET_FAILED;
-	skb->mark = MARK_MAGIC_TO_PROXY | ((__u32)proxy_port << 16);
+	/* as __ctx_redirect_to_proxy: the port as the policy entry holds it
+	 * (network order) in the upper half */
+	skb->mark = MARK_MAGIC_TO_PROXY | ((__u32)lk_htons(proxy_port) << 16);
 	return 0;
 }
 

@@ -9,9 +9,9 @@ client's namespace, and what the nodes need to hand pods' DNS to the agent's DNS
 - ext runs ``dnsmasq`` on ``198.51.100.100:53``, answering only for ``lab.example`` (``--local``:
   never forwarded, an unknown name is NXDOMAIN) with A records of a settable TTL, and a
   :mod:`labkit.net.podserver` on port 8080 (``pod=ext``), the service behind the names;
-- every node gets Cilium's proxy routing: ``ip rule add fwmark 0x200/0xf00 lookup 2005 pref 9`` and
-  ``ip route add local 0.0.0.0/0 dev lo table 2005`` (pkg/datapath/linux/route, linux_defaults
-  RouteTableToProxy 2005, RulePriorityToProxyIngress 9, MagicMarkIsToProxy 0x200 under mask
+- every node gets Cilium's proxy routing: ``ip rule add fwmark 0x200/0xf00 lookup 2004 pref 9`` and
+  ``ip route add local 0.0.0.0/0 dev lo table 2004`` (pkg/datapath/linux/route, linux_defaults
+  RouteTableToProxy 2004, RulePriorityToProxyIngress 9, MagicMarkIsToProxy 0x200 under RouteMarkMask
   0xf00), so a packet the datapath marked for the proxy (bpf/lib/proxy.h) is delivered locally.
 
 Both processes are in the ledger (``down`` stops them); the addresses, routes and rules live in
@@ -48,7 +48,7 @@ DEFAULT_TTL = 30  #: seconds; ``restart_dns(lab, ttl=…)`` sets another
 DNS_PORT = 53
 EXT_WEB_PORT = 8080
 PROXY_MARK, PROXY_MARK_MASK = 0x0200, 0x0F00
-PROXY_ROUTE_TABLE, PROXY_RULE_PRIORITY = 2005, 9
+PROXY_ROUTE_TABLE, PROXY_RULE_PRIORITY = 2004, 9
 
 
 def resolver(topo: Topology) -> str:

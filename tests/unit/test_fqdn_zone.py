@@ -28,6 +28,6 @@ def test_dnsmasq_serves_only_the_zone():
 
 
 def test_proxy_routing_numbers_are_ciliums():
-    """fwmark 0x200/0xf00 → table 2005 at priority 9 (linux_defaults MagicMarkIsToProxy, RouteTableToProxy,
+    """fwmark 0x200/0xf00 → table 2004 at priority 9 (linux_defaults MagicMarkIsToProxy, RouteTableToProxy,
     RulePriorityToProxyIngress in v1.16)."""
-    assert (PROXY_MARK, PROXY_MARK_MASK, PROXY_ROUTE_TABLE, PROXY_RULE_PRIORITY) == (0x200, 0xF00, 2005, 9)
+    assert (PROXY_MARK, PROXY_MARK_MASK, PROXY_ROUTE_TABLE, PROXY_RULE_PRIORITY) == (0x200, 0xF00, 2004, 9)
