@@ -25,7 +25,6 @@
 #include "lib/hook.h"
 #ifdef ENABLE_POLICY
 #include "lib/policy.h"
-#include "lib/proxy.h"
 #endif
 
 /* Per-packet load balancing of a packet to a Service. Returns 0 (not a

@@ -91,9 +91,9 @@ _TEXT = {
     DropReason.NO_TUNNEL_ENDPOINT: "No tunnel/encapsulation endpoint (datapath BUG!)",
     DropReason.NAT_NO_MAPPING: "No mapping for NAT masquerade",
     DropReason.NO_FIB: "FIB lookup failed",
-    DropReason.PROXY_LOOKUP_FAILED: "Proxy lookup failed",
-    DropReason.PROXY_SET_FAILED: "Proxy set failed",
-    DropReason.PROXY_UNKNOWN_PROTO: "Proxy unknown protocol",
+    DropReason.PROXY_LOOKUP_FAILED: "Socket lookup failed",
+    DropReason.PROXY_SET_FAILED: "Socket assign failed",
+    DropReason.PROXY_UNKNOWN_PROTO: "Proxy redirection not supported for protocol",
     DropReason.POLICY_DENY: "Policy denied by denylist",
 }
 

@@ -17,6 +17,7 @@
 
 #include "maps_policy.h"
 #include "encap.h"
+#include "proxy.h" /* where an allowed packet with a proxy port goes */
 #include "trace.h"
 
 /* The identity of a peer address: cilium_ipcache's, world when the address is
