@@ -274,3 +274,25 @@ def test_pod_without_dns_rule_asks_dnsmasq_itself(fl):
     a2 = fl.topology.pod("a2").ip
     assert any(line.endswith(f"from {a2}") for line in log.read_text()[size:].splitlines())
     assert f"{WEB}/32" not in ipcache(fl)
+
+
+def test_max_delay_releases_before_the_maps(flab):
+    """With --tofqdns-proxy-response-max-delay 0 the proxy stops waiting at once: the answer is released
+    (after a max-delay event) before the maps are written, as Cilium returns the response on timeout."""
+    os.environ["LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY"] = "0"
+    try:
+        flab.restart_agent()
+    finally:
+        del os.environ["LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY"]
+    try:
+        flab.reset()
+        flab.policy.apply(POLICY)
+        resolve(flab, "web.lab.example")
+        wait_for(lambda: "maps-written" in events(flab, "web.lab.example"), timeout=10, what="the maps to be written")
+        assert events(flab, "web.lab.example") == ["query", "answer", "max-delay", "released", "maps-written"]
+    finally:
+        os.environ["LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY"] = "5"
+        try:
+            flab.restart_agent()
+        finally:
+            del os.environ["LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY"]
