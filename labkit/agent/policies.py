@@ -470,7 +470,10 @@ class Policies:
     def dns_allowed(self, ref: EndpointRef, name: str, dport: int) -> bool:
         """Whether an egress ``toPorts`` item with ``rules.dns`` of a policy selecting ``ref`` allows a query for
         ``name`` to port ``dport`` (pkg/fqdn/dnsproxy proxy.go CheckAllowed: the endpoint's DNS rules for the
-        destination port, matchName exact and matchPattern by its regex)."""
+        destination port, matchName exact and matchPattern by its regex). CheckAllowed also requires the rule's
+        L3 selector to select the server's identity; labkit does not check that again here (the query reached
+        the proxy only through a policy key for that server), so two DNS rules for two different servers would
+        share their names."""
         name = _fqdn(name)
         for pol in self.parsed():
             for rule in pol.rules:
