@@ -506,7 +506,7 @@ class Policies:
 
     def expire_dns(self) -> list[dict]:
         """Drop the cache entries whose TTL ran out on the lab clock; when any went, write the maps again
-        without their addresses (Cilium's DNS GC, daemon/cmd/fqdn.go, run every minute there)."""
+        without their addresses (Cilium's DNS GC, pkg/fqdn/namemanager/gc.go, every DNSGCJobInterval = 1 minute)."""
         gone = self.dns.expire(self._now())
         if gone:
             self._save_dns()

@@ -11,7 +11,7 @@ expires last).
 Times are on the **lab clock** (:mod:`labkit.clock`, the clock CT lifetimes run on), not the
 wall clock Cilium uses: ``labkit clock advance 31`` makes a 30 s answer expire at once, and the
 agent then takes the address out of the policy maps (Cilium's DNS garbage collector runs every
-minute, daemon/cmd/fqdn.go ``DNSGCJobInterval``; connections still open keep their IPs alive as
+minute, pkg/fqdn/namemanager/gc.go ``DNSGCJobInterval``; connections still open keep their IPs alive as
 "zombies" there — labkit does not model zombies).
 
 ``labkit fqdn cache list`` prints :func:`cache_list_lines`, the grammar of ``cilium-dbg fqdn cache
