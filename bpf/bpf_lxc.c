@@ -122,6 +122,8 @@ int cil_from_container(struct __sk_buff *skb)
 	if (ret < 0)
 		goto drop;
 #ifdef ENABLE_POLICY
+	__u16 proxy_port = 0;
+
 	/* v1.16 handle_ipv4_from_lxc: new and established packets must match
 	 * the pod's egress policy on the destination's identity after the
 	 * Service DNAT; replies and related packets skip it, and so does a
@@ -129,7 +131,7 @@ int cil_from_container(struct __sk_buff *skb)
 	 * packet creates no CT entry. */
 	if ((ret == CT_NEW || ret == CT_ESTABLISHED) && !loopback) {
 		int verdict = policy_verdict4(&ev, ep->lxc_id, policy_peer_id4(p.daddr), CT_EGRESS, &p, skb->len,
-					      ret);
+					      ret, &proxy_port);
 
 		if (verdict < 0) {
 			trace_ct(&ev, CT_EGRESS, ret, &st);
@@ -149,6 +151,20 @@ int cil_from_container(struct __sk_buff *skb)
 		}
 	}
 	trace_ct(&ev, CT_EGRESS, ret, &st);
+#ifdef ENABLE_POLICY
+	/* v1.16 handle_ipv4_from_lxc: an allowed packet whose policy entry
+	 * names a proxy port goes to the proxy (ctx_redirect_to_proxy4), after
+	 * its CT entry exists: the proxy's answer, sent from the original
+	 * destination's address, is then this entry's reply and passes the
+	 * pod's ingress without a policy lookup. */
+	if (proxy_port) {
+		ret = proxy_assign_udp4(skb, &p, proxy_port);
+		if (ret < 0)
+			goto drop;
+		trace_emit(&ev, VERDICT_FORWARDED, 0);
+		return TC_ACT_OK;
+	}
+#endif
 	if (ret == CT_REPLY && (st.flags & CT_F_LB_LOOPBACK)) {
 		/* The reply of a hairpin flow is also the pod's ingress: it
 		 * finds the OUT entry, whose service gives the reverse NAT. */
@@ -224,8 +240,9 @@ int cil_to_container(struct __sk_buff *skb)
 			hairpin = (st.flags & CT_F_LB_LOOPBACK) != 0;
 
 		if (dst_ep && !hairpin) {
+			__u16 unused_proxy;
 			int verdict = policy_verdict4(&ev, dst_ep->lxc_id, policy_peer_id4(p.saddr), CT_INGRESS, &p,
-						      skb->len, ret);
+						      skb->len, ret, &unused_proxy);
 
 			if (verdict < 0) {
 				trace_ct(&ev, CT_INGRESS, ret, &st);

@@ -88,8 +88,14 @@ LAB_DIFFERENCES = (
     "policy verdicts travel in the packet's trace record (the high byte of its flags and its remote_id), not as "
     "separate policy-verdict notifications; the ingress source identity comes from cilium_ipcache even for "
     "packets from the tunnel (Cilium takes the tunnel key's identity; the lab's ipcache holds the same identities); "
-    "the verdict ignores proxy ports, auth types, the ICMP fragmentation-needed exception and the tunnel-port "
-    "check (no L7 proxy, mutual authentication, path MTU discovery or pod-made tunnel traffic in the lab)",
+    "the verdict ignores auth types, the ICMP fragmentation-needed exception and the tunnel-port "
+    "check (no mutual authentication, path MTU discovery or pod-made tunnel traffic in the lab)",
+    "the only L7 proxy is the DNS proxy, one thread per node in the agent with its socket in the node's "
+    "namespace on the fixed port 10053 (Cilium's is in the host, its port OS-assigned unless --tofqdns-proxy-port); "
+    "pods' packets reach it only the --enable-bpf-tproxy way (bpf_sk_assign from bpf_lxc, plus Cilium's fwmark "
+    "0x200 rule to table 2004), UDP only, and it forwards from the node's address where Cilium's transparent mode "
+    "keeps the pod's; its DNS cache runs on the lab clock, so `labkit clock advance` expires answers, and keeps no "
+    "zombies (IPs of expired names stay in Cilium's maps while a connection uses them)",
 )
 
 

@@ -59,6 +59,9 @@ class DropReason(enum.IntEnum):
     NO_TUNNEL_ENDPOINT = -160
     NAT_NO_MAPPING = -167
     NO_FIB = -169
+    PROXY_LOOKUP_FAILED = -178
+    PROXY_SET_FAILED = -179
+    PROXY_UNKNOWN_PROTO = -180
     POLICY_DENY = -181
 
     @classmethod
@@ -88,6 +91,9 @@ _TEXT = {
     DropReason.NO_TUNNEL_ENDPOINT: "No tunnel/encapsulation endpoint (datapath BUG!)",
     DropReason.NAT_NO_MAPPING: "No mapping for NAT masquerade",
     DropReason.NO_FIB: "FIB lookup failed",
+    DropReason.PROXY_LOOKUP_FAILED: "Socket lookup failed",
+    DropReason.PROXY_SET_FAILED: "Socket assign failed",
+    DropReason.PROXY_UNKNOWN_PROTO: "Proxy redirection not supported for protocol",
     DropReason.POLICY_DENY: "Policy denied by denylist",
 }
 

@@ -3,8 +3,9 @@
  * there): two LPM lookups in the endpoint's policy map, the peer's identity
  * and then identity 0 (any), and six precedence steps between them.
  *
- * Left out of v1.16's function, on purpose: the proxy port (no L7 proxy in
- * the lab: an entry's proxy_port is never used), auth_type (no mutual
+ * The proxy port of the entry that allowed a packet is handed back (the
+ * agent's DNS proxy, lib/proxy.h); left out of v1.16's function, on purpose:
+ * auth_type (no mutual
  * authentication: never DROP_POLICY_AUTH_REQUIRED), ALLOW_ICMP_FRAG_NEEDED,
  * the CB_POLICY skip mark (set only by Cilium's host firewall and L7 LB) and
  * untracked fragments (fragments are dropped before, DROP_FRAG_NOSUPPORT).
@@ -16,6 +17,7 @@
 
 #include "maps_policy.h"
 #include "encap.h"
+#include "proxy.h" /* where an allowed packet with a proxy port goes */
 #include "trace.h"
 
 /* The identity of a peer address: cilium_ipcache's, world when the address is
@@ -30,11 +32,14 @@ static __always_inline __u32 policy_peer_id4(__be32 addr)
 
 /* v1.16 __account_and_check: count the packet on the entry that decided it
  * (both counters, whatever the verdict), then a deny entry drops. */
-static __always_inline int policy_account_check(struct policy_entry *entry, __u32 len)
+static __always_inline int policy_account_check(struct policy_entry *entry, __u32 len, __u16 *proxy_port)
 {
 	__sync_fetch_and_add(&entry->packets, 1);
 	__sync_fetch_and_add(&entry->bytes, len);
-	return entry->deny ? DROP_POLICY_DENY : 0;
+	if (entry->deny)
+		return DROP_POLICY_DENY;
+	*proxy_port = lk_ntohs(entry->proxy_port);
+	return 0;
 }
 
 /* The verdict of endpoint ep_id's map for a packet to/from remote_id. 0
@@ -42,7 +47,7 @@ static __always_inline int policy_account_check(struct policy_entry *entry, __u3
  * DROP_POLICY_DENY, with *match_type the step that decided; 1 when the
  * endpoint has no policy map at all (allowed, nothing to report). */
 static __always_inline int __policy_can_access4(__u32 ep_id, __u32 remote_id, __u8 dir, __u8 proto, __be16 dport,
-						__u32 len, __u8 *match_type)
+						__u32 len, __u8 *match_type, __u16 *proxy_port)
 {
 	struct policy_entry *policy, *l4policy;
 	struct policy_key key = {};
@@ -62,34 +67,34 @@ static __always_inline int __policy_can_access4(__u32 ep_id, __u32 remote_id, __
 	policy = bpf_map_lookup_elem(map, &key);
 	if (policy && !policy->wildcard_dport) {
 		*match_type = POLICY_MATCH_L3_L4;
-		return policy_account_check(policy, len);
+		return policy_account_check(policy, len, proxy_port);
 	}
 	key.sec_label = 0;
 	l4policy = bpf_map_lookup_elem(map, &key);
 	/* 2. ANY/proto/port */
 	if (l4policy && !l4policy->wildcard_dport) {
 		*match_type = POLICY_MATCH_L4_ONLY;
-		return policy_account_check(l4policy, len);
+		return policy_account_check(l4policy, len, proxy_port);
 	}
 	/* 3. id/proto/ANY */
 	if (policy && !policy->wildcard_protocol) {
 		*match_type = POLICY_MATCH_L3_PROTO;
-		return policy_account_check(policy, len);
+		return policy_account_check(policy, len, proxy_port);
 	}
 	/* 4. ANY/proto/ANY */
 	if (l4policy && !l4policy->wildcard_protocol) {
 		*match_type = POLICY_MATCH_PROTO_ONLY;
-		return policy_account_check(l4policy, len);
+		return policy_account_check(l4policy, len, proxy_port);
 	}
 	/* 5. id/ANY/ANY */
 	if (policy) {
 		*match_type = POLICY_MATCH_L3_ONLY;
-		return policy_account_check(policy, len);
+		return policy_account_check(policy, len, proxy_port);
 	}
 	/* 6. ANY/ANY/ANY */
 	if (l4policy) {
 		*match_type = POLICY_MATCH_ALL;
-		return policy_account_check(l4policy, len);
+		return policy_account_check(l4policy, len, proxy_port);
 	}
 	return DROP_POLICY;
 }
@@ -98,9 +103,10 @@ static __always_inline int __policy_can_access4(__u32 ep_id, __u32 remote_id, __
  * Cilium's policy verdict notification: the verdict, after audit mode turned
  * a drop into an allow. 0 allowed, or the DROP_* reason. The record carries
  * the verdict only when `notify` (Cilium sends it for drops and for any
- * allowed packet but one of an established connection). */
+ * allowed packet but one of an established connection). *proxy_port is the
+ * allowing entry's proxy port (host order), 0 when none or on a drop. */
 static __always_inline int policy_verdict4(struct trace_event *ev, __u32 ep_id, __u32 remote_id, __u8 dir,
-					   const struct pkt4 *p, __u32 len, int ct_result)
+					   const struct pkt4 *p, __u32 len, int ct_result, __u16 *proxy_port)
 {
 	/* ENABLE_ICMP_RULE (the agent's --enable-icmp-rules, on by default): an
 	 * ICMP packet is looked up with its type in the port's place. */
@@ -108,7 +114,8 @@ static __always_inline int policy_verdict4(struct trace_event *ev, __u32 ep_id, 
 	__u8 match_type, audited = 0;
 	int ret;
 
-	ret = __policy_can_access4(ep_id, remote_id, dir, p->proto, dport, len, &match_type);
+	*proxy_port = 0;
+	ret = __policy_can_access4(ep_id, remote_id, dir, p->proto, dport, len, &match_type, proxy_port);
 	if (ret > 0)
 		return 0; /* no policy map: the endpoint is not enforced */
 #ifdef POLICY_AUDIT_MODE

@@ -38,6 +38,9 @@
 #define DROP_NO_TUNNEL_ENDPOINT -160
 #define DROP_NAT_NO_MAPPING    -167
 #define DROP_NO_FIB            -169
+#define DROP_PROXY_LOOKUP_FAILED -178
+#define DROP_PROXY_SET_FAILED  -179
+#define DROP_PROXY_UNKNOWN_PROTO -180
 #define DROP_POLICY_DENY       -181
 
 /* trace_event.flags: what a hook did besides translating addresses. */

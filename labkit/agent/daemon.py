@@ -12,6 +12,9 @@ loaded; ``labkit down`` stops it with the rest of the ledger. It owns:
   run whenever the lab clock says one is due;
 - the **network policies** (:class:`labkit.agent.policies.Policies`): the policy repository, kept in
   ``policies.json``, resolved into every endpoint's pinned policy map on each change;
+- the **DNS proxy** (:class:`labkit.fqdn.proxy.DnsProxies`), when policy is compiled in: a thread per
+  node answering the pods' DNS that a ``rules.dns`` policy redirects to it, learning names → IPs
+  for ``toFQDNs`` (the cache expires on the lab clock, checked by the GC timer's thread);
 - the **API** (:mod:`labkit.agent.api`) on ``/run/labkit/<lab>/agent.sock`` (mode 0600),
   which ``lab.services``, ``labkit service …`` and ``labkit agent status`` talk to.
 
@@ -142,6 +145,7 @@ class Agent:
         self.gc = LabGc(self.view)
         self.gc_error: str | None = None
         self.monitor: Monitor | None = None
+        self.dns_proxies = None  #: :class:`labkit.fqdn.proxy.DnsProxies` once started (policy compiled in)
 
     def _restore(self) -> dict:
         """Services and ids as the journal and the pinned maps say; map entries that are wrong rewritten.
@@ -221,6 +225,9 @@ class Agent:
             try:
                 if self.gc.due():
                     self.gc.run()
+                if self.dns_proxies is not None:
+                    with self.lock:
+                        self.policies.expire_dns()  # TTLs run out on the lab clock
                 self.gc_error = None
             except Exception as exc:  # a lab being torn down: `down` stops this process next
                 self.gc_error = f"{type(exc).__name__}: {exc}"
@@ -323,6 +330,17 @@ def route(agent: Agent, method: str, parts: list[str], body) -> tuple[int, objec
             return changed(None)
     if parts[:1] in (["policy"], ["identity"]):
         return _policy_route(agent, method, parts, body, t0)
+    if parts == ["fqdn", "cache"] and method == "GET":
+        from labkit.fqdn.cache import cache_list_lines
+
+        now, wall = agent.policies._now(), time.time()
+        entries = agent.policies.dns.to_json()
+        return 200, {"now": now, "wall": wall, "entries": entries, "min_ttl": agent.policies.dns.min_ttl,
+                     "lines": cache_list_lines(entries, now, wall)}
+    if parts == ["fqdn", "events"] and method == "GET":
+        px = agent.dns_proxies
+        return 200, {"running": px is not None, "errors": dict(px.errors) if px else {},
+                     "max_delay": px.max_delay if px else None, "events": list(px.events) if px else []}
     if parts == ["apply"] and method == "POST":
         result = svcs.apply(body if body is not None else [])
         return 200, {"result": result, "agent_seconds": round(time.perf_counter() - t0, 6)}
@@ -435,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="labkit.agent", description="a lab's agent: services, monitor, GC, API")
     ap.add_argument("--lab", required=True)
     ap.add_argument("--gc-poll", type=float, default=1.0, help="how often the GC timer looks at the lab clock (s)")
+    ap.add_argument("--tofqdns-proxy-response-max-delay", type=float, default=None, metavar="SECONDS",
+                    help="longest the DNS proxy holds an answer while the maps are written (Cilium: 100ms; "
+                         "default $LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY, else 0.1)")
     args = ap.parse_args(argv)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -446,6 +467,16 @@ def main(argv: list[str] | None = None) -> int:
                threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="api", daemon=True)]
     for t in threads:
         t.start()
+    if agent.view.config.policy != "never" and agent.view.topology.externals:
+        from labkit.fqdn.proxy import MAX_DELAY, DnsProxies
+
+        delay = args.tofqdns_proxy_response_max_delay
+        if delay is None and os.environ.get("LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY"):
+            delay = float(os.environ["LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY"])  # inherited from `labkit up`
+        agent.dns_proxies = DnsProxies(agent, max_delay=MAX_DELAY if delay is None else delay)
+        agent.dns_proxies.start(stopping)
+        for ev in agent.dns_proxies.ready.values():
+            ev.wait(5)
     print(f"labkit agent: lab {args.lab}, pid {os.getpid()}, {agent.restored['services']} services restored "
           f"from {agent.restored['source']} in {agent.restored['seconds']} s; API on {socket_path(args.lab)}",
           file=sys.stderr, flush=True)

@@ -21,7 +21,10 @@ written, and only the difference:
   policy selects (its map holds only the allow-all keys);
 - the prefixes of ``toCIDR``/``fromCIDR`` rules (and their ``except`` prefixes) in every
   node's ``cilium_ipcache`` with their CIDR identities, so the datapath finds the identity the
-  policy map names (a pod's or node's own /32 is never overwritten).
+  policy map names (a pod's or node's own /32 is never overwritten);
+- every address the DNS proxy learnt for a name a ``toFQDNs`` selector picks out, as a /32 with
+  its FQDN identity (:meth:`Policies.learn_dns`; the cache is :mod:`labkit.fqdn.cache`, kept in
+  ``fqdn.json``), until its TTL runs out on the lab clock (:meth:`Policies.expire_dns`).
 
     >>> policy_map_name(1)
     'cilium_policy_00001'
@@ -38,16 +41,19 @@ from typing import Any, Iterable, Mapping
 from labkit.agent.identities import IdentityStore, assign, labels_of
 from labkit.datapath import bpf as _bpf
 from labkit.errors import DatapathError, NotFoundError, PolicyError
+from labkit.fqdn.cache import DnsCache
 from labkit.maps.base import PinnedMap
 from labkit.maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
 from labkit.maps.policy import POLICY_MAP_MAX_ENTRIES, POLICY_MAP_PREFIX, PolicyEntry, PolicyKey, PolicyRow
 from labkit.net.ledger import Ledger, dir_lock, lab_dir
 from labkit.policy.identity import IdentityAllocator
-from labkit.policy.resolve import ENFORCEMENT_MODES, Endpoint, EndpointPolicy, Resolution, resolve
+from labkit.policy.matchpattern import fqdn as _fqdn
+from labkit.policy.resolve import ENFORCEMENT_MODES, Endpoint, EndpointPolicy, Resolution, fqdn_selects, resolve
 from labkit.policy.rules import Policy, parse_policies, policy_from_obj
 
 __all__ = [
     "POLICIES_FILE",
+    "FQDN_FILE",
     "OUTER_MAP",
     "policy_map_name",
     "enforcement_of",
@@ -61,6 +67,8 @@ __all__ = [
 ]
 
 POLICIES_FILE = "policies.json"
+#: The DNS proxy's cache (:class:`labkit.fqdn.cache.DnsCache` entries), beside policies.json.
+FQDN_FILE = "fqdn.json"
 #: The outer map (BPF_MAP_TYPE_HASH_OF_MAPS): __u32 endpoint id → the endpoint's policy map.
 OUTER_MAP = "labkit_policy"
 #: Bytes of ``struct policy_entry`` the agent decides (proxy port, flags, auth type, pads); the rest
@@ -296,6 +304,27 @@ class Policies:
         data = self.store.load()
         self.objects: list[dict] = data["policies"]
         self.ipcache: dict[str, int] = {k: int(v) for k, v in data["ipcache"].items()}
+        self.fqdn_path = lab_dir(view.name) / FQDN_FILE
+        try:
+            self.dns = DnsCache(entries=json.loads(self.fqdn_path.read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            self.dns = DnsCache()
+
+    def _now(self) -> int:
+        clock = getattr(self.view, "clock", None)
+        if clock is None:
+            from labkit.clock import mono_seconds
+
+            return mono_seconds()
+        return clock.now()
+
+    def _save_dns(self) -> None:
+        with dir_lock(self.view.name):
+            if not self.fqdn_path.exists():
+                Ledger(self.view.name).record("file", path=str(self.fqdn_path))
+            tmp = self.fqdn_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.dns.to_json(), indent=1))
+            os.replace(tmp, self.fqdn_path)
 
     # -- reading -----------------------------------------------------------------------
     def parsed(self, objects: Iterable[dict] | None = None) -> list[Policy]:
@@ -321,7 +350,8 @@ class Policies:
 
     def _resolve(self, objects: list[dict], alloc: IdentityAllocator) -> tuple[Resolution, IdentityAllocator]:
         eps = self.endpoints()
-        return resolve([e.endpoint for e in eps], self.parsed(objects), alloc, enforcement=self.mode), alloc
+        return resolve([e.endpoint for e in eps], self.parsed(objects), alloc, enforcement=self.mode,
+                       fqdn_cache=self.dns.names_to_ips(self._now())), alloc
 
     # -- changing ----------------------------------------------------------------------
     def apply(self, source: str | Mapping | list, where: str = "") -> dict:
@@ -358,7 +388,11 @@ class Policies:
         return report
 
     def flush(self) -> dict:
-        """Remove every policy (``lab.reset()``): every endpoint's map and CIDR ipcache entry goes."""
+        """Remove every policy (``lab.reset()``): every endpoint's map and CIDR ipcache entry goes, and the DNS
+        cache is emptied (the reset lab clock would otherwise keep old answers alive longer)."""
+        if self.dns.entries:
+            self.dns.entries = []
+            self._save_dns()
         if not self.objects and not self.ipcache and not any(
                 PolicyMaps(self.view.name, n, d).pinned() for n, d in self.view.pin_dirs.items()):
             return {"endpoints": {}, "removed": [], "ipcache": {"added": [], "deleted": []}, "warnings": [],
@@ -383,6 +417,9 @@ class Policies:
         topo = self.view.topology
         own = [f"{p.ip}/32" for p in topo.pods] + [f"{n.ip}/32" for n in topo.nodes]
         ipcache = cidr_prefixes(self.parsed(objects), alloc, own)
+        for ip, ident in res.fqdn_ids.items():  # the DNS proxy's learnt addresses (never a lab address)
+            if f"{ip}/32" not in own:
+                ipcache[f"{ip}/32"] = ident
         if alloc.snapshot() != saved.snapshot():
             self.identities.save(alloc)
         report = self._write(res, ipcache)
@@ -424,6 +461,57 @@ class Policies:
                     if ipc.delete(IpcacheKey.for_ip(str(net.network_address), net.prefixlen)):
                         report["ipcache"]["deleted"].append(f"{node}/{prefix}")
         return report
+
+    # -- the DNS proxy -----------------------------------------------------------------------
+    def dns_endpoint(self, ip: str) -> EndpointRef | None:
+        """The endpoint whose address is ``ip`` (a DNS query's source), None for anything else."""
+        return next((e for e in self.endpoints() if e.endpoint.ip == ip), None)
+
+    def dns_allowed(self, ref: EndpointRef, name: str, dport: int) -> bool:
+        """Whether an egress ``toPorts`` item with ``rules.dns`` of a policy selecting ``ref`` allows a query for
+        ``name`` to port ``dport`` (pkg/fqdn/dnsproxy proxy.go CheckAllowed: the endpoint's DNS rules for the
+        destination port, matchName exact and matchPattern by its regex). CheckAllowed also requires the rule's
+        L3 selector to select the server's identity; labkit does not check that again here (the query reached
+        the proxy only through a policy key for that server), so two DNS rules for two different servers would
+        share their names."""
+        name = _fqdn(name)
+        for pol in self.parsed():
+            for rule in pol.rules:
+                if not rule.endpoint_selector.matches(ref.endpoint.labels):
+                    continue
+                for pr in rule.egress:
+                    for pp in pr.ports:
+                        if pp.dns is None or pp.protocol not in ("UDP", "ANY"):
+                            continue
+                        if pp.port and not pp.port <= dport <= (pp.end_port or pp.port):
+                            continue
+                        if any(fqdn_selects(sel, name) for sel in pp.dns):
+                            return True
+        return False
+
+    def learn_dns(self, ref: EndpointRef, name: str, answers: list[tuple[str, int]]) -> dict:
+        """An allowed answer's A records into the cache; when that changes what a name maps to, every
+        endpoint's policy map and the ipcache are written again before this returns (what the proxy waits for
+        before it releases the answer: daemon/cmd/fqdn.go notifyOnDNSMsg → UpdateGenerateDNS, then the
+        wait on the endpoints' regeneration)."""
+        ips = [ip for ip, _ in answers]
+        ttl = min((t for _, t in answers), default=0)
+        if not self.dns.update(ref.ep_id, name, ips, ttl, self._now()):
+            self._save_dns()
+            return {"changed": False}
+        self._save_dns()
+        report = self._commit(list(self.objects), set())
+        report["changed"] = True
+        return report
+
+    def expire_dns(self) -> list[dict]:
+        """Drop the cache entries whose TTL ran out on the lab clock; when any went, write the maps again
+        without their addresses (Cilium's DNS GC, pkg/fqdn/namemanager/gc.go, every DNSGCJobInterval = 1 minute)."""
+        gone = self.dns.expire(self._now())
+        if gone:
+            self._save_dns()
+            self._commit(list(self.objects), set())
+        return [e.to_json() for e in gone]
 
     # -- what a pod's map holds ------------------------------------------------------------
     def endpoint_policy(self, pod: str) -> dict:

@@ -23,6 +23,7 @@ Examples::
     labkit service apply services.yaml              # many services in one call, as kubectl apply -f
     labkit policy apply web.yaml                    # CiliumNetworkPolicies; the agent writes the policy maps
     labkit policy get a1                            # a1's policy map, like `cilium-dbg bpf policy get`
+    labkit fqdn cache list                          # names the DNS proxy learnt, like `cilium-dbg fqdn cache list`
     labkit policy list                              # the policies and the pods each selects
     labkit policy delete web.yaml                   # ... or by name: labkit policy delete web
     labkit identity list                            # like `cilium-dbg identity list`
@@ -74,7 +75,7 @@ __all__ = ["main", "build_parser", "COMMANDS", "ROOT_FREE", "sudo_argv", "cmd_na
 #: ``labkit --help`` lists them. A command line loads only its command's module, so a command that talks
 #: to the agent (``labkit service backend …``) does not pay for the lab, the grader or BCC.
 COMMANDS = {"up": "lab", "down": "lab", "cleanup": "lab", "status": "lab", "list": "lab", "doctor": "lab", "exec": "lab",
-            "ct": "ct", "nat": "nat", "service": "service", "policy": "policy", "identity": "policy", "lb": "lb", "conntrack": "conntrack", "pod": "pod",
+            "ct": "ct", "nat": "nat", "service": "service", "policy": "policy", "identity": "policy", "fqdn": "fqdn", "lb": "lb", "conntrack": "conntrack", "pod": "pod",
             "gc": "gc", "trace": "trace", "observe": "observe", "clock": "clock", "fault": "fault", "agent": "agent",
             "grade": "grade", "answers": "grade", "work": "work", "export": "work"}
 

@@ -302,6 +302,12 @@ class Lab:
                 proc.wait()
         timings["datapath_seconds"] = round(time.monotonic() - t, 3)
         state.write()
+        if config.policy != "never" and topology.externals:
+            from labkit.fqdn import zone  # toFQDNs needs a DNS server and the nodes' proxy routing
+
+            t = time.monotonic()
+            zone.start(topology, ledger)
+            timings["dns_seconds"] = round(time.monotonic() - t, 3)
         cls._start_agent(name, ledger)
         cls._wait_servers(name, topology, servers)
 

@@ -11,8 +11,11 @@ Every rule becomes keys ``(identity or 0, direction, protocol, port/prefix)``; d
 keys win over the allow keys they cover (same identity or identity 0, broader or equal
 protocol/port), and where the datapath would otherwise prefer a narrower identity-0 allow
 over a broader identity-specific deny, a dependent deny key is added — exactly
-mapstate.go's ``denyPreferredInsertWithChanges``. Not modelled: auth types, proxy
-redirects (L7), incremental changes.
+mapstate.go's ``denyPreferredInsertWithChanges``. An egress ``toPorts`` item with ``rules.dns``
+gives its allow keys the DNS proxy's port (:data:`DNS_PROXY_PORT`; pkg/policy l4.go: an L7 rule
+makes the filter a redirect, and mapstate.go's entry for it carries ``ProxyPort``); where a
+redirect and a plain allow meet on one key the redirect is kept (mapstate.go ``Merge``: the entry
+with a proxy port wins). Not modelled: auth types, other L7 redirects, incremental changes.
 
     >>> from labkit.policy.identity import IdentityAllocator, pod_labels
     >>> from labkit.policy.rules import parse_policies
@@ -82,7 +85,14 @@ __all__ = [
     "resolve",
     "masked_ports",
     "covers",
+    "DNS_PROXY_PORT",
+    "fqdn_selects",
 ]
+
+#: The DNS proxy's port in every node (labkit's choice, fixed). Cilium v1.16 lets the OS pick it
+#: unless --tofqdns-proxy-port is set (pkg/proxy: the DNS proxy's port, restored across restarts);
+#: a fixed port keeps ``labkit policy get`` stable from run to run.
+DNS_PROXY_PORT = 10053
 
 _PROTO_NUMBERS = {"TCP": 6, "UDP": 17, "SCTP": 132}
 #: pkg/policy/l4.go: a ports item with protocol ANY stands for these three.
@@ -184,8 +194,8 @@ class _MapState:
     def _broader_or_equal_denies(self, key: PolicyKey) -> list[PolicyKey]:
         return [d for d in self.denies if self._id_covers(d, key) and covers(d, key)]
 
-    def insert(self, key: PolicyKey, deny: bool) -> None:
-        """denyPreferredInsertWithChanges."""
+    def insert(self, key: PolicyKey, deny: bool, proxy_port: int = 0) -> None:
+        """denyPreferredInsertWithChanges; an allow with ``proxy_port`` redirects to the proxy."""
         for d in self._broader_or_equal_denies(key):
             if d != key or not deny:
                 return  # covered by a deny key
@@ -203,7 +213,9 @@ class _MapState:
         if key.sec_label == 0 and key.protocol != 0:
             for d in [d for d in self.denies if d.sec_label != 0 and covers(d, key) and d.l4_prefix < key.l4_prefix]:
                 self._add_dependent(d.sec_label, key)
-        self.allows.setdefault(key, PolicyEntry.allow(key))
+        have = self.allows.get(key)
+        if have is None or (proxy_port and not have.proxy_port):
+            self.allows[key] = PolicyEntry.allow(key, proxy_port)
 
     def _add_dependent(self, identity: int, l4: PolicyKey) -> None:
         k = PolicyKey.from_bytes(bytes(l4))
@@ -279,6 +291,8 @@ class Resolution:
 
     endpoints: dict[str, EndpointPolicy]
     warnings: list[str]
+    #: every cached IP a toFQDNs selector picks out → its identity (the ipcache entries the agent writes)
+    fqdn_ids: dict[str, int] = field(default_factory=dict)
 
 
 class _Peers:
@@ -348,7 +362,7 @@ class _Peers:
             ids |= got
         for f in rule.fqdns or ():
             for name, ips in self.fqdns.items():
-                if _fqdn_selects(f, name):
+                if fqdn_selects(f, name):
                     ids |= {self.fqdn_ids[ip] for ip in ips}
         return ids
 
@@ -358,13 +372,15 @@ class _Peers:
         by_ip: dict[str, set[str]] = {}
         for name, ips in self.fqdns.items():
             for sel in selectors:
-                if _fqdn_selects(sel, name):
+                if fqdn_selects(sel, name):
                     for ip in ips:
                         by_ip.setdefault(ip, set()).add(sel.match_name or sel.match_pattern)
         self.fqdn_ids = {ip: self.alloc.allocate_fqdn(sels) for ip, sels in by_ip.items()}
 
 
-def _fqdn_selects(sel: FqdnSelector, name: str) -> bool:
+def fqdn_selects(sel: FqdnSelector, name: str) -> bool:
+    """Whether a toFQDNs or DNS rule item selects ``name`` (a full name with its final dot): matchName
+    exactly, matchPattern by its anchored regex (pkg/fqdn/matchpattern)."""
     if sel.match_name:
         return fqdn(sel.match_name) == name
     return matches(sel.match_pattern, name)
@@ -417,9 +433,11 @@ def resolve(endpoints: Sequence[Endpoint], policies: Sequence[Policy], alloc: Id
             for pol, rule, pr in sorted(items, key=lambda t: not t[2].deny):
                 ids = peers.select(pr, warnings, f"{pol.name}: {pr.path}")
                 for ident in ([0] if ids is None else sorted(ids)):
-                    for key in _l4_keys(ident, dir_enum, pr.ports):
-                        ms.insert(key, deny=pr.deny)
+                    for pp in (pr.ports or (None,)):
+                        proxy = DNS_PROXY_PORT if pp is not None and pp.dns is not None and not pr.deny else 0
+                        for key in _l4_keys(ident, dir_enum, () if pp is None else (pp,)):
+                            ms.insert(key, deny=pr.deny, proxy_port=proxy)
         out[ep.name] = EndpointPolicy(ep, enforced["ingress"], enforced["egress"], ms.rows(),
                                       [f"{p.name}/{r.path}" for p, r in selecting])
     # a selector warning is reported once, however many endpoints the rule applies to
-    return Resolution(out, list(dict.fromkeys(warnings)))
+    return Resolution(out, list(dict.fromkeys(warnings)), dict(peers.fqdn_ids))

@@ -4,7 +4,9 @@ What labkit reads: ``metadata.name``/``namespace``, ``spec`` or ``specs``, each 
 ``endpointSelector`` (matchLabels, matchExpressions), ``ingress``/``ingressDeny``
 (fromEndpoints, fromCIDR, fromCIDRSet, fromEntities, toPorts) and ``egress``/``egressDeny``
 (toEndpoints, toCIDR, toCIDRSet, toEntities, toFQDNs, toPorts), ``enableDefaultDeny``,
-``description``, ``labels``. Fields Cilium knows but labkit does not implement (L7 ``rules``,
+``description``, ``labels``, and of L7 ``rules`` only ``dns`` (an egress ``toPorts`` item whose
+``rules.dns`` lists matchName/matchPattern items: the DNS proxy's allow list, and the reason the
+port's key carries the proxy port). Fields Cilium knows but labkit does not implement (other L7 ``rules``,
 ``toServices``, ``fromRequires``, ``icmps``, …) and fields nobody knows are errors naming the
 field path, as Cilium's CRD validation rejects unknown fields.
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import yaml
@@ -67,7 +69,7 @@ _UNSUPPORTED = {
     "rule": ("nodeSelector",),
     "ingress": ("fromRequires", "fromGroups", "fromNodes", "icmps", "authentication"),
     "egress": ("toRequires", "toServices", "toGroups", "toNodes", "icmps", "authentication"),
-    "port": ("rules", "originatingTLS", "terminatingTLS", "listener", "serverNames"),
+    "port": ("originatingTLS", "terminatingTLS", "listener", "serverNames"),
 }
 
 
@@ -189,11 +191,14 @@ class Selector:
 
 @dataclass(frozen=True)
 class PortProto:
-    """One ``ports`` item: port 0 is every port; end_port 0 is a single port."""
+    """One ``ports`` item: port 0 is every port; end_port 0 is a single port. ``dns`` is the
+    ``rules.dns`` list of the ``toPorts`` item it came from (None: no DNS rule), whose traffic
+    the datapath redirects to the DNS proxy."""
 
     port: int
     end_port: int
     protocol: str
+    dns: tuple["FqdnSelector", ...] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -333,33 +338,50 @@ def _peer(obj: Any, direction: str, deny: bool, path: str, namespace: str) -> Pe
                 raise PolicyError(f"{path}.{pre}Entities[{i}]: expected one of {', '.join(ENTITIES)}, got {e!r}")
         entities = tuple(ents)
     fq = _list(obj, "toFQDNs", path) if "toFQDNs" in known else None
-    fqdns = None
-    if fq is not None:
-        out = []
-        for i, item in enumerate(fq):
-            p = f"{path}.toFQDNs[{i}]"
-            _expect(item, dict, p, "a mapping {matchName | matchPattern}")
-            _fields(item, p, ("matchName", "matchPattern"))
-            name, pattern = item.get("matchName", ""), item.get("matchPattern", "")
-            if bool(name) == bool(pattern):
-                raise PolicyError(f"{p}: expected exactly one of matchName, matchPattern, got {sorted(item)}")
-            if name:
-                validate_pattern(name, f"{p}.matchName")
-                if "*" in name:
-                    raise PolicyError(f"{p}.matchName: expected a name without '*' (use matchPattern), got {name!r}")
-            else:
-                validate_pattern(pattern, f"{p}.matchPattern")
-            out.append(FqdnSelector(name, pattern))
-        fqdns = tuple(out)
+    fqdns = None if fq is None else _fqdn_selectors(fq, f"{path}.toFQDNs")
     ports: list[PortProto] = []
     for i, pr in enumerate(_list(obj, "toPorts", path) or []):
         p = f"{path}.toPorts[{i}]"
         _expect(pr, dict, p, "a mapping {ports}")
-        _fields(pr, p, ("ports",), _UNSUPPORTED["port"])
+        _fields(pr, p, ("ports", "rules") if direction == "egress" and not deny else ("ports",),
+                _UNSUPPORTED["port"] + (() if direction == "egress" and not deny else ("rules",)))
+        dns = _dns_rules(pr["rules"], f"{p}.rules") if "rules" in pr else None
         for j, pp in enumerate(_list(pr, "ports", p) or []):
-            ports.append(_port(pp, f"{p}.ports[{j}]"))
+            one = _port(pp, f"{p}.ports[{j}]")
+            ports.append(one if dns is None else PortProto(one.port, one.end_port, one.protocol, dns))
     return PeerRule(direction, deny, endpoints, None if cidrs is None else tuple(cidrs), entities, fqdns,
                     tuple(ports), path)
+
+
+def _fqdn_selectors(items: list, path: str) -> tuple[FqdnSelector, ...]:
+    """toFQDNs items, or the items of a ``rules.dns`` list: exactly one of matchName, matchPattern."""
+    out = []
+    for i, item in enumerate(items):
+        p = f"{path}[{i}]"
+        _expect(item, dict, p, "a mapping {matchName | matchPattern}")
+        _fields(item, p, ("matchName", "matchPattern"))
+        name, pattern = item.get("matchName", ""), item.get("matchPattern", "")
+        if bool(name) == bool(pattern):
+            raise PolicyError(f"{p}: expected exactly one of matchName, matchPattern, got {sorted(item)}")
+        if name:
+            validate_pattern(name, f"{p}.matchName")
+            if "*" in name:
+                raise PolicyError(f"{p}.matchName: expected a name without '*' (use matchPattern), got {name!r}")
+        else:
+            validate_pattern(pattern, f"{p}.matchPattern")
+        out.append(FqdnSelector(name, pattern))
+    return tuple(out)
+
+
+def _dns_rules(obj: Any, path: str) -> tuple[FqdnSelector, ...]:
+    """A ``toPorts`` item's ``rules``: labkit's proxy is a DNS proxy, so only ``dns`` (pkg/policy/api
+    l4.go L7Rules: ``dns`` is one of http, kafka, dns, l7proto/l7, each a list)."""
+    _expect(obj, dict, path, "a mapping {dns: [...]}")
+    _fields(obj, path, ("dns",), ("http", "kafka", "l7proto", "l7"))
+    items = _list(obj, "dns", path)
+    if items is None:
+        raise PolicyError(f"{path}.dns: expected a list of {{matchName | matchPattern}}, got nothing")
+    return _fqdn_selectors(items, f"{path}.dns")
 
 
 def _rule(obj: Any, path: str, namespace: str) -> Rule:

@@ -292,3 +292,49 @@ def test_unknown_enforcement_mode_is_refused():
     eps, alloc = lab()
     with pytest.raises(PolicyError, match="expected one of default, always, never"):
         resolve(eps, [], alloc, enforcement="audit")
+
+
+DNS_SPEC = """
+spec:
+  endpointSelector: {matchLabels: {app: client}}
+  egress:
+  - toCIDR: [198.51.100.100/32]
+    toPorts: [{ports: [{port: "53", protocol: UDP}], rules: {dns: [{matchPattern: "*.lab.example"}]}}]
+  - toFQDNs: [{matchName: web.lab.example}]
+    toPorts: [{ports: [{port: "8080", protocol: TCP}]}]
+"""
+
+
+def test_dns_rule_key_carries_the_proxy_port():
+    """A toPorts item with rules.dns gives its allow key the DNS proxy's port; the toFQDNs key has none
+    (pkg/policy l4.go: an L7 rule makes the port a redirect; mapstate entries carry ProxyPort)."""
+    from labkit.policy.resolve import DNS_PROXY_PORT
+
+    _, client, alloc = run(DNS_SPEC, {"web.lab.example": ["198.51.100.101"]}, pod="client")
+    ports = {(r.key.port_proto(), r.entry.proxy_port) for r in client.rows if r.key.egress}
+    assert ports == {("53/UDP", DNS_PROXY_PORT), ("8080/TCP", 0)}
+
+
+def test_redirect_wins_over_a_plain_allow_on_one_key():
+    """The same key allowed plainly and with a DNS rule keeps the proxy port (mapstate.go Merge: a redirect
+    entry wins), whichever rule comes first."""
+    from labkit.policy.resolve import DNS_PROXY_PORT
+
+    for order in ((0, 1), (1, 0)):
+        items = ['- toCIDR: [198.51.100.100/32]\n    toPorts: [{ports: [{port: "53", protocol: UDP}]}]',
+                 '- toCIDR: [198.51.100.100/32]\n    toPorts: [{ports: [{port: "53", protocol: UDP}], '
+                 'rules: {dns: [{matchName: web.lab.example}]}}]']
+        spec = ("spec:\n  endpointSelector: {matchLabels: {app: client}}\n  egress:\n  "
+                + "\n  ".join(items[i] for i in order) + "\n")
+        _, client, _ = run(spec, pod="client")
+        assert [r.entry.proxy_port for r in client.rows if r.key.egress] == [DNS_PROXY_PORT]
+
+
+def test_fqdn_ids_name_the_ipcache_entries():
+    """Resolution.fqdn_ids maps each cached IP a toFQDNs selector picks to its FQDN identity; an IP of a
+    name no selector picks (db) has none."""
+    res, _, alloc = run(DNS_SPEC, {"web.lab.example": ["198.51.100.101"], "db.lab.example": ["198.51.100.103"]},
+                        pod="client")
+    assert res.fqdn_ids == {"198.51.100.101": alloc.allocate_fqdn(["web.lab.example"])}
+    # the cache's identities are given before the rules' CIDR prefixes': the first local identity, 2^24 + 1
+    assert res.fqdn_ids["198.51.100.101"] == 1 << 24 | 1

@@ -145,3 +145,31 @@ def test_document_errors(text, message):
     with pytest.raises(PolicyError, match=None) as exc:
         parse_policies(text, source="p.yaml")
     assert message in str(exc.value)
+
+
+def test_dns_rules_on_an_egress_port():
+    """toPorts rules.dns is read into each port of its item; items without rules have dns None."""
+    pol = one("spec:\n  endpointSelector: {}\n  egress:\n  - toPorts:\n"
+              "    - ports: [{port: '53', protocol: UDP}, {port: '53', protocol: TCP}]\n"
+              "      rules: {dns: [{matchPattern: '*.lab.example'}, {matchName: web.lab.example}]}\n"
+              "    - ports: [{port: '8080', protocol: TCP}]\n")
+    ports = pol.rules[0].egress[0].ports
+    want = (FqdnSelector("", "*.lab.example"), FqdnSelector("web.lab.example", ""))
+    assert [p.dns for p in ports] == [want, want, None]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("spec:\n  endpointSelector: {}\n  ingress: [{toPorts: [{ports: [{port: '53'}], rules: {dns: []}}]}]\n",
+     "spec.ingress[0].toPorts[0].rules: Cilium accepts this field but labkit does not implement it"),
+    ("spec:\n  endpointSelector: {}\n  egress: [{toPorts: [{ports: [{port: '80'}], rules: {http: [{}]}}]}]\n",
+     "spec.egress[0].toPorts[0].rules.http: Cilium accepts this field but labkit does not implement it"),
+    ("spec:\n  endpointSelector: {}\n  egress: [{toPorts: [{ports: [{port: '53'}], rules: {}}]}]\n",
+     "spec.egress[0].toPorts[0].rules.dns: expected a list of {matchName | matchPattern}, got nothing"),
+    ("spec:\n  endpointSelector: {}\n  egress: [{toPorts: [{ports: [{port: '53'}], rules: {dns: [{matchName: '*.x'}]}}]}]\n",
+     "spec.egress[0].toPorts[0].rules.dns[0].matchName: expected a name without '*' (use matchPattern)"),
+])
+def test_dns_rule_errors(spec, message):
+    """DNS rules only on egress allow rules, only `dns` of the L7 kinds, each item one matchName or matchPattern."""
+    with pytest.raises(PolicyError) as exc:
+        one(spec)
+    assert message in str(exc.value)

@@ -32,6 +32,9 @@ HUBBLE_DROP_TEXT = {
     160: "No tunnel/encapsulation endpoint (datapath BUG!)",
     167: "No mapping for NAT masquerade",
     169: "FIB lookup failed",
+    178: "Socket lookup failed",
+    179: "Socket assign failed",
+    180: "Proxy redirection not supported for protocol",
     133: "Policy denied",
     181: "Policy denied by denylist",
 }
