@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from labkit.addr import ipv4
-from labkit.constants import DropReason
-from labkit.observe.ring import SLOT_LOST, Slot
+from labkit.constants import POLICY_V_SHIFT, DropReason, PolicyMatch, PolicyVerdict
+from labkit.observe.ring import SLOT_LOST, SLOT_POLICY, Slot
 from labkit.observe.trace import TraceEvent, TraceTuple
 from labkit.policy.identity import RESERVED_NAMES, pod_labels, reserved_labels
 
@@ -55,6 +55,7 @@ _FROM_POINTS = {5, 6, 7, 8, 9, 10}
 #: flow.proto's DropReason names for the reasons labkit's datapath reports (api/v1/flow/flow.proto).
 DROP_REASON_DESC = {
     132: "INVALID_SOURCE_IP",
+    133: "POLICY_DENIED",
     134: "INVALID_PACKET_DROPPED",
     135: "CT_TRUNCATED_OR_INVALID_HEADER",
     137: "CT_UNKNOWN_L4_PROTOCOL",
@@ -70,10 +71,15 @@ DROP_REASON_DESC = {
     160: "NO_TUNNEL_OR_ENCAPSULATION_ENDPOINT",
     167: "NO_MAPPING_FOR_NAT_MASQUERADE",
     169: "FIB_LOOKUP_FAILED",
+    178: "SOCKET_LOOKUP_FAILED",
+    179: "SOCKET_ASSIGN_FAILED",
+    180: "PROXY_REDIRECTION_NOT_SUPPORTED_FOR_PROTOCOL",
+    181: "POLICY_DENY",
 }
 
 MESSAGE_TYPE_DROP = 1  #: pkg/monitor/api/types.go MessageTypeDrop
 MESSAGE_TYPE_TRACE = 4  #: ... MessageTypeTrace
+MESSAGE_TYPE_POLICY_VERDICT = 5  #: ... MessageTypePolicyVerdict
 VERDICT_DROPPED = 3  #: labkit's VERDICT_DROPPED (bpf/lib/trace_types.h)
 CT_REPLY, CT_NONE = 2, 0xFF  #: bpf/lib/ct_types.h
 
@@ -175,6 +181,43 @@ def _flow(ev: TraceEvent, wall_ns: int, node: str, names: Names, device: str = "
     return {k: v for k, v in flow.items() if v not in ({}, "")}
 
 
+def _policy_flow(ev: TraceEvent, wall_ns: int, node: str, names: Names, device: str = "") -> dict:
+    """A policy verdict notification as Hubble decodes it (parser/threefour on a PolicyVerdictNotify): the
+    packet as it met the policy, the peer's identity from the verdict, FORWARDED / DROPPED / AUDIT, the
+    direction and the match type; never a reply (only a connection's first packets get one)."""
+    verdict = PolicyVerdict.decode(ev.flags >> POLICY_V_SHIFT)
+    t = ev.after if verdict.egress else ev.before
+    src, dst = ipv4(t.saddr), ipv4(t.daddr)
+    l4, summary = _l4(t)
+    if verdict.egress:
+        source, destination = names.endpoint(src, node, ev.identity), names.endpoint(dst, node, ev.remote_id)
+    else:
+        source, destination = names.endpoint(src, node, ev.remote_id), names.endpoint(dst, node)
+    flow: dict = {
+        "time": _rfc3339(wall_ns),
+        "verdict": "DROPPED" if verdict.denied else "AUDIT" if verdict.audited else "FORWARDED",
+        "IP": {"source": src, "destination": dst, "ipVersion": "IPv4"},
+        "l4": l4,
+        "source": source,
+        "destination": destination,
+        "Type": "L3_L4",
+        "node_name": node,
+        "event_type": {"type": MESSAGE_TYPE_POLICY_VERDICT},
+        "traffic_direction": verdict.direction,
+        "is_reply": False,
+    }
+    if verdict.match:  # protojson leaves out a zero match type (none)
+        flow["policy_match_type"] = int(verdict.match)
+    if verdict.denied:
+        reason = -ev.drop_reason
+        flow["drop_reason"] = reason
+        flow["drop_reason_desc"] = DROP_REASON_DESC.get(reason, "DROP_REASON_UNKNOWN")
+    if ev.ifindex:
+        flow["interface"] = _drop_zero({"index": ev.ifindex, "name": device})
+    flow["Summary"] = summary
+    return {k: v for k, v in flow.items() if v not in ({}, "")}
+
+
 def response(slot: Slot, names: Names, devices: dict[str, dict[int, str]] | None = None) -> dict:
     """One ring entry as ``hubble observe -o json`` prints it (a GetFlowsResponse)."""
     node = names.nodes.get(slot.node_id, f"node#{slot.node_id}")
@@ -182,7 +225,8 @@ def response(slot: Slot, names: Names, devices: dict[str, dict[int, str]] | None
         return {"lost_events": {"source": _LOST_SOURCE, "num_events_lost": str(slot.lost)},
                 "node_name": node, "time": _rfc3339(slot.wall_ns)}
     device = (devices or {}).get(node, {}).get(slot.event.ifindex, "")
-    return {"flow": _flow(slot.event, slot.wall_ns, node, names, device), "node_name": node,
+    make = _policy_flow if slot.kind == SLOT_POLICY else _flow
+    return {"flow": make(slot.event, slot.wall_ns, node, names, device), "node_name": node,
             "time": _rfc3339(slot.wall_ns)}
 
 
@@ -229,6 +273,13 @@ def compact(resp: dict, node_name: bool = False) -> str:
         arrow = "<>"  # direction unknown
     elif f["is_reply"]:
         src, dst, src_id, dst_id, arrow = dst, src, dst_id, src_id, "<-"
+    if f["event_type"]["type"] == MESSAGE_TYPE_POLICY_VERDICT:
+        # printer.go: GetFlowType "policy-verdict:<match> <DIRECTION>", then the verdict as ALLOWED / DENIED /
+        # AUDITED (PolicyVerdict.text writes both).
+        verdict = PolicyVerdict(egress=f["traffic_direction"] == "EGRESS", match=PolicyMatch(f.get("policy_match_type", 0)),
+                                audited=f["verdict"] == "AUDIT", denied=f["verdict"] == "DROPPED")
+        node = f" [{f.get('node_name', '')}]" if node_name else ""
+        return f"{_stamp(f['time'])}{node}: {src} {src_id} {arrow} {dst} {dst_id} {verdict.text()} ({f.get('Summary', '')})"
     if f["event_type"]["type"] == MESSAGE_TYPE_DROP:
         kind = DropReason.text(-f["event_type"]["sub_type"])
     else:

@@ -24,12 +24,13 @@ import struct
 import threading
 import time
 
+from labkit.constants import POLICY_V_SHIFT
 from labkit.datapath import bpf as _bpf
 from labkit.errors import DatapathError, LabTimeoutError
 from labkit.net.ledger import LabState, Ledger, lab_dir
 from labkit.config import DatapathConfig
 from labkit.maps.base import PinnedMap
-from labkit.observe.ring import SLOT_FLOW, SLOT_LOST, HubbleRing, Slot
+from labkit.observe.ring import SLOT_FLOW, SLOT_LOST, SLOT_POLICY, HubbleRing, Slot
 from labkit.observe.trace import EVENT_SIZE, Report, TraceEvent
 
 
@@ -112,6 +113,11 @@ class Monitor:
                 self.out.write(rec[:EVENT_SIZE])
                 wrote += 1
                 ev = TraceEvent.from_buffer_copy(rec[:EVENT_SIZE])
+                if ev.flags >> POLICY_V_SHIFT:
+                    # Cilium's send_policy_verdict_notify goes out before the packet's drop or trace notification,
+                    # and monitor aggregation does not apply to it.
+                    self.hubble.append(Slot(kind=SLOT_POLICY, node_id=ev.node_id,
+                                            wall_ns=ev.ts_ns + wall_minus_mono, event=ev))
                 if ev.report & Report.REPORTED:
                     self.hubble.append(Slot(kind=SLOT_FLOW, node_id=ev.node_id, wall_ns=ev.ts_ns + wall_minus_mono,
                                             event=ev))

@@ -25,11 +25,12 @@ from pathlib import Path
 from labkit.errors import LabStateError
 from labkit.observe.trace import EVENT_SIZE, TraceEvent
 
-__all__ = ["HubbleRing", "Slot", "SLOT_FLOW", "SLOT_LOST", "DEFAULT_CAPACITY"]
+__all__ = ["HubbleRing", "Slot", "SLOT_FLOW", "SLOT_LOST", "SLOT_POLICY", "DEFAULT_CAPACITY"]
 
 DEFAULT_CAPACITY = 4095  #: Hubble's default --hubble-event-buffer-capacity
 SLOT_FLOW = 1  #: a reported trace record
 SLOT_LOST = 2  #: records the node's labkit_events had no room for
+SLOT_POLICY = 3  #: the policy verdict notification a record carries (Cilium sends it beside the trace or drop)
 
 _MAGIC = b"LKHUBRNG"
 _HEADER = struct.Struct("=8sIIQ")  # magic, capacity, slot size, written (total appended)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 import sys
 
 import pytest
@@ -19,6 +20,7 @@ from labkit.datapath import bpf as _bpf
 from labkit.maps.base import PinnedMap
 from labkit.maps.eps import EndpointInfo, EndpointKey
 from labkit.maps.policy import POLICY_MAP_MAX_ENTRIES, Direction, PolicyEntry, PolicyKey
+from labkit.observe.hubble import FlowFilter, compact, last_flows
 from labtag import tagged
 
 from .util import TcpClient, rows, wait_for
@@ -124,6 +126,12 @@ def test_deny_all_then_allow(pl):
     assert drop.event.remote_id == pl.topology.pod("a1").identity
     assert not rows(pl, "node-b", "TCP", "IN"), "the denied SYN left no IN row on node-b"
     assert rows(pl, "node-a", "TCP", "OUT"), "a1's egress is not enforced: its OUT row exists"
+    # Hubble's view: the policy verdict is an event of its own, beside the drop's (monitor -> Hubble ring).
+    lines = wait_for(lambda: [line for line in map(compact, last_flows(pl, FlowFilter(verdicts=["DROPPED"])))
+                              if "policy-verdict" in line] or None, timeout=5, what="the policy verdict in Hubble")
+    sport = socket.ntohs(drop.event.before.sport)
+    assert lines[-1].endswith(f"default/a1:{sport} (ID:{a1.identity}) -> default/b1:8080 (ID:{b1.identity}) "
+                              "policy-verdict:none INGRESS DENIED (TCP Flags: SYN)")
     set_policy(pl, "b1", [PolicyKey.make(pl.topology.pod("a1").identity, Direction.INGRESS, 6, 8080)])
     assert connect(pl, "a1", b1.ip)
     assert not connect(pl, "a2", b1.ip), "a2's identity is still denied"

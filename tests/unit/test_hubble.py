@@ -14,7 +14,7 @@ import pytest
 
 from labkit.net.topology import Topology
 from labkit.observe.hubble import FlowFilter, Names, compact, response, ring_lost
-from labkit.observe.ring import SLOT_FLOW, SLOT_LOST, Slot
+from labkit.observe.ring import SLOT_FLOW, SLOT_LOST, SLOT_POLICY, Slot
 from labkit.observe.trace import TraceEvent
 from tracefixtures import be16, recorded_event, syn_event, tup
 
@@ -205,3 +205,51 @@ def test_filter_rejects_unknown_protocol_and_bad_address():
 def test_be16_helper_matches_network_order():
     """The fixtures' ports are in network order, as the datapath writes them (sanity of the test data)."""
     assert be16(8080) == 0x901F
+
+
+def denied_ingress_verdict() -> Slot:
+    """a2's SYN to a1:8080 meeting a1's ingress policy on node-a (no entry matched: match type none), denied; the
+    record's policy byte is POLICY_INGRESS | POLICY_V_DENIED and remote_id a2's identity."""
+    t = tup("198.18.1.12", 44172, "198.18.1.11", 8080, 6, 0x02)
+    ev = syn_event(hook=2, ifindex=6, before=t, after=t, verdict=3, drop_reason=-133, ct_result=0, ct_dir=1,
+                   identity=257, remote_id=257, obs_point=0, report=1, tunnel_endpoint=0,
+                   flags=(0x01 | 0x80) << 8)
+    return Slot(kind=SLOT_POLICY, node_id=1, wall_ns=WALL, event=ev)
+
+
+def allowed_egress_verdict() -> Slot:
+    """a1's SYN to b1:8080 allowed by a1's egress rule for b1's identity on 8080 (match type L3-L4)."""
+    ev = syn_event(remote_id=258, flags=(0x02 | (2 << 3)) << 8)
+    return Slot(kind=SLOT_POLICY, node_id=1, wall_ns=WALL, event=ev)
+
+
+def test_a_policy_verdict_is_its_own_hubble_event():
+    """A record with a policy verdict gives Hubble's policy-verdict event (type 5): the direction, the match type
+    (left out when none, as protojson does), DROPPED with the drop reason when denied, FORWARDED when allowed,
+    the peer's identity from the verdict, never a reply; the compact line reads as hubble observe prints one."""
+    denied = response(denied_ingress_verdict(), NAMES)["flow"]
+    assert (denied["event_type"], denied["verdict"], denied["traffic_direction"], denied["drop_reason_desc"]) == \
+        ({"type": 5}, "DROPPED", "INGRESS", "POLICY_DENIED")
+    assert "policy_match_type" not in denied and denied["is_reply"] is False
+    assert (denied["source"]["identity"], denied["destination"]["identity"]) == (257, 256)
+    assert compact(response(denied_ingress_verdict(), NAMES)) == \
+        "Dec  2 02:30:01.123: default/a2:44172 (ID:257) -> default/a1:8080 (ID:256) " \
+        "policy-verdict:none INGRESS DENIED (TCP Flags: SYN)"
+    allowed = response(allowed_egress_verdict(), NAMES)["flow"]
+    assert (allowed["verdict"], allowed["traffic_direction"], allowed["policy_match_type"]) == ("FORWARDED", "EGRESS", 2)
+    assert "drop_reason_desc" not in allowed and allowed["destination"]["identity"] == 258
+    assert compact(response(allowed_egress_verdict(), NAMES)).endswith(
+        "default/a1:40000 (ID:256) -> default/b1:8080 (ID:258) policy-verdict:L3-L4 EGRESS ALLOWED (TCP Flags: SYN)")
+    for slot in (denied_ingress_verdict(), allowed_egress_verdict()):
+        VALIDATOR.validate(response(slot, NAMES))
+
+
+def test_every_drop_reason_labkit_knows_has_its_hubble_name():
+    """Each DropReason the datapath can report has a drop_reason_desc, and it is one of flow.proto's names (a
+    reason without one would print DROP_REASON_UNKNOWN)."""
+    from labkit.constants import DropReason
+    from labkit.observe.hubble import DROP_REASON_DESC
+
+    names = SCHEMA["properties"]["flow"]["properties"]["drop_reason_desc"]["enum"]
+    assert sorted(DROP_REASON_DESC) == sorted(-int(r) for r in DropReason)
+    assert set(DROP_REASON_DESC.values()) <= set(names)
