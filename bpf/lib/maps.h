@@ -13,8 +13,6 @@
  *   maps_lab.h  the lab:   labkit_config, labkit_events
  *   maps_policy.h policy:  labkit_policy (per-endpoint policy maps), only
  *                          with ENABLE_POLICY
- *   maps_sockops.h sockets: cilium_sock_ops (same-node pod sockets), only
- *                          with ENABLE_SOCKMAP
  */
 #ifndef LABKIT_MAPS_H
 #define LABKIT_MAPS_H
@@ -26,9 +24,6 @@
 #include "maps_lab.h"
 #ifdef ENABLE_POLICY
 #include "maps_policy.h"
-#endif
-#ifdef ENABLE_SOCKMAP
-#include "maps_sockops.h"
 #endif
 
 #endif /* LABKIT_MAPS_H */

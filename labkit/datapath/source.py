@@ -95,7 +95,7 @@ PROGRAMS = (
     Program("cil_sock4_recvmsg", "bpf_sock.c", "cgroup", "recvmsg4", "sock4-recvmsg"),
     Program("cil_sock4_getpeername", "bpf_sock.c", "cgroup", "getpeername4", "sock4-getpeername"),
     # sockmap "on" only; the sk_msg program first, so that it is on the map before any socket enters it
-    Program("cil_redir", "bpf_redir.c", "sockmap", "sk_msg", "sk-msg"),
+    Program("cil_redir", "bpf_redir.c", "sockmap", "sk_msg", "redir"),
     Program("cil_sockops", "bpf_sockops.c", "pods", "sock_ops", "sockops"),
 )
 
