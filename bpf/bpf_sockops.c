@@ -21,13 +21,14 @@
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/encap.h"
-#include "lib/lb.h"
 #include "lib/sockops.h"
 
-/* Cilium's bpf_sock_ops_ipv4: Services stay on the packet path ("If
- * endpoint a service use L4/L3 stack for now"), and only a peer that is a
- * local endpoint (cilium_lxc: a pod of this node) is recorded, with
- * BPF_NOEXIST so an entry already there is kept. */
+/* Cilium's bpf_sock_ops_ipv4: only a peer that is a local endpoint
+ * (cilium_lxc: a pod of this node) is recorded, with BPF_NOEXIST so an entry
+ * already there is kept. Cilium first let Services take the packet path
+ * (lb4_lookup_service: "If endpoint a service use L4/L3 stack for now"); the
+ * lab needs no such lookup, since a VIP is never in cilium_lxc. (With socket
+ * LB the socket's peer is already the backend, which is.) */
 static __always_inline void sock_ops_ipv4(struct bpf_sock_ops *skops)
 {
 	struct sock_key key = {};
@@ -35,8 +36,6 @@ static __always_inline void sock_ops_ipv4(struct bpf_sock_ops *skops)
 	__u32 dport;
 
 	sk_extract4_key(skops->local_ip4, skops->remote_ip4, skops->local_port, skops->remote_port, &key);
-	if (lb4_lookup_service(key.dip4, (__be16)key.dport, IPPROTO_TCP, 0, LB_LOOKUP_SCOPE_EXT))
-		return;
 	if (!lookup_endpoint4(key.dip4))
 		return;
 	dip4 = key.dip4;

@@ -196,8 +196,9 @@ def test_same_node_data_skips_the_veth_hooks(smlab):
 
 
 def test_sockhash_holds_both_ends_while_connected(smlab):
-    """During the connection cilium_sock_ops holds a1's socket under a2's view and a2's under a1's (addresses and
-    ports swapped, as bpf_sock_ops_ipv4 stores them); the kernel drops both when the sockets close."""
+    """During the connection cilium_sock_ops holds exactly the two keys of the connection, one the other swapped
+    (userspace reads keys only: which socket sits under which key, each under its peer's view, is what the
+    intact bytes of test_same_node_data_skips_the_veth_hooks prove); the kernel drops both when the sockets close."""
     ex = _exchange(smlab, "a1", "a2")
     a1_view = SockKey.make(ex.src_ip, ex.client_port, ex.dst_ip, PORT)
     assert ex.keys_connected == {a1_view, a1_view.swapped()}
