@@ -20,12 +20,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from labkit.errors import ConfigError
 from labkit.release import DEFAULT_RELEASE, Profile, profile
 
-__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LB_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
+__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "SOCKMAP_MODES", "LB_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
            "VXLAN_PORT", "SERVICE_MODES", "POLICY_MODES"]
 
 ROUTING_MODES = ("tunnel", "native")
 #: Socket LB: none; only the nodes' own processes (Cilium's socketLB.hostNamespaceOnly); pods too.
 SOCKET_LB_MODES = ("off", "hostns", "full")
+#: Socket-level redirect of same-node pod TCP (sock_ops + sk_msg on the sockhash cilium_sock_ops): Cilium
+#: 1.4-1.13's --sockops-enable (off by default there too; deprecated in 1.13, removed in 1.14).
+SOCKMAP_MODES = ("off", "on")
 #: --bpf-lb-mode: how a node forwards outside traffic to a backend on another node.
 LB_MODES = ("snat", "dsr", "hybrid")
 #: Where Services live: the cilium_lb4_* maps, or kube-proxy's iptables on every node.
@@ -96,6 +99,12 @@ LAB_DIFFERENCES = (
     "0x200 rule to table 2004), UDP only, and it forwards from the node's address where Cilium's transparent mode "
     "keeps the pod's; its DNS cache runs on the lab clock, so `labkit clock advance` expires answers, and keeps no "
     "zombies (IPs of expired names stay in Cilium's maps while a connection uses them)",
+    "`up --sockmap on` is the socket-level redirect Cilium shipped as a beta from 1.4 to 1.13 (--sockops-enable, "
+    "bpf/sockops/: sock_ops fills the sockhash cilium_sock_ops, sk_msg redirects sends to the peer socket); 1.13 "
+    "deprecated it and 1.14 removed it as unmaintained (cilium/cilium#23556, #23606), so no release the lab "
+    "reproduces has it. The lab's sock_ops program sits on the pods' cgroups (Cilium's on the root cgroup) and "
+    "skips 1.13's L7-proxy branch and the per-send policy lookup of its sk_msg program: policy applies to the "
+    "handshake, which still crosses the tc hooks",
 )
 
 
@@ -165,12 +174,16 @@ class DatapathConfig:
     events_ring_pages: int = 256
     #: flows the lab's Hubble ring keeps (--hubble-event-buffer-capacity: 2^n-1, default 4095)
     hubble_buffer_size: int = 4095
+    #: socket-level redirect between pods of one node ('on': bpf_sockops.c and bpf_redir.c, ENABLE_SOCKMAP)
+    sockmap: str = "off"
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
             raise ConfigError(f"routing mode: expected one of {', '.join(ROUTING_MODES)}, got {self.routing!r}")
         if self.socket_lb not in SOCKET_LB_MODES:
             raise ConfigError(f"socket LB: expected one of {', '.join(SOCKET_LB_MODES)}, got {self.socket_lb!r}")
+        if self.sockmap not in SOCKMAP_MODES:
+            raise ConfigError(f"sockmap: expected one of {', '.join(SOCKMAP_MODES)}, got {self.sockmap!r}")
         if self.lb_mode not in LB_MODES:
             raise ConfigError(f"LB mode: expected one of {', '.join(LB_MODES)}, got {self.lb_mode!r}")
         if self.maglev_table_size not in MAGLEV_TABLE_SIZES or isinstance(self.maglev_table_size, bool):

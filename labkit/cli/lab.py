@@ -55,6 +55,10 @@ def add_commands(add) -> None:
     p.add_argument("--ct-accounting", choices=ON_OFF, default=None,
                    help="count packets and bytes in CT entries (default off, as on a node: every row then "
                         "reads Packets=0 Bytes=0)")
+    p.add_argument("--sockmap", choices=ON_OFF, default=None,
+                   help="socket-level redirect between pods of one node (sock_ops + sk_msg on the sockhash "
+                        "cilium_sock_ops, Cilium 1.4-1.13's --sockops-enable): established TCP data skips the "
+                        "TCP/IP stack and the veth hooks; default off")
     p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
                    help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (fits on a screen) to "
                         f"{MAGLEV_TABLE_SIZES[-1]}; default 16381, Cilium's")
@@ -159,6 +163,8 @@ def cmd_up(args) -> int:
         changes["cilium"] = args.cilium
     if args.ct_accounting is not None:
         changes["ct_accounting"] = args.ct_accounting == "on"
+    if args.sockmap is not None:
+        changes["sockmap"] = args.sockmap
     changes.update(policy_options(args))
     if args.monitor_aggregation is not None:
         changes["monitor_aggregation"] = args.monitor_aggregation
@@ -229,6 +235,8 @@ def cmd_status(args) -> int:
         ["Cilium", f"{st['datapath'].get('cilium', DEFAULT_RELEASE)} behaviour and output"],
         ["CT accounting", "on (Packets/Bytes counted)" if st["datapath"].get("ct_accounting")
                           else "off (as on a node: Packets=0 Bytes=0)"],
+        ["sockmap", "on (same-node pod TCP redirected socket to socket through cilium_sock_ops)"
+                    if st["datapath"].get("sockmap") == "on" else "off"],
         ["monitor", f"aggregation {st.get('monitor_aggregation', '-')}, Hubble ring of "
                     f"{st['datapath'].get('hubble_buffer_size', '-')} flows (`labkit observe`)"],
         ["clock", f"now {clock['now']} (offset {clock['offset']} s)"],

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from labkit.datapath import bpf as _bpf
-from labkit.datapath.source import CGROUP_ATTACH, NodeBuild
+from labkit.datapath.source import CGROUP_ATTACH, NodeBuild, Program
 from labkit.net.ledger import file_lock
 from labkit.errors import DatapathError
 
@@ -340,11 +340,21 @@ def compile_build(build: NodeBuild, key: str = "") -> Image:
     except Exception as exc:  # BCC raises bare Exception with the compiler's message on stderr
         raise DatapathError(f"node '{build.node}': BCC could not compile the datapath: {exc}") from None
     try:
-        functions = {p.function: (BPF.CGROUP_SOCK_ADDR, CGROUP_ATTACH[p.direction]) if p.device == "cgroup"
-                     else (BPF.SCHED_CLS, -1) for p in build.programs}
+        functions = {p.function: _prog_type(BPF, p) for p in build.programs}
         return capture(bpf, functions, key)
     finally:
         bpf.cleanup()
+
+
+def _prog_type(BPF, prog: Program) -> tuple[int, int]:
+    """``(prog_type, expected attach type)`` of one program; -1: the kernel wants none at load time."""
+    if prog.device == "cgroup":
+        return BPF.CGROUP_SOCK_ADDR, CGROUP_ATTACH[prog.direction]
+    if prog.device == "pods":
+        return BPF.SOCK_OPS, -1
+    if prog.device == "sockmap":
+        return BPF.SK_MSG, -1
+    return BPF.SCHED_CLS, -1
 
 
 # -- the cache ----------------------------------------------------------------------

@@ -26,7 +26,7 @@ import traceback
 from labkit.config import DatapathConfig
 from labkit.datapath import bpf as _bpf
 from labkit.datapath import image, tc
-from labkit.datapath.source import CGROUP_ATTACH, node_build
+from labkit.datapath.source import CGROUP_ATTACH, SOCKMAP_ATTACH, node_build
 from labkit.errors import DatapathError
 from labkit.net import netns as _netns
 from labkit.net.topology import Topology
@@ -78,6 +78,13 @@ def run(spec: dict) -> None:
                 if prog.device == "cgroup":
                     _attach_cgroup(loaded.progs[prog.function], prog, spec, node)
                     continue
+                if prog.device == "pods":
+                    _attach_cgroup(loaded.progs[prog.function], prog, spec, node, spec.get("pod_cgroups", []),
+                                   SOCKMAP_ATTACH[prog.direction])
+                    continue
+                if prog.device == "sockmap":
+                    _attach_sockmap(loaded, prog, spec, node)
+                    continue
                 for ifname in devices[prog.device]:
                     index = ipr.link_lookup(ifname=ifname)[0]
                     if tc.ensure_clsact(ipr, index):
@@ -95,13 +102,15 @@ def run(spec: dict) -> None:
 _BPF_F_ALLOW_MULTI = 2
 
 
-def _attach_cgroup(prog_fd: int, prog, spec: dict, node: str) -> None:
-    """Pin a loaded socket program (so teardown can detach it) and attach it to the spec's cgroups."""
-    attach_type = CGROUP_ATTACH[prog.direction]
+def _attach_cgroup(prog_fd: int, prog, spec: dict, node: str, cgroups: list[str] | None = None,
+                   attach_type: int | None = None) -> None:
+    """Pin a loaded socket program (so teardown can detach it) and attach it to ``cgroups`` (the spec's
+    socket-LB cgroups unless given), as ``attach_type`` (its CGROUP_ATTACH type unless given)."""
+    attach_type = CGROUP_ATTACH[prog.direction] if attach_type is None else attach_type
     pin = os.path.join(spec["pin_dir"], prog.function)
     _bpf.obj_pin(prog_fd, pin)
     _say(created={"kind": "pin", "path": pin, "node": node})
-    for cgroup in spec.get("cgroups", []):
+    for cgroup in spec.get("cgroups", []) if cgroups is None else cgroups:
         fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
         try:
             _bpf.prog_attach(fd, prog_fd, attach_type, _BPF_F_ALLOW_MULTI)
@@ -109,6 +118,17 @@ def _attach_cgroup(prog_fd: int, prog, spec: dict, node: str) -> None:
             os.close(fd)
         _say(created={"kind": "cgroup-prog", "cgroup": cgroup, "pin": pin, "attach_type": attach_type,
                       "name": prog.filter_name})
+
+
+def _attach_sockmap(loaded, prog, spec: dict, node: str) -> None:
+    """Pin the sk_msg program and attach it to the node's sockhash (``bpftool prog attach ... msg_verdict``).
+
+    The map holds the program from then on; nothing needs detaching at teardown: once the map's last pin
+    and fd are gone the kernel releases its programs (sock_map_release_progs) and its sockets."""
+    pin = os.path.join(spec["pin_dir"], prog.function)
+    _bpf.obj_pin(loaded.progs[prog.function], pin)
+    _say(created={"kind": "pin", "path": pin, "node": node})
+    _bpf.prog_attach(loaded.maps["cilium_sock_ops"], loaded.progs[prog.function], SOCKMAP_ATTACH[prog.direction])
 
 
 class NodeLoader:

@@ -27,13 +27,16 @@ from labkit.errors import ConfigError
 from labkit.maglev import FLOW_HASH_SEED
 from labkit.net.topology import DEVICE_HOOKS, LOOPBACK_SNAT_ADDR, Topology
 
-__all__ = ["BPF_DIR", "CGROUP_ATTACH", "Program", "PROGRAMS", "NodeBuild", "node_build", "MAP_NAMES",
-           "POLICY_MAP_NAMES"]
+__all__ = ["BPF_DIR", "CGROUP_ATTACH", "SOCKMAP_ATTACH", "Program", "PROGRAMS", "NodeBuild", "node_build",
+           "MAP_NAMES", "POLICY_MAP_NAMES", "SOCKMAP_MAP_NAMES"]
 
 BPF_DIR = Path(os.environ.get("LABKIT_BPF_DIR") or Path(__file__).resolve().parents[2] / "bpf")
 
 #: cgroup attach types (enum bpf_attach_type) of the socket programs, by their Program.direction.
 CGROUP_ATTACH = {"connect4": 10, "sendmsg4": 14, "recvmsg4": 19, "getpeername4": 29}
+#: Attach types (enum bpf_attach_type) of the socket-redirect programs: BPF_CGROUP_SOCK_OPS on the pods'
+#: cgroups, BPF_SK_MSG_VERDICT on the sockhash.
+SOCKMAP_ATTACH = {"sock_ops": 3, "sk_msg": 7}
 
 #: Every map a node pins, by its Cilium (or labkit_) name.
 MAP_NAMES = (
@@ -54,6 +57,8 @@ MAP_NAMES = (
 )
 #: The maps a node pins besides MAP_NAMES when policy is compiled in (ENABLE_POLICY, bpf/lib/maps_policy.h).
 POLICY_MAP_NAMES = ("labkit_policy",)
+#: The maps a node pins besides MAP_NAMES with socket-level redirect (ENABLE_SOCKMAP, bpf/lib/maps_sockops.h).
+SOCKMAP_MAP_NAMES = ("cilium_sock_ops",)
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,12 @@ class Program:
 
     function: str
     source: str  #: the attach-point file that defines it
-    device: str  #: 'lxc' (every pod veth), 'netdev' (eth0), 'overlay' (cilium_vxlan) or 'cgroup'
-    direction: str  #: tc: 'ingress' or 'egress'; cgroup: the attach type ('connect4', 'sendmsg4', ...)
+    #: 'lxc' (every pod veth), 'netdev' (eth0), 'overlay' (cilium_vxlan), 'cgroup' (socket LB's cgroups),
+    #: 'pods' (the cgroup of every pod of the node) or 'sockmap' (the sockhash cilium_sock_ops)
+    device: str
+    #: tc: 'ingress' or 'egress'; cgroup: the attach type ('connect4', 'sendmsg4', ...); pods and sockmap:
+    #: a key of SOCKMAP_ATTACH
+    direction: str
     hook: str  #: the name traces use
 
     @property
@@ -85,6 +94,9 @@ PROGRAMS = (
     Program("cil_sock4_sendmsg", "bpf_sock.c", "cgroup", "sendmsg4", "sock4-sendmsg"),
     Program("cil_sock4_recvmsg", "bpf_sock.c", "cgroup", "recvmsg4", "sock4-recvmsg"),
     Program("cil_sock4_getpeername", "bpf_sock.c", "cgroup", "getpeername4", "sock4-getpeername"),
+    # sockmap "on" only; the sk_msg program first, so that it is on the map before any socket enters it
+    Program("cil_redir", "bpf_redir.c", "sockmap", "sk_msg", "redir"),
+    Program("cil_sockops", "bpf_sockops.c", "pods", "sock_ops", "sockops"),
 )
 
 
@@ -108,8 +120,10 @@ class NodeBuild:
 
     @property
     def map_names(self) -> tuple[str, ...]:
-        """The maps this build pins: :data:`MAP_NAMES`, and ``labkit_policy`` when policy is compiled in."""
-        return MAP_NAMES + (POLICY_MAP_NAMES if "ENABLE_POLICY" in self.macros else ())
+        """The maps this build pins: :data:`MAP_NAMES`, ``labkit_policy`` when policy is compiled in,
+        ``cilium_sock_ops`` with socket-level redirect."""
+        return (MAP_NAMES + (POLICY_MAP_NAMES if "ENABLE_POLICY" in self.macros else ())
+                + (SOCKMAP_MAP_NAMES if "ENABLE_SOCKMAP" in self.macros else ()))
 
     def cflags(self) -> list[str]:
         """``-I`` for bpf/ and one ``-D`` per macro."""
@@ -173,6 +187,8 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
         macros["ENABLE_POLICY"] = 1
         if config.policy_audit:
             macros["POLICY_AUDIT_MODE"] = 1
+    if config.sockmap == "on":  # 'off' adds no macro and no file: those builds stay what they were
+        macros["ENABLE_SOCKMAP"] = 1
     if tunnel:
         if vxlan_ifindex <= 0:
             raise ConfigError(f"node '{node}': tunnel mode needs the ifindex of cilium_vxlan, got {vxlan_ifindex}")
@@ -181,6 +197,7 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
     programs = tuple(
         p for p in PROGRAMS
         if (tunnel or p.device != "overlay") and (config.socket_lb != "off" or p.device != "cgroup")
+        and (config.sockmap == "on" or p.device not in ("pods", "sockmap"))
     )
     files = tuple(dict.fromkeys(p.source for p in programs))
     return NodeBuild(node, macros, programs, files)

@@ -350,6 +350,11 @@ class Lab:
                     sock_cgroups += [cgroups[p.name] for p in topology.pods_on(n.name)]
             specs[n.name] = {"topology": topology.to_dict(), "config": config.to_dict(), "node": n.name,
                              "pin_dir": str(pin_dir), "cgroups": sock_cgroups}
+            if config.sockmap == "on":  # sock_ops sees a socket through the cgroup of the process that made it
+                if not cgroups:
+                    raise DatapathError(f"lab '{name}': --sockmap on needs cgroup v2 (the pods' cgroups carry the "
+                                        f"sock_ops program), got no cgroup2 mount")
+                specs[n.name]["pod_cgroups"] = [cgroups[p.name] for p in topology.pods_on(n.name)]
         from labkit.datapath import loader  # here: only a lab being built needs it
 
         return loader.start(specs)  # one process, a child per node: the imports are paid once

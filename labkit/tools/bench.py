@@ -42,7 +42,9 @@ first packet to the last service of KUBE-SERVICES (worst case) and to one at a
 random position, and the stall a client sees while each change lands (the eBPF
 first-packet growth target, 100 to 10,000 services, is measured eBPF against eBPF
 by ``_first_packet_side_by_side``); and iperf3 throughput pod to pod, same node and across nodes, with the
-datapath attached vs the same lab with its tc programs removed (target >= 85%).
+datapath attached vs the same lab with its tc programs removed (target >= 85%); same-node request/response
+latency and throughput with socket-level redirect off and on, two labs side by side
+(:mod:`labkit.tools.sockbench`).
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4
 from labkit.net.ledger import Ledger
 from labkit.notebook.widgets import CtTable
 from labkit.tools.kpcompare import compare_service_modes, report_lines as kp_report_lines
+from labkit.tools import sockbench
 
 __all__ = ["main", "TARGETS", "compare_service_modes", "grade_side_by_side"]
 
@@ -84,6 +87,9 @@ SCALE_SIZES = (100, 1000, 5000, 10000)
 #: Sizes at which the kube-proxy comparison also measures the stall.
 STALL_SIZES = (1000, 10000)
 THROUGHPUT_SECONDS = 3
+#: Socket-level redirect off vs on (labkit/tools/sockbench.py): round trips per RR sample, bytes per stream sample.
+SOCKMAP_RR_TRANSACTIONS = sockbench.RR_TRANSACTIONS
+SOCKMAP_STREAM_BYTES = sockbench.STREAM_BYTES
 #: Every published figure is a median of at least this many samples.
 MIN_SAMPLES = 5
 #: CT entries the GC measurement fills in (half of them expired), and the map size that holds them.
@@ -189,6 +195,8 @@ def measure(runs: int) -> dict:
     growth = _first_packet_side_by_side(100, GROWTH_SERVICES, rounds=max(runs, MIN_SAMPLES))
     medians["ebpf_first_packet_growth_100_to_10k"] = growth["ratio"]
     throughput = _throughput(THROUGHPUT_SECONDS, rounds=max(runs, MIN_SAMPLES))
+    sockmap = sockbench.compare_sockmap(rounds=max(runs, MIN_SAMPLES), transactions=SOCKMAP_RR_TRANSACTIONS,
+                                        stream_bytes=SOCKMAP_STREAM_BYTES)
     medians["no_bpf_over_bpf_throughput"] = round(
         max(1 / throughput[p]["share"] for p in ("same_node", "across_nodes")), 4)
     gc = _gc_scale(max(runs, MIN_SAMPLES))
@@ -202,6 +210,7 @@ def measure(runs: int) -> dict:
         "first_packet_side_by_side": {"10_vs_50k": ratio_50k, "100_vs_10k": growth},
         "kube_proxy": kube_proxy,
         "throughput": throughput,
+        "sockmap": sockmap,
         "gc": gc,
         "lb_modes": lb_modes,
         "agent": {k: v for k, v in agent.items() if k != "samples"},
@@ -628,6 +637,8 @@ def report(result: dict) -> str:
                           for pair in ("same_node", "across_nodes"))
                  + f" medians of {tp['rounds']} alternating rounds of {THROUGHPUT_SECONDS} s, one stream, two labs side "
                    f"by side (native routing, tracing off: trace mode 'none' in both)")
+    if "sockmap" in result:
+        lines.append(sockbench.report_line(result["sockmap"]))
     lb = result["lb_modes"]
     lines.append(f"ext -> LoadBalancer VIP, backend on the other node, {lb['requests_per_round']} requests "
                  f"(connect, GET, answer, close) per round, median of {lb['rounds']} alternating rounds: "

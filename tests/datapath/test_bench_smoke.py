@@ -20,6 +20,8 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "SCALE_SIZES", (100, 300))
     monkeypatch.setattr(bench, "THROUGHPUT_SECONDS", 1)
     monkeypatch.setattr(bench, "GRADE_COPIES", 2)
+    monkeypatch.setattr(bench, "SOCKMAP_RR_TRANSACTIONS", 200)
+    monkeypatch.setattr(bench, "SOCKMAP_STREAM_BYTES", 4 << 20)
     assert bench.main(["--runs", "1", "--out", str(tmp_path)]) in (0, 1)  # 1: a target missed on a busy machine
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(bench.TARGETS) <= set(result["median"])
@@ -46,6 +48,11 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     assert "the agent with 2,000 services in its own state" in table
     assert all(result["throughput"][p]["bpf"] > 0 and result["throughput"][p]["no_bpf"] > 0
                for p in ("same_node", "across_nodes"))
+    sm = result["sockmap"]  # socket-level redirect off vs on, side by side
+    assert all(sm["median"][k][m] > 0 and len(sm["samples"][k][m]) == 2 for k in ("rr_us", "stream_gbit")
+               for m in ("off", "on"))
+    assert "sockmap off vs on" in table and sm["conditions"]["transactions"] == 200
+    assert not any(_netns.exists(f"lk-{name}-node-a") for name in bench.sockbench.LABS.values())
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in ("bench-ipt", "bench-ebpf", "bench-tput",
                                                                      "bench-plain", "bench-fp-small", "bench-fp-big",
                                                                      "bench-agent"))

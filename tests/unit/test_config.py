@@ -221,3 +221,10 @@ def test_monitor_aggregation_levels_parse_as_cilium():
     assert LabConfig.initial().monitor_aggregation == MonitorAggregation.MEDIUM
     for name in ("none", "lowest", "low", "medium", "maximum"):
         DatapathConfig(monitor_aggregation=name)  # every `labkit up --monitor-aggregation` choice is valid
+
+
+def test_sockmap_mode_is_checked():
+    """sockmap is 'off' by default; an unknown mode is a ConfigError naming the choices."""
+    assert DatapathConfig().sockmap == "off"
+    with pytest.raises(ConfigError, match="sockmap: expected one of off, on, got 'yes'"):
+        DatapathConfig(sockmap="yes")

@@ -15,12 +15,12 @@ import pytest
 
 from labkit.observe import trace
 from labkit.maps import config as mconfig
-from labkit.maps import ct, eps, lb, nat
+from labkit.maps import ct, eps, lb, nat, sockmap
 
 ROOT = Path(__file__).resolve().parents[2]
 BPF_LIB = ROOT / "bpf" / "lib"
 HEADERS = ("ct_types.h", "eps_types.h", "config_types.h", "trace_types.h", "lb_types.h", "nat_types.h",
-           "policy_types.h")
+           "policy_types.h", "sockops_types.h")
 
 #: Python class ↔ C struct name.
 PAIRS = [
@@ -43,6 +43,7 @@ PAIRS = [
     (lb.Ipv4RevnatEntry, "ipv4_revnat_entry"),
     (nat.NatKey4, "ipv4_ct_tuple"),  # the NAT map's key is the CT key (ports not swapped)
     (nat.NatEntry, "ipv4_nat_entry"),
+    (sockmap.SockKey, "sock_key"),
 ]
 #: Test ids: the C name, plus the Python class where a C struct has a second mirror.
 _C_NAMES = [c for _, c in PAIRS]
@@ -312,3 +313,18 @@ def test_policy_mirrors_match_the_layout():
     assert ctypes.sizeof(PolicyEntry) == 24 and entry == {
         "proxy_port_be": (0, 16), "flag_bits": (16, 8), "auth_type": (24, 8), "pad1": (32, 16), "pad2": (48, 16),
         "packets": (64, 64), "bytes": (128, 64)}
+
+
+# Cilium 1.4-1.13 (bpf/sockops/bpf_sockops.h): struct sock_key, __packed, 44 bytes; each IPv4 address is the
+# first word of a union with an IPv6 address (sip6, dip6), the rest of the 16 bytes padding.
+CILIUM_SOCK_KEY = {"sip4": (0, 4), "pad1": (4, 4), "pad2": (8, 4), "pad3": (12, 4), "dip4": (16, 4), "pad4": (20, 4),
+                   "pad5": (24, 4), "pad6": (28, 4), "family": (32, 1), "protocol": (33, 1), "pad8": (34, 2),
+                   "sport": (36, 4), "dport": (40, 4)}
+
+
+def test_sock_key_mirror_has_cilium_layout():
+    """labkit.maps.sockmap.SockKey is Cilium's packed 44-byte struct sock_key, member for member."""
+    assert ctypes.sizeof(sockmap.SockKey) == 44
+    got = {name: (getattr(sockmap.SockKey, name).offset, getattr(sockmap.SockKey, name).size)
+           for name, _ in sockmap.SockKey._fields_}
+    assert got == CILIUM_SOCK_KEY

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from labkit.config import CtTimeouts, DatapathConfig
-from labkit.datapath.source import MAP_NAMES, POLICY_MAP_NAMES, PROGRAMS, node_build
+from labkit.datapath.source import MAP_NAMES, POLICY_MAP_NAMES, PROGRAMS, SOCKMAP_ATTACH, SOCKMAP_MAP_NAMES, node_build
 from labkit.maglev import FLOW_HASH_SEED
 from labkit.net.topology import Topology
 
@@ -119,6 +119,9 @@ def test_program_table():
         if p.device == "cgroup":
             assert p.direction == p.function.rsplit("_", 1)[1] + "4"
             continue
+        if p.device in ("pods", "sockmap"):  # socket redirect: sock_ops on the pods' cgroups, sk_msg on the map
+            assert p.direction in SOCKMAP_ATTACH
+            continue
         assert p.direction == ("ingress" if p.function.startswith("cil_from_") else "egress")
         assert p.filter_name == f"labkit-{p.hook}"
         assert re.search(rf"\bint\s+{p.function}\s*\(", (BPF / p.source).read_text()), p
@@ -138,8 +141,9 @@ def test_text_pastes_local_headers(topo, routing):
 
 
 def test_text_contains_every_header_once(topo):
-    """Each local header's guard is pasted exactly once, and every attach-point function is in the text."""
-    b = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=5)
+    """Each local header's guard is pasted exactly once, and every attach-point function is in the text (sockmap on:
+    its headers are pasted only then)."""
+    b = node_build(topo, DatapathConfig(sockmap="on"), "node-a", vxlan_ifindex=5)
     text = b.text()
     for header in (BPF / "lib").glob("*.h"):
         first_define = re.search(r"^#define\s+(\w+)\s*$", header.read_text(), re.M)
@@ -224,3 +228,28 @@ def test_policy_code_is_behind_enable_policy():
     for path, header in ((BPF / "bpf_lxc.c", "lib/policy.h"), (BPF / "lib" / "maps.h", "maps_policy.h")):
         text = path.read_text()
         assert re.search(rf'#ifdef ENABLE_POLICY\n#include "{re.escape(header)}"\n#endif', text), path.name
+
+
+def test_sockmap_off_adds_nothing(topo):
+    """sockmap 'off' (the default) builds the same text, cflags, programs and pinned maps as a config without the
+    option: no ENABLE_SOCKMAP, no bpf_sockops.c or bpf_redir.c, no cilium_sock_ops."""
+    for node in ("node-a", "node-b"):
+        b = node_build(topo, DatapathConfig(sockmap="off"), node, vxlan_ifindex=3)
+        d = node_build(topo, DatapathConfig(), node, vxlan_ifindex=3)
+        assert (b.text(), b.cflags(), b.programs, b.map_names) == (d.text(), d.cflags(), d.programs, d.map_names)
+        assert "ENABLE_SOCKMAP" not in b.macros and "sockops" not in b.text()
+        assert not {"bpf_sockops.c", "bpf_redir.c"} & set(b.files) and b.map_names == MAP_NAMES
+
+
+def test_sockmap_on_adds_the_two_programs_and_the_sockhash(topo):
+    """sockmap 'on' adds ENABLE_SOCKMAP=1, the sk_msg program on the sockhash before the sock_ops program on the
+    pods' cgroups, and pins cilium_sock_ops (Cilium 1.4-1.13's SOCK_OPS_MAP, bpf/sockops/sockops_config.h)."""
+    b = node_build(topo, DatapathConfig(sockmap="on"), "node-a", vxlan_ifindex=3)
+    d = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=3)
+    assert set(b.macros) - set(d.macros) == {"ENABLE_SOCKMAP"}
+    extra = [(p.function, p.source, p.device, p.direction) for p in b.programs if p not in d.programs]
+    assert extra == [("cil_redir", "bpf_redir.c", "sockmap", "sk_msg"), ("cil_sockops", "bpf_sockops.c", "pods", "sock_ops")]
+    assert b.map_names == MAP_NAMES + SOCKMAP_MAP_NAMES == MAP_NAMES + ("cilium_sock_ops",)
+    assert re.search(r"BPF_SOCKHASH\(cilium_sock_ops\b", (BPF / "lib" / "maps_sockops.h").read_text())
+    assert SOCKMAP_ATTACH == {"sock_ops": 3, "sk_msg": 7}  # BPF_CGROUP_SOCK_OPS, BPF_SK_MSG_VERDICT (uapi bpf.h)
+
