@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from labkit.tools import bench
 from labkit.net import netns as _netns
 
 
+# Every section of make bench, each with two samples, labs included: longer than pytest's per-test limit when the
+# other worker of make test loads the machine too.
+@pytest.mark.timeout(1800)
 def test_bench_measures_every_target(tmp_path, monkeypatch):
     """One small run of the bench produces a positive figure for every target, each from MIN_SAMPLES samples, and
     writes both reports."""
