@@ -17,9 +17,10 @@ import pytest
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _TIERS = {"datapath": "datapath", "bpf": "bpf", "labs": "labs"}  # directory under tests/ -> marker
-#: Groups that take minutes (every lab's notebook runs and mutants, the browser tests): started first.
+#: Groups that take minutes (every lab's notebook runs and mutants, the browser tests, the bench's smoke run):
+#: started first.
 LONGEST_FIRST = ["tests/labs/test_mutations.py", "tests/labs/test_notebooks.py", "browser",
-                 "tests/labs/test_grade_notebooks.py"]
+                 "tests/datapath/test_bench_smoke.py", "tests/labs/test_grade_notebooks.py"]
 
 
 def pytest_collection_modifyitems(config, items):
