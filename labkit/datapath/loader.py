@@ -25,7 +25,7 @@ import traceback
 
 from labkit.config import DatapathConfig
 from labkit.datapath import bpf as _bpf
-from labkit.datapath import image, tc
+from labkit.datapath import image, tc, xdp
 from labkit.datapath.source import CGROUP_ATTACH, node_build
 from labkit.errors import DatapathError
 from labkit.net import netns as _netns
@@ -77,6 +77,11 @@ def run(spec: dict) -> None:
             for prog in build.programs:
                 if prog.device == "cgroup":
                     _attach_cgroup(loaded.progs[prog.function], prog, spec, node)
+                    continue
+                if prog.device == "xdp":
+                    index = ipr.link_lookup(ifname="eth0")[0]
+                    where = xdp.attach(ipr, index, loaded.progs[prog.function])
+                    _say(created={"kind": "xdp", "netns": netns, "ifname": "eth0", "name": prog.function, **where})
                     continue
                 for ifname in devices[prog.device]:
                     index = ipr.link_lookup(ifname=ifname)[0]

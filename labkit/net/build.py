@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit.config import VXLAN_PORT, DatapathConfig
+from labkit.datapath import xdp as _xdp
 from labkit.errors import NetnsError
 from labkit.net import netns as _netns
 from labkit.net import pod_argv
@@ -155,6 +156,13 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
                 fabric.link("set", index=_idx(fabric, port), master=br, state="up")
     finally:
         fabric.close()
+    if config.nodeport_accel == "xdp":
+        # XDP_TX on a node's eth0 hands the frame to this end of the veth, which takes it only with NAPI on
+        # (labkit/datapath/xdp.py): GRO turns it on.
+        with _netns.entered(topo.netns("fabric")):
+            for n in topo.nodes:
+                with _nl(f"ethtool -K {topo.fabric_port(n.name)} gro on"):
+                    _xdp.enable_gro(topo.fabric_port(n.name))
 
     endpoints: dict[str, list[EndpointFacts]] = {}
     devices: dict[str, dict[int, str]] = {}
@@ -164,6 +172,8 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
             endpoints[n.name], devices[n.name] = _build_node(topo, config, n.name, ipr)
         finally:
             ipr.close()
+    if config.nodeport_accel == "xdp":
+        _node_neighbours(topo)
     for e in topo.externals:
         ipr = _ns(topo, e.name)
         try:
@@ -177,6 +187,34 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
         finally:
             ipr.close()
     return {"endpoints": endpoints, "devices": devices}
+
+
+_NUD_PERMANENT = 0x80
+
+
+def _node_neighbours(topo: Topology) -> None:
+    """Each node's eth0 gets a permanent neighbour entry for every other node (``ip neigh replace``).
+
+    XDP cannot resolve a next hop (bpf_fib_lookup answers NO_NEIGH, and there is no bpf_redirect_neigh in XDP):
+    Cilium's agent keeps a non-GC'able neighbour entry for every other node for this reason
+    (pkg/datapath/linux/node.go, linuxNodeHandler.insertNeighbor)."""
+    macs = {}
+    for n in topo.nodes:
+        ipr = _ns(topo, n.name)
+        try:
+            macs[n.name] = _mac(ipr, _idx(ipr, "eth0"))
+        finally:
+            ipr.close()
+    for n in topo.nodes:
+        ipr = _ns(topo, n.name)
+        try:
+            for m in topo.nodes:
+                if m.name != n.name:
+                    with _nl(f"{n.name}: ip neigh replace {m.ip} lladdr {macs[m.name]} dev eth0 nud permanent"):
+                        ipr.neigh("replace", dst=m.ip, lladdr=macs[m.name], ifindex=_idx(ipr, "eth0"),
+                                  state=_NUD_PERMANENT)
+        finally:
+            ipr.close()
 
 
 def _build_node(topo: Topology, config: DatapathConfig, node: str, ipr: IPRoute):
