@@ -17,6 +17,9 @@
  *                  with XFER_PKT_NO_SVC in the frame's metadata, so tc skips
  *                  the frontend lookup (Cilium's ctx_set_xfer in nodeport_lb4
  *                  at skip_service_lookup, read by cil_from_netdev).
+ *   lab_xdp_pass   not Cilium's: XDP_PASS on the fabric end of the node's
+ *                  veth, which takes XDP_TX frames only with an XDP program
+ *                  of its own (labkit/datapath/xdp.py).
  *
  * Replies (snat mode's reverse SNAT, DSR on the backend's node) stay with the
  * tc programs: this file handles the client's direction only. Traces: a
@@ -62,4 +65,9 @@ int cil_xdp_entry(struct xdp_md *ctx)
 drop:
 	trace_emit(&ev, VERDICT_DROPPED, ret);
 	return XDP_DROP;
+}
+
+int lab_xdp_pass(struct xdp_md *ctx)
+{
+	return XDP_PASS;
 }

@@ -341,7 +341,7 @@ def compile_build(build: NodeBuild, key: str = "") -> Image:
         raise DatapathError(f"node '{build.node}': BCC could not compile the datapath: {exc}") from None
     try:
         functions = {p.function: (BPF.CGROUP_SOCK_ADDR, CGROUP_ATTACH[p.direction]) if p.device == "cgroup"
-                     else (BPF.XDP, -1) if p.device == "xdp" else (BPF.SCHED_CLS, -1) for p in build.programs}
+                     else (BPF.XDP, -1) if p.device.startswith("xdp") else (BPF.SCHED_CLS, -1) for p in build.programs}
         return capture(bpf, functions, key)
     finally:
         bpf.cleanup()

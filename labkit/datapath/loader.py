@@ -83,6 +83,16 @@ def run(spec: dict) -> None:
                     where = xdp.attach(ipr, index, loaded.progs[prog.function])
                     _say(created={"kind": "xdp", "netns": netns, "ifname": "eth0", "name": prog.function, **where})
                     continue
+                if prog.device == "xdp-peer":  # XDP_TX needs a program on the peer too (labkit/datapath/xdp.py)
+                    fabric, port = topo.netns("fabric"), topo.fabric_port(node)
+                    with _netns.entered(fabric):
+                        peer = IPRoute()
+                    try:
+                        where = xdp.attach(peer, peer.link_lookup(ifname=port)[0], loaded.progs[prog.function])
+                    finally:
+                        peer.close()
+                    _say(created={"kind": "xdp", "netns": fabric, "ifname": port, "name": prog.function, **where})
+                    continue
                 for ifname in devices[prog.device]:
                     index = ipr.link_lookup(ifname=ifname)[0]
                     if tc.ensure_clsact(ipr, index):

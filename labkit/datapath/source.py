@@ -62,7 +62,9 @@ class Program:
 
     function: str
     source: str  #: the attach-point file that defines it
-    device: str  #: 'lxc' (every pod veth), 'netdev' (eth0), 'overlay' (cilium_vxlan), 'xdp' (eth0's XDP) or 'cgroup'
+    #: 'lxc' (every pod veth), 'netdev' (eth0), 'overlay' (cilium_vxlan), 'xdp' (eth0's XDP), 'xdp-peer' (XDP on
+    #: the fabric end of eth0's veth) or 'cgroup'
+    device: str
     direction: str  #: tc: 'ingress' or 'egress'; cgroup: the attach type ('connect4', 'sendmsg4', ...); 'xdp'
 
     hook: str  #: the name traces use
@@ -83,6 +85,7 @@ PROGRAMS = (
     Program("cil_from_overlay", "bpf_overlay.c", "overlay", "ingress", _OVERLAY[0]),
     Program("cil_to_overlay", "bpf_overlay.c", "overlay", "egress", _OVERLAY[1]),
     Program("cil_xdp_entry", "bpf_xdp.c", "xdp", "xdp", "xdp"),
+    Program("lab_xdp_pass", "bpf_xdp.c", "xdp-peer", "xdp", "xdp-peer"),
     Program("cil_sock4_connect", "bpf_sock.c", "cgroup", "connect4", "sock4-connect"),
     Program("cil_sock4_sendmsg", "bpf_sock.c", "cgroup", "sendmsg4", "sock4-sendmsg"),
     Program("cil_sock4_recvmsg", "bpf_sock.c", "cgroup", "recvmsg4", "sock4-recvmsg"),
@@ -186,7 +189,7 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
     programs = tuple(
         p for p in PROGRAMS
         if (tunnel or p.device != "overlay") and (config.socket_lb != "off" or p.device != "cgroup")
-        and (xdp or p.device != "xdp")
+        and (xdp or p.device not in ("xdp", "xdp-peer"))
     )
     files = tuple(dict.fromkeys(p.source for p in programs))
     return NodeBuild(node, macros, programs, files)

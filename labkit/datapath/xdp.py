@@ -1,19 +1,26 @@
-"""XDP verbs for a node's eth0, in pyroute2's vocabulary, and the veth detail XDP_TX needs.
+"""XDP verbs for a node's eth0, in pyroute2's vocabulary, and two veth details XDP needs.
 
 =============================================  ================================================
 ``attach(ipr, idx, fd)``                       ``ip link set dev eth0 xdpdrv fd N`` (native mode)
-``detach(ipr, idx)``                           ``ip link set dev eth0 xdpdrv off``
+``detach(ipr, idx)``                           ``ip link set dev eth0 xdp off``
 ``attached(ipr, idx)``                         ``ip -d link show eth0`` (``prog/xdp id N``)
-``enable_gro(ifname)``                         ``ethtool -K IFNAME gro on``
+``tx_checksum_off(ifname)``                    ``ethtool -K IFNAME tx off``
 =============================================  ================================================
 
 Native mode on a veth: the program runs in the veth's own NAPI poll, on the frame its peer handed over,
-before the receiving namespace's stack (tc ingress included) sees anything. A frame the program returns
-with XDP_TX goes back to the peer as an xdp_frame; the kernel's veth_xdp_xmit() accepts it only when the
-peer runs NAPI, which a veth does when it has an XDP program of its own or GRO turned on (Linux 5.13,
-"veth: allow enabling NAPI even without XDP"). Without either, every XDP_TX frame is silently dropped
-(the sender's ``ip -s link`` counts it as a TX drop). labkit turns GRO on for the fabric end of each
-node's uplink when the lab is built with ``--nodeport-accel xdp``.
+before the receiving namespace's stack (tc ingress included) sees anything: a drop there frees the frame
+before any hook of the node runs (the sender's skb existed, on the other side of the veth; on a NIC nothing
+but the DMA buffer would have).
+
+- XDP_TX hands the frame back to the peer as an xdp_frame, which the peer takes only while it runs NAPI.
+  On this kernel (6.18) turning GRO on at the peer (which gives a veth NAPI without XDP since Linux 5.13) was
+  not enough: ``ethtool -S eth0`` counted rx_queue_0_xdp_tx, no error, and nothing reached the fabric bridge.
+  An XDP program on the peer (``lab_xdp_pass`` in bpf/bpf_xdp.c, XDP_PASS for everything) was: labkit
+  attaches one to the fabric end of each node's uplink.
+- A local sender's TCP/UDP checksum on a veth is unfinished (CHECKSUM_PARTIAL: only the pseudo-header sum,
+  completed by a NIC or trusted as metadata by the receiver). An XDP_TX frame loses that metadata, so the
+  backend's kernel verifies it and drops it. The client outside the cluster therefore sends complete
+  checksums, as a NIC on a wire would deliver them: labkit turns TX checksumming off on ``ext``'s eth0.
 """
 from __future__ import annotations
 
@@ -24,10 +31,10 @@ import struct
 
 from labkit.errors import DatapathError
 
-__all__ = ["attach", "detach", "attached", "enable_gro", "show_commands"]
+__all__ = ["attach", "detach", "attached", "tx_checksum_off", "show_commands"]
 
 _SIOCETHTOOL = 0x8946
-_ETHTOOL_SGRO = 0x0000002c
+_ETHTOOL_STXCSUM = 0x00000017
 
 
 def attach(ipr, index: int, fd: int) -> dict:
@@ -63,9 +70,10 @@ def attached(ipr, index: int) -> dict | None:
     return {"mode": mode, "prog_id": xdp.get_attr("IFLA_XDP_PROG_ID")}
 
 
-def enable_gro(ifname: str) -> None:
-    """Turn GRO on for ``ifname`` in the calling thread's namespace (``ethtool -K IFNAME gro on``)."""
-    value = ctypes.create_string_buffer(struct.pack("II", _ETHTOOL_SGRO, 1))
+def tx_checksum_off(ifname: str) -> None:
+    """Complete checksums in software on ``ifname``, in the calling thread's namespace (``ethtool -K IFNAME tx
+    off``)."""
+    value = ctypes.create_string_buffer(struct.pack("II", _ETHTOOL_STXCSUM, 0))
     ifreq = struct.pack("16sP", ifname.encode(), ctypes.addressof(value))
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         fcntl.ioctl(s.fileno(), _SIOCETHTOOL, ifreq)

@@ -156,13 +156,6 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
                 fabric.link("set", index=_idx(fabric, port), master=br, state="up")
     finally:
         fabric.close()
-    if config.nodeport_accel == "xdp":
-        # XDP_TX on a node's eth0 hands the frame to this end of the veth, which takes it only with NAPI on
-        # (labkit/datapath/xdp.py): GRO turns it on.
-        with _netns.entered(topo.netns("fabric")):
-            for n in topo.nodes:
-                with _nl(f"ethtool -K {topo.fabric_port(n.name)} gro on"):
-                    _xdp.enable_gro(topo.fabric_port(n.name))
 
     endpoints: dict[str, list[EndpointFacts]] = {}
     devices: dict[str, dict[int, str]] = {}
@@ -175,6 +168,9 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
     if config.nodeport_accel == "xdp":
         _node_neighbours(topo)
     for e in topo.externals:
+        if config.nodeport_accel == "xdp":  # complete checksums, as from a wire (labkit/datapath/xdp.py)
+            with _netns.entered(topo.netns(e.name)), _nl(f"{e.name}: ethtool -K eth0 tx off"):
+                _xdp.tx_checksum_off("eth0")
         ipr = _ns(topo, e.name)
         try:
             with _nl(f"{e.name}: eth0 {e.ip}"):
