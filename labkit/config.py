@@ -73,6 +73,10 @@ LAB_DIFFERENCES = (
     "with --bpf-lb-algorithm",
     "the CT garbage collector's interval runs on the lab clock (checked every second), so that `labkit clock "
     "advance` brings the next run forward; Cilium's runs on wall-clock time",
+    "with --nodeport-accel xdp the XDP program load-balances the client's requests only; replies (snat mode's "
+    "reverse SNAT) stay with tc's from-netdev, where Cilium's XDP program reverse-translates them too; it needs "
+    "native routing (it cannot hand a frame to cilium_vxlan), and on the lab's veths an XDP_PASS program on the "
+    "fabric side of each node's uplink and complete checksums from ext (labkit/datapath/xdp.py)",
     "socket LB attaches connect4, sendmsg4, recvmsg4 and getpeername4, not bind4/post_bind4: those guard "
     "hostPort and NodePort binds, which no lab process makes",
     "--service-mode iptables writes what kube-proxy v1.34's iptables proxier writes on such a node "
