@@ -4,7 +4,6 @@
 ``attach(ipr, idx, fd)``                       ``ip link set dev eth0 xdpdrv fd N`` (native mode)
 ``detach(ipr, idx)``                           ``ip link set dev eth0 xdp off``
 ``attached(ipr, idx)``                         ``ip -d link show eth0`` (``prog/xdp id N``)
-``tx_checksum_off(ifname)``                    ``ethtool -K IFNAME tx off``
 =============================================  ================================================
 
 Native mode on a veth: the program runs in the veth's own NAPI poll, on the frame its peer handed over,
@@ -20,21 +19,14 @@ but the DMA buffer would have).
 - A local sender's TCP/UDP checksum on a veth is unfinished (CHECKSUM_PARTIAL: only the pseudo-header sum,
   completed by a NIC or trusted as metadata by the receiver). An XDP_TX frame loses that metadata, so the
   backend's kernel verifies it and drops it. The client outside the cluster therefore sends complete
-  checksums, as a NIC on a wire would deliver them: labkit turns TX checksumming off on ``ext``'s eth0.
+  checksums, as a NIC on a wire would deliver them: labkit turns TX checksumming off on ``ext``'s eth0
+  (:mod:`labkit.net.build`).
 """
 from __future__ import annotations
 
-import ctypes
-import fcntl
-import socket
-import struct
-
 from labkit.errors import DatapathError
 
-__all__ = ["attach", "detach", "attached", "tx_checksum_off", "show_commands"]
-
-_SIOCETHTOOL = 0x8946
-_ETHTOOL_STXCSUM = 0x00000017
+__all__ = ["attach", "detach", "attached", "show_commands"]
 
 
 def attach(ipr, index: int, fd: int) -> dict:
@@ -68,15 +60,6 @@ def attached(ipr, index: int) -> dict | None:
     mode = {1: "xdpdrv", "xdp": "xdpdrv", 2: "xdpgeneric", 3: "xdpoffload"}.get(xdp.get_attr("IFLA_XDP_ATTACHED"),
                                                                                   "xdpmulti")
     return {"mode": mode, "prog_id": xdp.get_attr("IFLA_XDP_PROG_ID")}
-
-
-def tx_checksum_off(ifname: str) -> None:
-    """Complete checksums in software on ``ifname``, in the calling thread's namespace (``ethtool -K IFNAME tx
-    off``)."""
-    value = ctypes.create_string_buffer(struct.pack("II", _ETHTOOL_STXCSUM, 0))
-    ifreq = struct.pack("16sP", ifname.encode(), ctypes.addressof(value))
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        fcntl.ioctl(s.fileno(), _SIOCETHTOOL, ifreq)
 
 
 def show_commands(netns: str, ifname: str = "eth0") -> list[str]:

@@ -22,14 +22,17 @@ retype by hand):
 """
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import os
+import socket
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit.config import VXLAN_PORT, DatapathConfig
-from labkit.datapath import xdp as _xdp
 from labkit.errors import NetnsError
 from labkit.net import netns as _netns
 from labkit.net import pod_argv
@@ -170,7 +173,7 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
     for e in topo.externals:
         if config.nodeport_accel == "xdp":  # complete checksums, as from a wire (labkit/datapath/xdp.py)
             with _netns.entered(topo.netns(e.name)), _nl(f"{e.name}: ethtool -K eth0 tx off"):
-                _xdp.tx_checksum_off("eth0")
+                _tx_checksum_off("eth0")
         ipr = _ns(topo, e.name)
         try:
             with _nl(f"{e.name}: eth0 {e.ip}"):
@@ -186,6 +189,16 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
 
 
 _NUD_PERMANENT = 0x80
+_SIOCETHTOOL, _ETHTOOL_STXCSUM = 0x8946, 0x17
+
+
+def _tx_checksum_off(ifname: str) -> None:
+    """``ethtool -K IFNAME tx off`` in the calling thread's namespace: the device's senders complete their
+    TCP/UDP checksums in software, as frames from a wire arrive (labkit/datapath/xdp.py says why XDP needs it)."""
+    value = ctypes.create_string_buffer(struct.pack("II", _ETHTOOL_STXCSUM, 0))
+    ifreq = struct.pack("16sP", ifname.encode(), ctypes.addressof(value))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s.fileno(), _SIOCETHTOOL, ifreq)
 
 
 def _node_neighbours(topo: Topology) -> None:
