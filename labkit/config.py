@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from labkit.errors import ConfigError
 from labkit.release import DEFAULT_RELEASE, Profile, profile
 
-__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LB_MODES", "NODEPORT_ACCEL_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
+__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "LB_MODES", "NODEPORT_ACCEL_MODES",
+           "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
            "VXLAN_PORT", "SERVICE_MODES", "POLICY_MODES"]
 
 ROUTING_MODES = ("tunnel", "native")

@@ -207,8 +207,8 @@ static __always_inline int lb4_rev_nat(struct __sk_buff *skb, struct pkt4 *p, __
  * fresh ct_state, whether the client is a pod or outside the cluster. Every
  * packet refreshes the client's affinity. Returns the service CT result, or a DROP_*
  * reason; *backend is set on success. */
-static __always_inline int __lb4_local(const __u32 *len, const struct pkt4 *p, const struct lb4_service *svc, __u8 scope,
-				       struct ct_state *st, struct lb4_backend **backend)
+static __always_inline int __lb4_local(const __u32 *len, const struct pkt4 *p, const struct lb4_service *svc,
+				       __u8 scope, struct ct_state *st, struct lb4_backend **backend)
 {
 	struct ipv4_ct_tuple tuple = {};
 	__u32 backend_id = 0, now = lab_now();

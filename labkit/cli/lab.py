@@ -297,7 +297,8 @@ def _accel_text(st: dict) -> str:
                     prog = xdp.attached(ipr, ipr.link_lookup(ifname="eth0")[0])
         except (OSError, IndexError):
             prog = None
-        seen.append(f"{n['name']} eth0 {prog['mode']} id {prog['prog_id']}" if prog else f"{n['name']} eth0 NOT attached")
+        seen.append(f"{n['name']} eth0 {prog['mode']} id {prog['prog_id']}" if prog
+                    else f"{n['name']} eth0 NOT attached")
     return f"xdp ({'; '.join(seen)}; see `{xdp.show_commands(st['nodes'][0]['netns'])[0]}`)"
 
 
