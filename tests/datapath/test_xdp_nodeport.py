@@ -20,7 +20,7 @@ from labkit.constants import DropReason, Hook, Verdict
 
 from labtag import tagged
 
-from .test_nodeport import _FRAME_SENDER, _mac, _malformed, MALFORMED
+from .test_nodeport import MALFORMED, _malformed, send_malformed
 from .util import wait_for
 
 EXT = "198.51.100.100"
@@ -156,12 +156,7 @@ def test_malformed_dropped_in_xdp(xdp_lab, case):
     svc = lab.services.add("web", 80, ["b1:8080"], type="LoadBalancer")
     node, packet = _malformed(case, svc.lb_vip)
     assert node == "node-a"
-    frame = bytes.fromhex(_mac(lab, node).replace(":", "")) + bytes.fromhex(_mac(lab, "ext").replace(":", "")) \
-        + b"\x08\x00" + packet
-    log = lab.events()
-    log.seek_end()
-    lab.exec("ext", [sys.executable, "-c", _FRAME_SENDER], input=frame.hex(), check=True)
-    drop = wait_for(lambda: next((f for f in log.read() if f.dropped), None), timeout=5, what=f"the drop of {case}")
+    drop, log = send_malformed(lab, node, packet, case)
     assert (drop.node, drop.hook, drop.event.drop_reason) == (node, Hook.XDP, MALFORMED[case])
     time.sleep(0.3)
     assert [f for f in log.read() if f.node == "node-a" and f.hook == Hook.FROM_NETDEV] == []
