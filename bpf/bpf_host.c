@@ -12,6 +12,9 @@
  *                    Replies to outside clients leave with the frontend as
  *                    their source.
  *
+ * With --nodeport-accel xdp, bpf_xdp.c's cil_xdp_entry runs on eth0 first
+ * and load-balances ext's requests before they reach cil_from_netdev.
+ *
  * Pod-to-pod traffic needs no state here (Cilium tracks it at the pods).
  */
 #include "lib/common.h"
@@ -20,6 +23,9 @@
 #include "lib/nodeport.h"
 #include "lib/trace.h"
 #include "lib/hook.h"
+#ifdef ENABLE_NODEPORT_ACCELERATION
+#include "lib/xdp.h"
+#endif
 
 /* A VXLAN packet between nodes: report it with its inner packet and let it
  * pass (cilium_vxlan's hooks see the inner packet). False if it is not one. */
@@ -64,6 +70,11 @@ int cil_from_netdev(struct __sk_buff *skb)
 		return hook_forward(&ev);
 	}
 
+#ifdef ENABLE_NODEPORT_ACCELERATION
+	/* cil_xdp_entry already looked: no frontend (XFER_PKT_NO_SVC). */
+	if (skb_xfer_no_svc(skb))
+		return hook_forward(&ev);
+#endif
 	ret = nodeport_lb4(skb, &p, &ev);
 	if (ret < 0)
 		goto drop;

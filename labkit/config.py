@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from labkit.errors import ConfigError
 from labkit.release import DEFAULT_RELEASE, Profile, profile
 
-__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "SOCKMAP_MODES", "LB_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
+__all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "SOCKMAP_MODES", "LB_MODES",
+           "NODEPORT_ACCEL_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
            "VXLAN_PORT", "SERVICE_MODES", "POLICY_MODES"]
 
 ROUTING_MODES = ("tunnel", "native")
@@ -31,6 +32,9 @@ SOCKET_LB_MODES = ("off", "hostns", "full")
 SOCKMAP_MODES = ("off", "on")
 #: --bpf-lb-mode: how a node forwards outside traffic to a backend on another node.
 LB_MODES = ("snat", "dsr", "hybrid")
+#: --bpf-lb-acceleration: NodePort/LoadBalancer traffic from outside handled by tc only ('none'), or first by an
+#: XDP program on the node's eth0 ('xdp', Cilium's 'native': bpf/bpf_xdp.c)
+NODEPORT_ACCEL_MODES = ("none", "xdp")
 #: Where Services live: the cilium_lb4_* maps, or kube-proxy's iptables on every node.
 SERVICE_MODES = ("ebpf", "iptables")
 #: --enable-policy: 'default' (an endpoint is enforced once a policy selects it), 'always', 'never'.
@@ -73,6 +77,10 @@ LAB_DIFFERENCES = (
     "with --bpf-lb-algorithm",
     "the CT garbage collector's interval runs on the lab clock (checked every second), so that `labkit clock "
     "advance` brings the next run forward; Cilium's runs on wall-clock time",
+    "with --nodeport-accel xdp the XDP program load-balances the client's requests only; replies (snat mode's "
+    "reverse SNAT) stay with tc's from-netdev, where Cilium's XDP program reverse-translates them too; it needs "
+    "native routing (it cannot hand a frame to cilium_vxlan), and on the lab's veths an XDP_PASS program on the "
+    "fabric side of each node's uplink and complete checksums from ext (labkit/datapath/xdp.py)",
     "socket LB attaches connect4, sendmsg4, recvmsg4 and getpeername4, not bind4/post_bind4: those guard "
     "hostPort and NodePort binds, which no lab process makes",
     "--service-mode iptables writes what kube-proxy v1.34's iptables proxier writes on such a node "
@@ -176,6 +184,8 @@ class DatapathConfig:
     hubble_buffer_size: int = 4095
     #: socket-level redirect between pods of one node ('on': bpf_sockops.c and bpf_redir.c, ENABLE_SOCKMAP)
     sockmap: str = "off"
+    #: --bpf-lb-acceleration: 'none' (tc only) or 'xdp' (bpf_xdp.c on each node's eth0, ENABLE_NODEPORT_ACCELERATION)
+    nodeport_accel: str = "none"
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
@@ -199,6 +209,14 @@ class DatapathConfig:
         if self.policy_audit and self.policy == "never":
             raise ConfigError("policy_audit: expected policy 'default' or 'always' (audit mode audits policy "
                               "verdicts), got policy 'never'")
+        if self.nodeport_accel not in NODEPORT_ACCEL_MODES:
+            raise ConfigError(f"NodePort acceleration: expected one of {', '.join(NODEPORT_ACCEL_MODES)}, "
+                              f"got {self.nodeport_accel!r}")
+        if self.nodeport_accel == "xdp" and (self.routing != "native" or self.service_mode != "ebpf"):
+            # labkit's XDP program forwards with XDP_TX only: it cannot hand a frame to cilium_vxlan with a
+            # tunnel key, and kube-proxy's Services are not in the cilium_lb4_* maps it reads.
+            raise ConfigError(f"NodePort acceleration 'xdp': expected routing 'native' and service mode 'ebpf', "
+                              f"got routing {self.routing!r} and service mode {self.service_mode!r}")
         profile(self.cilium)  # ConfigError names the releases
         if str(self.monitor_aggregation).lower() not in MONITOR_AGGREGATION_NAMES:
             raise ConfigError(f"monitor aggregation level {self.monitor_aggregation!r}: expected one of none, lowest, "

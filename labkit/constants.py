@@ -24,6 +24,7 @@ class Hook(enum.IntEnum):
     TO_NETDEV = 4
     FROM_OVERLAY = 5
     TO_OVERLAY = 6
+    XDP = 7  #: XDP on eth0 (--nodeport-accel xdp), before an skb exists
 
     @property
     def label(self) -> str:

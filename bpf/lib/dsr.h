@@ -58,6 +58,15 @@ static __always_inline int ipv4_store_header(struct __sk_buff *skb, __u32 l3_off
 	return 0;
 }
 
+/* The option for frontend svc_addr:svc_port, byte-swapped as Cilium's (see above). */
+static __always_inline void dsr_opt4_init(struct dsr_opt_v4 *opt, __be32 svc_addr, __be16 svc_port)
+{
+	opt->type = DSR_IPV4_OPT_TYPE;
+	opt->len = DSR_IPV4_OPT_LEN;
+	opt->port = lk_htons(svc_port);
+	opt->addr = lk_htonl(svc_addr);
+}
+
 /* Insert the option after the 20-byte header. A packet that already has
  * options has no room for it: DROP_INVALID. */
 static __always_inline int dsr_add_opt4(struct __sk_buff *skb, struct pkt4 *p, __be32 svc_addr, __be16 svc_port)
@@ -71,10 +80,7 @@ static __always_inline int dsr_add_opt4(struct __sk_buff *skb, struct pkt4 *p, _
 		return DROP_INVALID;
 	ip.ihl = 5 + DSR_IPV4_OPT_LEN / 4;
 	ip.tot_len = lk_htons(lk_ntohs(ip.tot_len) + DSR_IPV4_OPT_LEN);
-	opt.type = DSR_IPV4_OPT_TYPE;
-	opt.len = DSR_IPV4_OPT_LEN;
-	opt.port = lk_htons(svc_port); /* byte-swapped on the wire, as Cilium's (see above) */
-	opt.addr = lk_htonl(svc_addr);
+	dsr_opt4_init(&opt, svc_addr, svc_port);
 	p->l4_off += DSR_IPV4_OPT_LEN;
 	return ipv4_store_header(skb, p->l3_off, &ip, &opt);
 }

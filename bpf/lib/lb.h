@@ -207,15 +207,15 @@ static __always_inline int lb4_rev_nat(struct __sk_buff *skb, struct pkt4 *p, __
  * fresh ct_state, whether the client is a pod or outside the cluster. Every
  * packet refreshes the client's affinity. Returns the service CT result, or a DROP_*
  * reason; *backend is set on success. */
-static __always_inline int lb4_local(struct __sk_buff *skb, const struct pkt4 *p, const struct lb4_service *svc,
-				     __u8 scope, struct ct_state *st, struct lb4_backend **backend)
+static __always_inline int __lb4_local(const __u32 *len, const struct pkt4 *p, const struct lb4_service *svc,
+				       __u8 scope, struct ct_state *st, struct lb4_backend **backend)
 {
 	struct ipv4_ct_tuple tuple = {};
 	__u32 backend_id = 0, now = lab_now();
 	int ret;
 
 	*backend = NULL;
-	ret = ct_lookup4(&tuple, p, skb->len, CT_SERVICE, st);
+	ret = ct_lookup4(&tuple, p, *len, CT_SERVICE, st);
 	if (ret < 0)
 		return ret;
 	if (ret == CT_NEW) {
@@ -231,7 +231,7 @@ static __always_inline int lb4_local(struct __sk_buff *skb, const struct pkt4 *p
 		st->backend_id = backend_id;
 		st->rev_nat_index = svc->rev_nat_index;
 		st->flags = 0;
-		ret = lab_fault(FAULT_NO_SVC_ENTRY) ? 0 : ct_create4(&tuple, skb->len, CT_SERVICE, st, false);
+		ret = lab_fault(FAULT_NO_SVC_ENTRY) ? 0 : ct_create4(&tuple, *len, CT_SERVICE, st, false);
 		if (ret < 0)
 			return ret;
 		ret = CT_NEW;
@@ -258,6 +258,14 @@ static __always_inline int lb4_local(struct __sk_buff *skb, const struct pkt4 *p
 	if (svc->flags & SVC_FLAG_AFFINITY)
 		lb4_affinity_update(p->saddr, svc, backend_id, now);
 	return ret;
+}
+
+/* lb4_local for a tc program. The worker takes the length by address so that
+ * it reads skb->len where the CT calls need it, as it always has. */
+static __always_inline int lb4_local(struct __sk_buff *skb, const struct pkt4 *p, const struct lb4_service *svc,
+				     __u8 scope, struct ct_state *st, struct lb4_backend **backend)
+{
+	return __lb4_local(&skb->len, p, svc, scope, st, backend);
 }
 
 #endif /* LABKIT_LB_H */

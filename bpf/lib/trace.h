@@ -18,12 +18,11 @@ static __always_inline void trace_tuple_set(struct trace_tuple *t, const struct 
 	t->icmp_type = p->icmp_type;
 }
 
-static __always_inline void trace_init(struct trace_event *ev, struct __sk_buff *skb, __u8 hook,
-				       const struct pkt4 *p)
+/* What every hook's record starts with besides the time, device and length,
+ * which each kind of program reads from its own context (trace_init, and
+ * xdp_trace_init in xdp.h). */
+static __always_inline void __trace_init(struct trace_event *ev, __u8 hook, const struct pkt4 *p)
 {
-	ev->ts_ns = bpf_ktime_get_ns();
-	ev->ifindex = skb->ifindex;
-	ev->len = skb->len;
 	ev->node_id = NODE_ID;
 	ev->hook = hook;
 	ev->ct_result = CT_NONE;
@@ -31,6 +30,15 @@ static __always_inline void trace_init(struct trace_event *ev, struct __sk_buff 
 	ev->svc_ct_result = CT_NONE;
 	trace_tuple_set(&ev->before, p);
 	trace_tuple_set(&ev->after, p);
+}
+
+static __always_inline void trace_init(struct trace_event *ev, struct __sk_buff *skb, __u8 hook,
+				       const struct pkt4 *p)
+{
+	ev->ts_ns = bpf_ktime_get_ns();
+	ev->ifindex = skb->ifindex;
+	ev->len = skb->len;
+	__trace_init(ev, hook, p);
 }
 
 static __always_inline void trace_ct(struct trace_event *ev, int dir, int result, const struct ct_state *st)
@@ -65,6 +73,10 @@ static __always_inline __u8 trace_obs_point(const struct trace_event *ev)
 		return OBS_TO_NETWORK;
 	case HOOK_FROM_OVERLAY:
 		return OBS_FROM_OVERLAY;
+#ifdef ENABLE_NODEPORT_ACCELERATION
+	case HOOK_XDP: /* Cilium's XDP program reports as from-network (METRIC_INGRESS on the native device) */
+		return OBS_FROM_NETWORK;
+#endif
 	default:
 		return OBS_TO_OVERLAY;
 	}

@@ -14,6 +14,7 @@
 #define HOOK_TO_NETDEV      4 /* tc egress of the node's eth0 */
 #define HOOK_FROM_OVERLAY   5 /* tc ingress of cilium_vxlan: decapsulated packets */
 #define HOOK_TO_OVERLAY     6 /* tc egress of cilium_vxlan: packets to encapsulate */
+#define HOOK_XDP            7 /* XDP on the node's eth0 (--nodeport-accel xdp): before an skb exists */
 
 /* Verdicts. */
 #define VERDICT_FORWARDED  1 /* handed back to the kernel stack */

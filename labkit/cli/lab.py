@@ -22,6 +22,7 @@ from labkit.cli.common import (
 from labkit.config import (
     LB_MODES,
     MAGLEV_TABLE_SIZES,
+    NODEPORT_ACCEL_MODES,
     ROUTING_MODES,
     SERVICE_MODES,
     SOCKET_LB_MODES,
@@ -46,6 +47,10 @@ def add_commands(add) -> None:
                    help="how a node hands outside traffic to a backend on another node: dsr (default: the "
                         "backend's node answers the client), snat (the reply comes back through the node) or "
                         "hybrid (DSR for TCP, SNAT for UDP)")
+    p.add_argument("--nodeport-accel", choices=NODEPORT_ACCEL_MODES, default=None,
+                   help="NodePort/LoadBalancer traffic from outside: none (default, tc's from-netdev) or xdp (an XDP "
+                        "program on each node's eth0 load-balances it before an skb exists; needs --routing native; "
+                        "Cilium's --bpf-lb-acceleration=native)")
     p.add_argument("--service-mode", choices=SERVICE_MODES, default=None,
                    help="where Services live: ebpf (default, the cilium_lb4_* maps) or iptables (kube-proxy's nat "
                         "table in every node, Linux conntrack; the BPF programs still track pod traffic)")
@@ -159,6 +164,8 @@ def cmd_up(args) -> int:
         changes["maglev_table_size"] = args.maglev_table_size
     if args.service_mode is not None:
         changes["service_mode"] = args.service_mode
+    if args.nodeport_accel is not None:
+        changes["nodeport_accel"] = args.nodeport_accel
     if args.cilium is not None:
         changes["cilium"] = args.cilium
     if args.ct_accounting is not None:
@@ -232,6 +239,7 @@ def cmd_status(args) -> int:
                      f"({'kube-proxy nat table, Linux conntrack' if st['datapath'].get('service_mode') == 'iptables' else 'cilium_lb4_* maps'})"],
         ["LB mode", f"{st['datapath'].get('lb_mode', '-')} (Maglev tables of "
                     f"{st['datapath'].get('maglev_table_size', '-')} slots)"],
+        ["NodePort accel", _accel_text(st)],
         ["Cilium", f"{st['datapath'].get('cilium', DEFAULT_RELEASE)} behaviour and output"],
         ["CT accounting", "on (Packets/Bytes counted)" if st["datapath"].get("ct_accounting")
                           else "off (as on a node: Packets=0 Bytes=0)"],
@@ -278,6 +286,28 @@ def cmd_status(args) -> int:
     else:
         print("health: ok")
     return 0
+
+
+def _accel_text(st: dict) -> str:
+    """The NodePort acceleration row: the mode, what is attached where, and the command that shows it."""
+    if st["datapath"].get("nodeport_accel", "none") != "xdp":
+        return "none (tc from-netdev load-balances outside traffic)"
+    from labkit.datapath import xdp
+    from labkit.net import netns as _netns
+
+    seen = []
+    for n in st["nodes"]:
+        try:
+            with _netns.entered(n["netns"]):
+                from pyroute2 import IPRoute
+
+                with IPRoute() as ipr:
+                    prog = xdp.attached(ipr, ipr.link_lookup(ifname="eth0")[0])
+        except (OSError, IndexError):
+            prog = None
+        seen.append(f"{n['name']} eth0 {prog['mode']} id {prog['prog_id']}" if prog
+                    else f"{n['name']} eth0 NOT attached")
+    return f"xdp ({'; '.join(seen)}; see `{xdp.show_commands(st['nodes'][0]['netns'])[0]}`)"
 
 
 def _variant_text(v: dict) -> str:

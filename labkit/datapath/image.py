@@ -354,6 +354,8 @@ def _prog_type(BPF, prog: Program) -> tuple[int, int]:
         return BPF.SOCK_OPS, -1
     if prog.device == "sockmap":
         return BPF.SK_MSG, -1
+    if prog.device.startswith("xdp"):
+        return BPF.XDP, -1
     return BPF.SCHED_CLS, -1
 
 

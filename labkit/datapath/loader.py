@@ -25,7 +25,7 @@ import traceback
 
 from labkit.config import DatapathConfig
 from labkit.datapath import bpf as _bpf
-from labkit.datapath import image, tc
+from labkit.datapath import image, tc, xdp
 from labkit.datapath.source import CGROUP_ATTACH, SOCKMAP_ATTACH, node_build
 from labkit.errors import DatapathError
 from labkit.net import netns as _netns
@@ -84,6 +84,20 @@ def run(spec: dict) -> None:
                     continue
                 if prog.device == "sockmap":
                     _attach_sockmap(loaded, prog, spec, node)
+                if prog.device == "xdp":
+                    index = ipr.link_lookup(ifname="eth0")[0]
+                    where = xdp.attach(ipr, index, loaded.progs[prog.function])
+                    _say(created={"kind": "xdp", "netns": netns, "ifname": "eth0", "name": prog.function, **where})
+                    continue
+                if prog.device == "xdp-peer":  # XDP_TX needs a program on the peer too (labkit/datapath/xdp.py)
+                    fabric, port = topo.netns("fabric"), topo.fabric_port(node)
+                    with _netns.entered(fabric):
+                        peer = IPRoute()
+                    try:
+                        where = xdp.attach(peer, peer.link_lookup(ifname=port)[0], loaded.progs[prog.function])
+                    finally:
+                        peer.close()
+                    _say(created={"kind": "xdp", "netns": fabric, "ifname": port, "name": prog.function, **where})
                     continue
                 for ifname in devices[prog.device]:
                     index = ipr.link_lookup(ifname=ifname)[0]

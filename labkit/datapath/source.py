@@ -67,10 +67,11 @@ class Program:
 
     function: str
     source: str  #: the attach-point file that defines it
-    #: 'lxc' (every pod veth), 'netdev' (eth0), 'overlay' (cilium_vxlan), 'cgroup' (socket LB's cgroups),
-    #: 'pods' (the cgroup of every pod of the node) or 'sockmap' (the sockhash cilium_sock_ops)
+    #: 'lxc' (every pod veth), 'netdev' (eth0), 'overlay' (cilium_vxlan), 'xdp' (eth0's XDP), 'xdp-peer' (XDP on
+    #: the fabric end of eth0's veth), 'cgroup' (socket LB's cgroups), 'pods' (the cgroup of every pod of the
+    #: node) or 'sockmap' (the sockhash cilium_sock_ops)
     device: str
-    #: tc: 'ingress' or 'egress'; cgroup: the attach type ('connect4', 'sendmsg4', ...); pods and sockmap:
+    #: tc: 'ingress' or 'egress'; cgroup: the attach type ('connect4', 'sendmsg4', ...); 'xdp'; pods and sockmap:
     #: a key of SOCKMAP_ATTACH
     direction: str
     hook: str  #: the name traces use
@@ -90,6 +91,8 @@ PROGRAMS = (
     Program("cil_to_netdev", "bpf_host.c", "netdev", "egress", _NETDEV[1]),
     Program("cil_from_overlay", "bpf_overlay.c", "overlay", "ingress", _OVERLAY[0]),
     Program("cil_to_overlay", "bpf_overlay.c", "overlay", "egress", _OVERLAY[1]),
+    Program("cil_xdp_entry", "bpf_xdp.c", "xdp", "xdp", "xdp"),
+    Program("lab_xdp_pass", "bpf_xdp.c", "xdp-peer", "xdp", "xdp-peer"),
     Program("cil_sock4_connect", "bpf_sock.c", "cgroup", "connect4", "sock4-connect"),
     Program("cil_sock4_sendmsg", "bpf_sock.c", "cgroup", "sendmsg4", "sock4-sendmsg"),
     Program("cil_sock4_recvmsg", "bpf_sock.c", "cgroup", "recvmsg4", "sock4-recvmsg"),
@@ -189,6 +192,9 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
             macros["POLICY_AUDIT_MODE"] = 1
     if config.sockmap == "on":  # 'off' adds no macro and no file: those builds stay what they were
         macros["ENABLE_SOCKMAP"] = 1
+    xdp = config.nodeport_accel == "xdp"
+    if xdp:  # 'none' adds no macro: those builds stay byte for byte what they were before XDP
+        macros["ENABLE_NODEPORT_ACCELERATION"] = 1
     if tunnel:
         if vxlan_ifindex <= 0:
             raise ConfigError(f"node '{node}': tunnel mode needs the ifindex of cilium_vxlan, got {vxlan_ifindex}")
@@ -198,6 +204,7 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
         p for p in PROGRAMS
         if (tunnel or p.device != "overlay") and (config.socket_lb != "off" or p.device != "cgroup")
         and (config.sockmap == "on" or p.device not in ("pods", "sockmap"))
+        and (xdp or p.device not in ("xdp", "xdp-peer"))
     )
     files = tuple(dict.fromkeys(p.source for p in programs))
     return NodeBuild(node, macros, programs, files)

@@ -30,7 +30,7 @@ VARIANTS = ("native", "socklb", "snat", "small", "ipt", "bipt", "bebpf")
 
 #: Ledger kinds as a learner reads them, in the order :meth:`LabSummary.holds_text` lists them.
 _KIND_WORDS = (("netns", "namespace"), ("process", "process"), ("pin", "pin"), ("tc-filter", "tc filter"),
-               ("cgroup-prog", "cgroup program"), ("cgroup", "cgroup"))
+               ("xdp", "XDP program"), ("cgroup-prog", "cgroup program"), ("cgroup", "cgroup"))
 
 
 def split_variant(name: str) -> tuple[str, str | None]:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from labkit.net import netns as _netns
 from labkit.datapath import bpf as _bpf
-from labkit.datapath import tc
+from labkit.datapath import tc, xdp
 from labkit.errors import CleanupError
 from labkit.net.ledger import Ledger, process_start_time, wait_gone
 
 __all__ = ["teardown", "remove_part", "leftovers"]
 
-_PHASES = ("process", "tc-filter", "qdisc", "cgroup-prog", "pin", "pindir", "netns", "cgroup", "file", "dir")
+_PHASES = ("process", "xdp", "tc-filter", "qdisc", "cgroup-prog", "pin", "pindir", "netns", "cgroup", "file", "dir")
 
 
 def _stop_process(e: dict) -> None:
@@ -71,6 +71,21 @@ def _tc_filters(entries: list[dict]) -> None:
             ipr.close()
 
 
+def _detach_xdp(e: dict) -> None:
+    from pyroute2 import IPRoute
+
+    if not _netns.exists(e["netns"]):
+        return  # the device went with its namespace, and the program with it
+    with _netns.entered(e["netns"]):
+        ipr = IPRoute()
+    try:
+        found = ipr.link_lookup(ifname=e["ifname"])
+        if found:
+            xdp.detach(ipr, found[0])
+    finally:
+        ipr.close()
+
+
 def _detach_cgroup_prog(e: dict) -> None:
     if not (os.path.exists(e["cgroup"]) and os.path.exists(e["pin"])):
         return
@@ -111,6 +126,9 @@ def _undo(entries: list[dict], ledger: Ledger | None = None) -> list[str]:
             elif phase in ("tc-filter", "qdisc"):
                 if items:
                     _tc_filters(items)
+            elif phase == "xdp":
+                for e in items:
+                    _detach_xdp(e)
             elif phase == "cgroup-prog":
                 for e in items:
                     _detach_cgroup_prog(e)

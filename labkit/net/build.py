@@ -22,7 +22,11 @@ retype by hand):
 """
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import os
+import socket
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,7 +168,12 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
             endpoints[n.name], devices[n.name] = _build_node(topo, config, n.name, ipr)
         finally:
             ipr.close()
+    if config.nodeport_accel == "xdp":
+        _node_neighbours(topo)
     for e in topo.externals:
+        if config.nodeport_accel == "xdp":  # complete checksums, as from a wire (labkit/datapath/xdp.py)
+            with _netns.entered(topo.netns(e.name)), _nl(f"{e.name}: ethtool -K eth0 tx off"):
+                _tx_checksum_off("eth0")
         ipr = _ns(topo, e.name)
         try:
             with _nl(f"{e.name}: eth0 {e.ip}"):
@@ -177,6 +186,44 @@ def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dic
         finally:
             ipr.close()
     return {"endpoints": endpoints, "devices": devices}
+
+
+_NUD_PERMANENT = 0x80
+_SIOCETHTOOL, _ETHTOOL_STXCSUM = 0x8946, 0x17
+
+
+def _tx_checksum_off(ifname: str) -> None:
+    """``ethtool -K IFNAME tx off`` in the calling thread's namespace: the device's senders complete their
+    TCP/UDP checksums in software, as frames from a wire arrive (labkit/datapath/xdp.py says why XDP needs it)."""
+    value = ctypes.create_string_buffer(struct.pack("II", _ETHTOOL_STXCSUM, 0))
+    ifreq = struct.pack("16sP", ifname.encode(), ctypes.addressof(value))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s.fileno(), _SIOCETHTOOL, ifreq)
+
+
+def _node_neighbours(topo: Topology) -> None:
+    """Each node's eth0 gets a permanent neighbour entry for every other node (``ip neigh replace``).
+
+    XDP cannot resolve a next hop (bpf_fib_lookup answers NO_NEIGH, and there is no bpf_redirect_neigh in XDP):
+    Cilium's agent keeps a non-GC'able neighbour entry for every other node for this reason
+    (pkg/datapath/linux/node.go, linuxNodeHandler.insertNeighbor)."""
+    macs = {}
+    for n in topo.nodes:
+        ipr = _ns(topo, n.name)
+        try:
+            macs[n.name] = _mac(ipr, _idx(ipr, "eth0"))
+        finally:
+            ipr.close()
+    for n in topo.nodes:
+        ipr = _ns(topo, n.name)
+        try:
+            for m in topo.nodes:
+                if m.name != n.name:
+                    with _nl(f"{n.name}: ip neigh replace {m.ip} lladdr {macs[m.name]} dev eth0 nud permanent"):
+                        ipr.neigh("replace", dst=m.ip, lladdr=macs[m.name], ifindex=_idx(ipr, "eth0"),
+                                  state=_NUD_PERMANENT)
+        finally:
+            ipr.close()
 
 
 def _build_node(topo: Topology, config: DatapathConfig, node: str, ipr: IPRoute):

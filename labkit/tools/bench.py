@@ -30,7 +30,9 @@ a step rendered            <= 150 ms (picture, numbered hops, ladder, CT diff: a
 Reported without a target: a build's first bring-up on this machine (BCC
 compiles both nodes' datapaths; each run gets an empty image cache); the request rate of the external client to a
 LoadBalancer VIP in dsr and in snat mode, two labs side by side, rounds
-alternating, and their ratio.
+alternating, and their ratio; packets per second node-a forwards and drops for
+a UDP flood from ext with NodePort in tc and in XDP, two labs side by side, the
+sender's rate beside them (:mod:`labkit.tools.xdpbench`).
 
 kube-proxy's iptables mode against eBPF, at 100 / 1,000 / 5,000 / 10,000 services
 (``SCALE_SIZES``; the stall at ``STALL_SIZES``; at 50,000 one iptables-nft restore with --noflush
@@ -72,6 +74,7 @@ from labkit.net.ledger import Ledger
 from labkit.notebook.widgets import CtTable
 from labkit.tools.kpcompare import compare_service_modes, report_lines as kp_report_lines
 from labkit.tools import sockbench
+from labkit.tools.xdpbench import report_lines as xdp_report_lines, xdp_vs_tc
 
 __all__ = ["main", "TARGETS", "compare_service_modes", "grade_side_by_side"]
 
@@ -190,6 +193,7 @@ def measure(runs: int) -> dict:
     ratio_50k = _first_packet_side_by_side(10, SERVICES_AT_SCALE + 10, rounds=max(runs, MIN_SAMPLES))
     medians["first_packet_ratio_50k_vs_10"] = ratio_50k["ratio"]
     lb_modes = _lb_mode_rates(max(runs, MIN_SAMPLES))
+    xdp = xdp_vs_tc(max(runs, MIN_SAMPLES))
     kube_proxy = compare_service_modes(SCALE_SIZES, stall_sizes=[n for n in STALL_SIZES if n in SCALE_SIZES]
                                        or SCALE_SIZES[-1:])
     growth = _first_packet_side_by_side(100, GROWTH_SERVICES, rounds=max(runs, MIN_SAMPLES))
@@ -213,6 +217,7 @@ def measure(runs: int) -> dict:
         "sockmap": sockmap,
         "gc": gc,
         "lb_modes": lb_modes,
+        "xdp": xdp,
         "agent": {k: v for k, v in agent.items() if k != "samples"},
         "machine": {"kernel": platform.release(), "python": platform.python_version(), "cpus": _cpus()},
         "date": time.strftime("%Y-%m-%d"),
@@ -644,6 +649,9 @@ def report(result: dict) -> str:
                  f"(connect, GET, answer, close) per round, median of {lb['rounds']} alternating rounds: "
                  f"dsr {lb['median_rps']['dsr']} req/s, snat {lb['median_rps']['snat']} req/s, "
                  f"ratio dsr/snat {lb['ratio_dsr_vs_snat']}")
+    if "xdp" in result:
+        lines.append("")
+        lines += xdp_report_lines(result["xdp"])
     if "render" in result:
         r = result["render"]
         lines.append(f"a step rendered as a notebook shows it (path picture, numbered hops, raw records, ladder, CT "

@@ -95,3 +95,27 @@ def policy_tunnel(_policy_tunnel):
     """node-a's pod programs with policy compiled in and tunnel routing; maps reset, no pod has a policy map."""
     _policy_tunnel.reset()
     return _policy_tunnel
+
+
+@pytest.fixture(scope="session")
+def _xdp(_require_bpf):
+    yield from _session_node("xdp")
+
+
+@pytest.fixture(scope="session")
+def _xdp_snat(_require_bpf):
+    yield from _session_node("xdp-snat")
+
+
+@pytest.fixture
+def xdp(_xdp):
+    """node-a, native routing, dsr, CT accounting, NodePort acceleration in XDP; maps reset, no fault."""
+    _xdp.reset()
+    return _xdp
+
+
+@pytest.fixture
+def xdp_snat(_xdp_snat):
+    """The same in snat mode."""
+    _xdp_snat.reset()
+    return _xdp_snat

@@ -22,7 +22,7 @@ from labkit.agent.endpoints import ipcache_entries
 from labkit.clock import mono_seconds
 from labkit.config import DatapathConfig
 from labkit.datapath.source import node_build
-from labkit.datapath.testrun import SkBuff, TestBuild
+from labkit.datapath.testrun import SkBuff, TestBuild, prog_test_run
 from labkit.maps.base import PinnedMap
 from labkit.maps.config import LabConfig, TraceMode
 from labkit.maps.ct import CT_MAPS, CtKey4, CtEntry, CtRow
@@ -88,6 +88,13 @@ BUILDS = {
     "policy": (DatapathConfig(routing="native", socket_lb="off", policy="default"), ("bpf_lxc.c",)),
     # policy compiled in with tunnel routing: packets arrive from cilium_vxlan (MARK_FROM_OVERLAY)
     "policy-tunnel": (DatapathConfig(routing="tunnel", socket_lb="off", policy="default"), ("bpf_lxc.c",)),
+    # "native" with NodePort acceleration (ENABLE_NODEPORT_ACCELERATION): cil_xdp_entry beside cil_from_netdev,
+    # one translation unit, the same maps
+    "xdp": (DatapathConfig(routing="native", socket_lb="off", ct_accounting=True, nodeport_accel="xdp"),
+            ("bpf_host.c", "bpf_xdp.c")),
+    # the same in snat mode
+    "xdp-snat": (DatapathConfig(routing="native", socket_lb="off", ct_accounting=True, lb_mode="snat",
+                                nodeport_accel="xdp"), ("bpf_host.c", "bpf_xdp.c")),
     # the same with --policy-audit-mode (POLICY_AUDIT_MODE)
     "audit": (DatapathConfig(routing="native", socket_lb="off", policy="default", policy_audit=True), ("bpf_lxc.c",)),
 }
@@ -112,7 +119,7 @@ class Outcome:
     retval: int
     frame: bytes
     events: list
-    ctx: SkBuff
+    ctx: SkBuff | None  #: None for an XDP run
 
     @property
     def pkt(self) -> packets.Parsed:
@@ -231,6 +238,12 @@ class Node:
         self.drain()
         r = self.build.run(function, frame, ctx=SkBuff(mark=mark))
         return Outcome(r.retval, r.data, self.drain(), r.ctx)
+
+    def run_xdp(self, frame: bytes) -> Outcome:
+        """Test-run ``cil_xdp_entry`` on ``frame`` (no context: the kernel's XDP test run makes one on lo)."""
+        self.drain()
+        r = prog_test_run(self.build.prog_fd("cil_xdp_entry"), frame)
+        return Outcome(r.retval, r.data, self.drain(), None)
 
     # -- reading -----------------------------------------------------------
     def ct(self) -> list[CtRow]:

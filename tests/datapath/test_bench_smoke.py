@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from labkit.tools import bench
+from labkit.tools import bench, xdpbench
 from labkit.net import netns as _netns
 
 
@@ -27,6 +27,7 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "GRADE_COPIES", 2)
     monkeypatch.setattr(bench, "SOCKMAP_RR_TRANSACTIONS", 200)
     monkeypatch.setattr(bench, "SOCKMAP_STREAM_BYTES", 4 << 20)
+    monkeypatch.setattr(xdpbench, "FLOOD_SECONDS", 0.5)
     assert bench.main(["--runs", "1", "--out", str(tmp_path)]) in (0, 1)  # 1: a target missed on a busy machine
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(bench.TARGETS) <= set(result["median"])
@@ -44,6 +45,12 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     assert "a step rendered as a notebook shows it" in table and len(result["samples"]["step_render_retries_s"]) == 2
     assert result["gc"]["read_deleted"] == {"batch": [20_000, 10_000], "per-entry": [20_000, 10_000]}
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in bench.LB_MODE_LABS.values())
+    xdp = result["xdp"]  # every figure of the XDP section, tc and XDP, from two rounds
+    assert xdp["rounds"] == 2 and all(len(v) == 2 for m in ("tc", "xdp") for v in xdp["samples_pps"][m].values())
+    assert all(xdp["median_pps"][m][k] > 0 for m in ("tc", "xdp") for k in ("sent_pps", "forwarded_pps"))
+    assert xdp["median_pps"]["xdp"]["dropped_xdp_pps"] > 0 and xdp["median_pps"]["tc"]["dropped_tc_pps"] > 0
+    assert "NodePort in tc vs XDP" in table
+    assert not any(_netns.exists(f"lk-{name}-node-a") for name in xdpbench.XDP_LABS.values())
     kp = result["kube_proxy"]
     assert set(kp["iptables"]) == set(kp["ebpf"]) == {"100", "300"}  # JSON keys
     assert all(kp[m][n]["first_packet_s"] > 0 for m in ("iptables", "ebpf") for n in ("100", "300"))

@@ -411,6 +411,17 @@ MALFORMED = {
 }
 
 
+def send_malformed(lab, node: str, packet: bytes, case: str):
+    """Send ``packet`` from ext in an Ethernet frame to ``node``'s eth0; (the first drop record, the event log)."""
+    frame = bytes.fromhex(_mac(lab, node).replace(":", "")) + bytes.fromhex(_mac(lab, "ext").replace(":", "")) \
+        + b"\x08\x00" + packet
+    log = lab.events()
+    log.seek_end()
+    lab.exec("ext", [sys.executable, "-c", _FRAME_SENDER], input=frame.hex(), check=True)
+    return wait_for(lambda: next((f for f in log.read() if f.dropped), None), timeout=5,
+                    what=f"the drop of {case}"), log
+
+
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_input_on_the_wire_makes_no_state(native_lab, case):
     """A bad DSR option, a truncated IP or TCP header, or an IP fragment from the fabric is dropped at
@@ -418,12 +429,7 @@ def test_malformed_input_on_the_wire_makes_no_state(native_lab, case):
     lab = native_lab
     svc = lab.services.add("web", 80, ["b1:8080"], type="LoadBalancer")
     node, packet = _malformed(case, svc.lb_vip)
-    frame = bytes.fromhex(_mac(lab, node).replace(":", "")) + bytes.fromhex(_mac(lab, "ext").replace(":", "")) \
-        + b"\x08\x00" + packet
-    log = lab.events()
-    log.seek_end()
-    lab.exec("ext", [sys.executable, "-c", _FRAME_SENDER], input=frame.hex(), check=True)
-    drop = wait_for(lambda: next((f for f in log.read() if f.dropped), None), timeout=5, what=f"the drop of {case}")
+    drop, _ = send_malformed(lab, node, packet, case)
     assert (drop.node, drop.hook, drop.event.drop_reason) == (node, Hook.FROM_NETDEV, MALFORMED[case])
     for n in ("node-a", "node-b"):
         assert lab.ct(n) == [] and lab.nat(n) == []

@@ -228,3 +228,20 @@ def test_sockmap_mode_is_checked():
     assert DatapathConfig().sockmap == "off"
     with pytest.raises(ConfigError, match="sockmap: expected one of off, on, got 'yes'"):
         DatapathConfig(sockmap="yes")
+
+
+def test_nodeport_accel_default_and_values():
+    """NodePort acceleration is 'none' by default (Cilium's --bpf-lb-acceleration=disabled); 'xdp' with native
+    routing is accepted and survives to_dict/from_dict; any other value is a ConfigError naming the choices."""
+    assert DatapathConfig().nodeport_accel == "none"
+    c = DatapathConfig(routing="native", nodeport_accel="xdp")
+    assert DatapathConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(ConfigError, match="expected one of none, xdp, got 'native'"):
+        DatapathConfig(routing="native", nodeport_accel="native")
+
+
+@pytest.mark.parametrize("options", [{"routing": "tunnel"}, {"routing": "native", "service_mode": "iptables"}])
+def test_nodeport_accel_xdp_needs_native_ebpf(options):
+    """'xdp' with tunnel routing or kube-proxy's Services is a ConfigError saying what it needs and what it got."""
+    with pytest.raises(ConfigError, match="expected routing 'native' and service mode 'ebpf'"):
+        DatapathConfig(nodeport_accel="xdp", **options)

@@ -115,6 +115,11 @@ def test_program_table():
     """Each program's hook name is its function minus 'cil_' with dashes, on tc ingress/egress (or its cgroup
     attach type) as Cilium attaches it."""
     for p in PROGRAMS:
+        assert re.search(rf"\bint\s+{p.function}\s*\(", (BPF / p.source).read_text()), p
+        if p.device.startswith("xdp"):  # XDP is attached to the device, not a tc hook: bpf_xdp.c's two programs
+            assert (p.function, p.hook, p.direction) in {("cil_xdp_entry", "xdp", "xdp"),
+                                                          ("lab_xdp_pass", "xdp-peer", "xdp")}
+            continue
         assert p.hook == p.function[len("cil_"):].replace("_", "-")
         if p.device == "cgroup":
             assert p.direction == p.function.rsplit("_", 1)[1] + "4"
@@ -141,11 +146,18 @@ def test_text_pastes_local_headers(topo, routing):
 
 
 def test_text_contains_every_header_once(topo):
-    """Each local header's guard is pasted exactly once, and every attach-point function is in the text (sockmap on:
-    its headers are pasted only then)."""
+    """Each local header's guard is pasted exactly once (sockmap on: its headers are pasted only then;
+    nodeport_xdp.h in the XDP build only; xdp.h also in every build, inside bpf_host.c's
+    #ifdef ENABLE_NODEPORT_ACCELERATION), and every attach-point function is in the text."""
     b = node_build(topo, DatapathConfig(sockmap="on"), "node-a", vxlan_ifindex=5)
     text = b.text()
+    xdp_text = node_build(topo, DatapathConfig(routing="native", nodeport_accel="xdp"), "node-a").text()
     for header in (BPF / "lib").glob("*.h"):
+        if header.name == "nodeport_xdp.h":
+            guard = re.search(r"^#define\s+(\w+)\s*$", header.read_text(), re.M)[1]
+            assert len(re.findall(rf"^#define\s+{guard}\s*$", xdp_text, re.M)) == 1, header.name
+            assert guard not in text
+            continue
         first_define = re.search(r"^#define\s+(\w+)\s*$", header.read_text(), re.M)
         if first_define:
             assert len(re.findall(rf"^#define\s+{first_define[1]}\s*$", text, re.M)) == 1, header.name
@@ -253,3 +265,29 @@ def test_sockmap_on_adds_the_two_programs_and_the_sockhash(topo):
     assert re.search(r"BPF_SOCKHASH\(cilium_sock_ops\b", (BPF / "lib" / "maps_sockops.h").read_text())
     assert SOCKMAP_ATTACH == {"sock_ops": 3, "sk_msg": 7}  # BPF_CGROUP_SOCK_OPS, BPF_SK_MSG_VERDICT (uapi bpf.h)
 
+
+def test_nodeport_accel_none_adds_nothing(topo):
+    """nodeport_accel 'none' (the default) compiles the same text with the same macros as a config without it."""
+    b = node_build(topo, DatapathConfig(routing="native", nodeport_accel="none"), "node-a")
+    plain = node_build(topo, DatapathConfig(routing="native"), "node-a")
+    assert "ENABLE_NODEPORT_ACCELERATION" not in b.macros and "bpf_xdp.c" not in b.files
+    assert (b.text(), b.cflags(), b.programs) == (plain.text(), plain.cflags(), plain.programs)
+
+
+def test_nodeport_accel_xdp_builds_the_xdp_programs(topo):
+    """nodeport_accel 'xdp' adds ENABLE_NODEPORT_ACCELERATION, bpf_xdp.c, cil_xdp_entry for eth0 and the peer's
+    lab_xdp_pass, and pins the same maps (one translation unit: the XDP program shares the tc programs' maps)."""
+    b = node_build(topo, DatapathConfig(routing="native", nodeport_accel="xdp"), "node-a")
+    assert b.macros["ENABLE_NODEPORT_ACCELERATION"] == 1 and "bpf_xdp.c" in b.files
+    assert {(p.function, p.device) for p in b.programs if p.source == "bpf_xdp.c"} == {
+        ("cil_xdp_entry", "xdp"), ("lab_xdp_pass", "xdp-peer")}
+    assert b.map_names == MAP_NAMES
+
+
+def test_xdp_code_is_behind_enable_nodeport_acceleration():
+    """bpf_host.c reads the XDP marker only inside #ifdef ENABLE_NODEPORT_ACCELERATION, so other builds compile as
+    before."""
+    text = (BPF / "bpf_host.c").read_text()
+    assert re.search(r'#ifdef ENABLE_NODEPORT_ACCELERATION\n#include "lib/xdp.h"\n#endif', text)
+    guarded = re.search(r"#ifdef ENABLE_NODEPORT_ACCELERATION\n(.*?)#endif", text.split("int cil_from_netdev")[1], re.S)
+    assert guarded and "skb_xfer_no_svc" in guarded.group(1)

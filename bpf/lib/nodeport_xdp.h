@@ -1,0 +1,152 @@
+/* nodeport_xdp.h — nodeport_lb4() for the XDP entry (Cilium compiles its
+ * lib/nodeport.h a second time for bpf_xdp.c, with IS_BPF_XDP; labkit has one
+ * translation unit per node, so the XDP variant has its own functions).
+ *
+ * The decisions and the map rows are nodeport_lb4's, and must stay so (a
+ * datapath test compares the rows of a tc lab and an XDP lab): the lookups
+ * (lb4_lookup_frontend, __lb4_local, lookup_endpoint4) and ct_lookup4 /
+ * ct_create4 are the same functions; the two blocks below repeat
+ * nodeport_lb4's CT block and snat_v4_nodeport's new mapping without the
+ * packet writes, which in XDP go through xdp.h. They are repeated rather than
+ * shared because sharing them changed the instructions clang emits for
+ * cil_from_netdev, and builds without XDP stay byte for byte what they were.
+ * Keep in sync with nodeport_lb4 (nodeport.h) and snat_v4_nodeport (nat.h).
+ */
+#ifndef LABKIT_NODEPORT_XDP_H
+#define LABKIT_NODEPORT_XDP_H
+
+#include "nodeport.h"
+#include "xdp.h"
+
+/* nodeport_lb4's CT block: the NodePort OUT entry (and a local backend's IN
+ * entry) of a flow whose replies pass this node again. 0 or a DROP_* reason. */
+static __always_inline int nodeport_track4_xdp(__u32 len, const struct pkt4 *p, const struct lb4_service *svc,
+					       bool local, struct trace_event *ev)
+{
+	struct ipv4_ct_tuple tuple = {};
+	struct ct_state cst = {};
+	int ret;
+
+	ret = ct_lookup4(&tuple, p, len, CT_EGRESS, &cst);
+	if (ret < 0)
+		return ret;
+	if (ret == CT_NEW) {
+		cst.src_sec_id = IDENTITY_WORLD;
+		cst.rev_nat_index = svc->rev_nat_index;
+		cst.flags = CT_F_NODE_PORT;
+		ret = ct_create4(&tuple, len, CT_EGRESS, &cst, false); /* no RELATED twin */
+		if (ret < 0)
+			return ret;
+		if (local) {
+			struct ct_state in = cst;
+
+			in.rev_nat_index = 0;
+			tuple.flags = TUPLE_F_IN;
+			ret = ct_create4(&tuple, len, CT_INGRESS, &in, true);
+			if (ret < 0)
+				return ret;
+		}
+		ret = CT_NEW;
+	}
+	trace_ct(ev, CT_EGRESS, ret, &cst);
+	return 0;
+}
+
+/* snat_v4_nodeport's mapping (Cilium's snat_v4_new_mapping), the new source
+ * returned in *to_addr:*to_port instead of written. 0 or a DROP_* reason. */
+static __always_inline int snat_v4_nodeport_xdp(const struct pkt4 *p, __be32 *to_addr, __be16 *to_port)
+{
+	struct ipv4_nat_entry ostate = {}, rstate = {};
+	struct ipv4_ct_tuple okey = {}, rkey = {};
+	struct ipv4_nat_entry *found;
+	__u32 now = lab_now();
+	__u16 port = lk_ntohs(p->sport);
+	int i;
+
+	nat_key4(&okey, p->saddr, p->daddr, p->sport, p->dport, p->proto, NAT_DIR_EGRESS);
+	found = cilium_snat_v4_external.lookup(&okey);
+	if (found) {
+		*to_addr = found->to_addr;
+		*to_port = found->to_port;
+		return 0;
+	}
+	if (port < NAT_PORT_MIN)
+		port = nat_clamp_port((__u16)bpf_get_prandom_u32());
+	for (i = 0; i < SNAT_COLLISION_RETRIES; i++) {
+		nat_key4(&rkey, p->daddr, NODE_IP, p->dport, lk_htons(port), p->proto, NAT_DIR_INGRESS);
+		if (!cilium_snat_v4_external.lookup(&rkey))
+			break;
+		port = nat_clamp_port(i ? port + 1 : (__u16)bpf_get_prandom_u32());
+	}
+	if (i == SNAT_COLLISION_RETRIES)
+		return DROP_NAT_NO_MAPPING;
+	rstate.created = now;
+	rstate.to_addr = p->saddr;
+	rstate.to_port = p->sport;
+	ostate.created = now;
+	ostate.to_addr = NODE_IP;
+	ostate.to_port = lk_htons(port);
+	if (cilium_snat_v4_external.insert(&rkey, &rstate) < 0)
+		return DROP_NAT_NO_MAPPING;
+	if (cilium_snat_v4_external.insert(&okey, &ostate) < 0) {
+		cilium_snat_v4_external.delete(&rkey);
+		return DROP_NAT_NO_MAPPING;
+	}
+	*to_addr = NODE_IP;
+	*to_port = ostate.to_port;
+	return 0;
+}
+
+/* nodeport_lb4() in XDP: the same decisions and state, the frame rewritten in
+ * place. NP_PASS, NP_LOCAL, NP_FORWARD or a DROP_* reason. */
+static __always_inline int nodeport_lb4_xdp(struct xdp_md *ctx, struct pkt4 *p, struct trace_event *ev)
+{
+	struct ct_state st = {};
+	struct lb4_backend *backend;
+	struct lb4_service *svc;
+	__be32 vip = p->daddr, addr = 0;
+	__be16 vport = p->dport, port = 0;
+	__u32 len = xdp_len(ctx);
+	bool local, dsr;
+	__u8 scope;
+	int ret;
+
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return NP_PASS;
+	svc = lb4_lookup_frontend(p, false, &scope);
+	if (!svc || !(svc->flags & SVC_FLAG_ROUTABLE))
+		return NP_PASS;
+	ret = __lb4_local(&len, p, svc, scope, &st, &backend);
+	if (ret < 0)
+		return ret;
+	ev->svc_ct_result = ret;
+	ret = xdp_rewrite4(ctx, p, true, backend->address, backend->port);
+	if (ret < 0)
+		return ret;
+	local = lookup_endpoint4(p->daddr) != NULL;
+	dsr = !local && nodeport_uses_dsr(p->proto);
+	if (!dsr) {
+		ret = nodeport_track4_xdp(len, p, svc, local, ev);
+		if (ret < 0)
+			return ret;
+	}
+	if (!local) {
+		ret = 0;
+		if (!dsr && !lab_fault(FAULT_NO_SNAT)) {
+			ret = snat_v4_nodeport_xdp(p, &addr, &port);
+			if (ret == 0)
+				ret = xdp_rewrite4(ctx, p, false, addr, port);
+			ev->flags |= TRACE_F_SNAT;
+		} else if (dsr && (p->proto == IPPROTO_UDP ||
+				   (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)) {
+			ret = xdp_dsr_add_opt4(ctx, p, vip, vport);
+			ev->flags |= TRACE_F_DSR_OPT_ADDED;
+		}
+		if (ret < 0)
+			return ret;
+	}
+	trace_tuple_set(&ev->after, p);
+	return local ? NP_LOCAL : NP_FORWARD;
+}
+
+#endif /* LABKIT_NODEPORT_XDP_H */
