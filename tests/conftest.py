@@ -23,6 +23,7 @@ LONGEST_FIRST = ["tests/labs/test_mutations.py", "tests/labs/test_notebooks.py",
                  "tests/datapath/test_bench_smoke.py", "tests/labs/test_grade_notebooks.py"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """Mark each test with its tier (the directory it lives in under tests/), and with the group that keeps it
     on one worker under ``pytest -n N --dist loadgroup`` (make test): its file, so that a module's shared lab is

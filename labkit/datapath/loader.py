@@ -84,6 +84,7 @@ def run(spec: dict) -> None:
                     continue
                 if prog.device == "sockmap":
                     _attach_sockmap(loaded, prog, spec, node)
+                    continue
                 if prog.device == "xdp":
                     index = ipr.link_lookup(ifname="eth0")[0]
                     where = xdp.attach(ipr, index, loaded.progs[prog.function])

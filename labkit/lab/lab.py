@@ -295,6 +295,14 @@ class Lab:
             for node, proc in loaders.items():
                 done = cls._loader_until(proc, ledger, node, "done")
                 timings[f"datapath_{node}_seconds"] = done.get("seconds")
+        except BaseException:
+            # One node's loader failed: the others may have pinned and attached things the ledger has not read
+            # yet. Stop them, then record every object they reported, so that teardown removes it too.
+            for proc in loaders.values():
+                if proc.poll() is None:
+                    proc.kill()
+                cls._record_rest(proc, ledger)
+            raise
         finally:
             for proc in loaders.values():
                 if proc.poll() is None:
@@ -358,6 +366,17 @@ class Lab:
         from labkit.datapath import loader  # here: only a lab being built needs it
 
         return loader.start(specs)  # one process, a child per node: the imports are paid once
+
+    @staticmethod
+    def _record_rest(proc: NodeLoader, ledger: Ledger) -> None:
+        """Record the objects a stopped loader reported and nobody has read yet."""
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "created" in msg:
+                ledger.record(**msg["created"])
 
     @staticmethod
     def _loader_until(proc: NodeLoader, ledger: Ledger, node: str, until: str) -> dict:
