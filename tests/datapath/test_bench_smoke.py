@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from labkit.tools import bench
+from labkit.tools import bench, bench_policy
 from labkit.net import netns as _netns
 
 
@@ -20,6 +20,9 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "SCALE_SIZES", (100, 300))
     monkeypatch.setattr(bench, "THROUGHPUT_SECONDS", 1)
     monkeypatch.setattr(bench, "GRADE_COPIES", 2)
+    monkeypatch.setattr(bench_policy, "IDENTITIES", 100)
+    monkeypatch.setattr(bench_policy, "RULES", 100)
+    monkeypatch.setattr(bench_policy, "CONNECT_PAIRS", 20)
     assert bench.main(["--runs", "1", "--out", str(tmp_path)]) in (0, 1)  # 1: a target missed on a busy machine
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(bench.TARGETS) <= set(result["median"])
@@ -46,6 +49,10 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     assert "the agent with 2,000 services in its own state" in table
     assert all(result["throughput"][p]["bpf"] > 0 and result["throughput"][p]["no_bpf"] > 0
                for p in ("same_node", "across_nodes"))
+    policy = result["policy"]
+    assert policy["update"]["identities"] == 100 and len(result["samples"]["policy_update_1000_cli_s"]) == 2
+    assert policy["first_packet"]["map_entries"]["big"] == 103 and policy["first_packet"]["ratio"] > 0
+    assert "policy map update, one rule change (its port) in a rule selecting 100 CIDR identities" in table
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in ("bench-ipt", "bench-ebpf", "bench-tput",
                                                                      "bench-plain", "bench-fp-small", "bench-fp-big",
-                                                                     "bench-agent"))
+                                                                     "bench-agent", bench_policy.LAB))
