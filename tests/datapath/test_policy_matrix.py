@@ -157,28 +157,32 @@ def dirs(rows) -> list[str]:
 
 
 # -- the paths -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Path:
+    """A connection to try: ``client`` connects to ``target`` (a pod, Service, node or ext by name) on ``port``."""
+
+    name: str
+    client: str
+    target: str
+    port: int
+
+    def __call__(self, lab) -> Attempt:
+        return attempt(lab, self.client, lab.address_of(self.target), self.port)
+
+
 # Ingress at a1 (a1 the server): the deciding hook is node-a's to-container.
-def same_node(lab):
-    return attempt(lab, "a2", lab.pod("a1").ip, 8080)
-
-
-def across(lab):
-    return attempt(lab, "b1", lab.pod("a1").ip, 8080)
-
-
-def cluster_ip(lab):
-    return attempt(lab, "b1", lab.address_of("web-a"), 80)
-
-
-def node_port(lab):
-    """ext → node-a:30080, whose backend a1 is local: no SNAT, ext's own address reaches a1."""
-    return attempt(lab, "ext", lab.node("node-a").ip, NODE_PORT)
-
-
-def node_port_snat(lab):
-    """ext → node-b:30080: the backend is remote, SNAT mode rewrites the source to node-b's address."""
-    return attempt(lab, "ext", lab.node("node-b").ip, NODE_PORT)
-
+same_node = Path("same_node", "a2", "a1", 8080)
+across = Path("across", "b1", "a1", 8080)
+cluster_ip = Path("cluster_ip", "b1", "web-a", 80)
+#: ext → node-a:30080, whose backend a1 is local: no SNAT, ext's own address reaches a1.
+node_port = Path("node_port", "ext", "node-a", NODE_PORT)
+#: ext → node-b:30080: the backend is remote, SNAT mode rewrites the source to node-b's address.
+node_port_snat = Path("node_port_snat", "ext", "node-b", NODE_PORT)
+# Egress of a1 (a1 the client): the deciding hook is node-a's from-container.
+e_same_node = Path("e_same_node", "a1", "a2", 8080)
+e_across = Path("e_across", "a1", "b1", 8080)
+e_cluster_ip = Path("e_cluster_ip", "a1", "web-b", 80)
+e_ext = Path("e_ext", "a1", "ext", 8080)
 
 PEER_NODE = {same_node: "node-a", across: "node-b", cluster_ip: "node-b", node_port: "node-a",
              node_port_snat: "node-b"}
@@ -187,7 +191,7 @@ PEER_NODE = {same_node: "node-a", across: "node-b", cluster_ip: "node-b", node_p
 def check_ingress(lab, path, allowed: bool, match: PolicyMatch, remote: int, reason=DropReason.POLICY):
     """One cell of a1's ingress column: outcome, verdict at node-a's to-container, CT rows on both nodes."""
     at = path(lab)
-    what = f"{path.__name__}: expected {'allowed' if allowed else 'denied'} ({match}, remote {remote})"
+    what = f"{path.name}: expected {'allowed' if allowed else 'denied'} ({match}, remote {remote})"
     assert at.reached == allowed, what + f"; the client got {at.result}"
     if allowed:
         # The allowed SYN's IN row at a1 carries the peer's identity (ipv4_policy: ct_state_new.src_sec_id).
@@ -223,26 +227,9 @@ def check_ingress(lab, path, allowed: bool, match: PolicyMatch, remote: int, rea
     return at
 
 
-# Egress of a1 (a1 the client): the deciding hook is node-a's from-container.
-def e_same_node(lab):
-    return attempt(lab, "a1", lab.pod("a2").ip, 8080)
-
-
-def e_across(lab):
-    return attempt(lab, "a1", lab.pod("b1").ip, 8080)
-
-
-def e_cluster_ip(lab):
-    return attempt(lab, "a1", lab.address_of("web-b"), 80)
-
-
-def e_ext(lab):
-    return attempt(lab, "a1", lab.external("ext").ip, 8080)
-
-
 def check_egress(lab, path, allowed: bool, match: PolicyMatch, remote: int):
     at = path(lab)
-    what = f"{path.__name__}: expected {'allowed' if allowed else 'denied'} ({match}, remote {remote})"
+    what = f"{path.name}: expected {'allowed' if allowed else 'denied'} ({match}, remote {remote})"
     assert at.reached == allowed, what + f"; the client got {at.result}"
     first = at.verdicts("node-a", Hook.FROM_CONTAINER)
     assert first, what + "; no egress verdict at from-container"
@@ -263,49 +250,48 @@ def check_egress(lab, path, allowed: bool, match: PolicyMatch, remote: int):
 
 
 # -- 1. the matrix ------------------------------------------------------------------------------------
-def test_allow_from_label(pm):
-    """fromEndpoints app=b1: b1 gets in directly and through the ClusterIP (L3-Only on b1's identity after DNAT);
-    a2, ext (world) and SNATed ext (remote-node) are denied, match none."""
-    pm.policy.apply(FROM_B1)
-    check_ingress(pm, same_node, False, NONE, A2)
-    check_ingress(pm, across, True, L3_ONLY, B1)
-    check_ingress(pm, cluster_ip, True, L3_ONLY, B1)
-    check_ingress(pm, node_port, False, NONE, WORLD)
-    check_ingress(pm, node_port_snat, False, NONE, REMOTE_NODE)
+DENY = DropReason.POLICY_DENY
+#: Policy → what each path into a1 must meet: (path, allowed, match, remote identity[, drop reason]),
+#: written from the policy's meaning (pkg/policy), not from a run.
+INGRESS_MATRIX = {
+    # fromEndpoints app=b1: b1 in, directly and through the ClusterIP (after DNAT the packet at a1 is from b1,
+    # L3-Only); a2, ext (world) and SNATed ext (remote-node) match nothing.
+    "allow-from-label": (FROM_B1, [(same_node, False, NONE, A2), (across, True, L3_ONLY, B1),
+                                   (cluster_ip, True, L3_ONLY, B1), (node_port, False, NONE, WORLD),
+                                   (node_port_snat, False, NONE, REMOTE_NODE)]),
+    # toPorts 8080/TCP without peers: identity 0 on 8080 (L4-Only) lets every path in (the NodePort's DNAT
+    # leaves 8080 at a1).
+    "allow-port-only": (PORT_ONLY, [(same_node, True, L4_ONLY, A2), (across, True, L4_ONLY, B1),
+                                    (cluster_ip, True, L4_ONLY, B1), (node_port, True, L4_ONLY, WORLD),
+                                    (node_port_snat, True, L4_ONLY, REMOTE_NODE)]),
+    # fromEntities all (identity 0, ANY: match "all") and ingressDeny app=b1: b1's deny key (L3-Only) is found
+    # before the wildcard, so b1 is refused by the denylist on both its paths; everyone else gets in.
+    "deny-overrides-allow": (DENY_B1, [(same_node, True, ALL, A2), (across, False, L3_ONLY, B1, DENY),
+                                       (cluster_ip, False, L3_ONLY, B1, DENY), (node_port, True, ALL, WORLD),
+                                       (node_port_snat, True, ALL, REMOTE_NODE)]),
+    # ingress: [{}]: a1 is selected at ingress and nothing but the host (1) is allowed.
+    "default-deny-once-selected": (DEFAULT_DENY, [(same_node, False, NONE, A2), (across, False, NONE, B1),
+                                                  (cluster_ip, False, NONE, B1), (node_port, False, NONE, WORLD),
+                                                  (node_port_snat, False, NONE, REMOTE_NODE)]),
+}
 
 
-def test_allow_port_only(pm):
-    """toPorts 8080/TCP without peers: every path reaches a1:8080 (L4-Only, identity 0); another port is denied."""
+@pytest.mark.parametrize("name", list(INGRESS_MATRIX))
+def test_ingress_matrix(pm, name):
+    """Each path into a1 is allowed or denied as the policy says, with its verdict, reason and CT rows."""
+    policy, cells = INGRESS_MATRIX[name]
+    pm.policy.apply(policy)
+    for cell in cells:
+        check_ingress(pm, *cell)
+
+
+def test_port_only_denies_other_ports(pm):
+    """Under the port-only allow, a2's SYN to a1:9999 is denied at a1 (no key for 9999: match none)."""
     pm.policy.apply(PORT_ONLY)
-    check_ingress(pm, same_node, True, L4_ONLY, A2)
-    check_ingress(pm, across, True, L4_ONLY, B1)
-    check_ingress(pm, cluster_ip, True, L4_ONLY, B1)
-    check_ingress(pm, node_port, True, L4_ONLY, WORLD)
-    check_ingress(pm, node_port_snat, True, L4_ONLY, REMOTE_NODE)
     at = attempt(pm, "a2", pm.pod("a1").ip, 9999)
     assert not at.reached
     drop = at.drop()
-    assert drop.policy.text() == "policy-verdict:none INGRESS DENIED"
-
-
-def test_deny_overrides_allow(pm):
-    """fromEntities all plus ingressDeny app=b1: b1 is refused with Policy denied by denylist (-181, L3-Only) on
-    both its paths though 'all' allows it; a2, ext and SNATed ext get in (match all)."""
-    pm.policy.apply(DENY_B1)
-    check_ingress(pm, same_node, True, ALL, A2)
-    check_ingress(pm, across, False, L3_ONLY, B1, DropReason.POLICY_DENY)
-    check_ingress(pm, cluster_ip, False, L3_ONLY, B1, DropReason.POLICY_DENY)
-    check_ingress(pm, node_port, True, ALL, WORLD)
-    check_ingress(pm, node_port_snat, True, ALL, REMOTE_NODE)
-
-
-def test_default_deny_once_selected(pm):
-    """An empty ingress rule selects a1 and allows nothing but the host: every path is denied (match none,
-    Policy denied -133)."""
-    pm.policy.apply(DEFAULT_DENY)
-    for path, remote in ((same_node, A2), (across, B1), (cluster_ip, B1), (node_port, WORLD),
-                         (node_port_snat, REMOTE_NODE)):
-        check_ingress(pm, path, False, NONE, remote)
+    assert drop.policy.text() == "policy-verdict:none INGRESS DENIED" and drop.event.drop_reason == DropReason.POLICY
 
 
 @pytest.mark.parametrize("policy, ext_id", [(TO_CIDR, CIDR_ID), (TO_WORLD, WORLD)], ids=["toCIDR", "toEntities-world"])
@@ -324,28 +310,22 @@ def test_egress_to_ext_only(pm, policy, ext_id):
 
 
 # -- 2. an allow deleted under an open connection ---------------------------------------------------------
-_SERVER = r"""
+#: One end of a TCP connection on port 9000 (argv[1]: "listen", or the address to connect to), driven by lines on
+#: stdin: "send WORD" writes WORD, "read" prints what arrives within 1 s (or the timeout's name).
+_PEER = r"""
 import socket, sys
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("0.0.0.0", 9000)); srv.listen(1); print("listening", flush=True)
-conn, _ = srv.accept(); conn.settimeout(1.0); print("accepted", flush=True)
+if sys.argv[1] == "listen":
+    srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", 9000)); srv.listen(1); print("listening", flush=True)
+    s, _ = srv.accept(); print("accepted", flush=True)
+else:
+    s = socket.create_connection((sys.argv[1], 9000), timeout=3); print("connected", flush=True)
+s.settimeout(1.0)
 for line in sys.stdin:
-    if line.strip() == "push":
-        conn.sendall(b"push"); print("pushed", flush=True)
-    elif line.strip() == "read":
-        try:
-            print("read", conn.recv(100).decode() or "EOF", flush=True)
-        except OSError as exc:
-            print("read", type(exc).__name__, flush=True)
-"""
-_CLIENT = r"""
-import socket, sys
-s = socket.create_connection((sys.argv[1], 9000), timeout=3); s.settimeout(1.0)
-print("connected", s.getsockname()[1], flush=True)
-for line in sys.stdin:
-    if line.strip() == "send":
-        s.sendall(b"ping"); print("sent", flush=True)
-    elif line.strip() == "read":
+    cmd, _, word = line.strip().partition(" ")
+    if cmd == "send":
+        s.sendall(word.encode()); print("sent", flush=True)
+    elif cmd == "read":
         try:
             print("read", s.recv(100).decode() or "EOF", flush=True)
         except OSError as exc:
@@ -372,23 +352,23 @@ class _Proc:
 
 
 def test_allow_deleted_mid_connection(pm):
-    """b1→a1:9000 open under from-b1 (+ default-deny keeping a1 selected); `policy delete from-b1`: b1's next data
-    is dropped at a1's to-container as ESTABLISHED (ipv4_policy checks CT_ESTABLISHED), while a1's own data still
-    reaches b1 (handle_ipv4_from_lxc skips CT_REPLY) with no egress verdict."""
-    pm.policy.apply(DEFAULT_DENY)
+    """b1→a1:9000 open under from-b1 (+ deny-all both ways keeping a1 selected); `policy delete from-b1`: b1's next
+    data is dropped at a1's to-container as ESTABLISHED (ipv4_policy checks CT_ESTABLISHED), while a1's own data,
+    though a1's egress allows nothing, still reaches b1 (handle_ipv4_from_lxc skips CT_REPLY) with no verdict."""
+    pm.policy.apply(DENY_ALL)
     pm.policy.apply(FROM_B1)
-    server = _Proc(pm, "a1", _SERVER)
+    server = _Proc(pm, "a1", _PEER, "listen")
     client = None
     try:
         assert server.line() == "listening"
-        client = _Proc(pm, "b1", _CLIENT, pm.pod("a1").ip)
-        assert client.line().startswith("connected") and server.line() == "accepted"
-        assert client.say("send") == "sent" and server.say("read") == "read ping", "allowed: data flows"
+        client = _Proc(pm, "b1", _PEER, pm.pod("a1").ip)
+        assert client.line() == "connected" and server.line() == "accepted"
+        assert client.say("send ping") == "sent" and server.say("read") == "read ping", "allowed: data flows"
         log = pm.events()
         log.seek_end()
         pm.policy.delete("from-b1")
         # b1 → a1: an ESTABLISHED packet, checked against a1's map, which no longer allows b1.
-        assert client.say("send") == "sent"
+        assert client.say("send ping") == "sent"
         assert server.say("read") == "read TimeoutError", "b1's data must not reach a1 any more"
         drop = wait_for(lambda: next((f for f in log.read() if f.dropped), None), timeout=3, what="the drop")
         assert (drop.node, drop.hook, drop.ct_result.name) == ("node-a", Hook.TO_CONTAINER, "ESTABLISHED")
@@ -396,7 +376,7 @@ def test_allow_deleted_mid_connection(pm):
         assert drop.policy.text() == "policy-verdict:none INGRESS DENIED"
         # a1 → b1: a reply of the connection b1 opened; from-container does not consult policy.
         log.seek_end()
-        assert server.say("push") == "pushed"
+        assert server.say("send push") == "sent"
         assert client.say("read") == "read push", "a1's reply-direction data still reaches b1"
         seen: list = []
         out = wait_for(lambda: [f for f in seen.extend(log.read()) or seen
