@@ -407,6 +407,8 @@ def test_hairpin_under_deny_all(pm):
     assert not any(f.dropped for f in hooks)
     assert [f for f in hooks if f.policy is not None] == [], "the hairpin flow is never looked up"
     rows = {r.dir: r for r in at.rows("node-a")}
+    # The facts sheet's three hairpin rows (§7): SVC without LBLoopback, OUT and IN with it.
+    assert sorted(rows) == ["IN", "OUT", "SVC"] and not rows["SVC"].flags & CtFlags.LB_LOOPBACK
     assert rows["OUT"].flags & CtFlags.LB_LOOPBACK and rows["IN"].flags & CtFlags.LB_LOOPBACK
     assert rows["IN"].src_sec_id == A1, "the hairpin IN row carries a1's own identity"
     check_egress(pm, e_across, False, NONE, B1)
