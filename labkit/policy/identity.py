@@ -210,6 +210,8 @@ class IdentityAllocator:
     def __init__(self, previous: Mapping[int | str, Iterable[str]] | None = None):
         self._by_labels: dict[LabelSet, int] = {}
         self._by_id: dict[int, LabelSet] = {}
+        #: CIDR identities' prefixes, parsed once: a rule with n prefixes asks for every one of them n times
+        self._nets: dict[int, ipaddress.IPv4Network | ipaddress.IPv6Network] = {}
         self._next_global = MINIMAL_NUMERIC_IDENTITY
         self._next_local = MIN_LOCAL_IDENTITY
         for ident, labels in (previous or {}).items():
@@ -218,6 +220,9 @@ class IdentityAllocator:
     def _put(self, ident: int, labels: LabelSet) -> None:
         self._by_labels[labels] = ident
         self._by_id[ident] = labels
+        for lbl in labels:
+            if lbl.source == "cidr":
+                self._nets[ident] = ipaddress.ip_network(lbl.key.replace("-", ":"))
         if ident & IDENTITY_SCOPE_LOCAL:
             self._next_local = max(self._next_local, ident + 1)
         else:
@@ -276,10 +281,17 @@ class IdentityAllocator:
 
     def cidr_of(self, identity: int) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
         """The prefix a CIDR identity stands for, None for any other identity."""
-        for lbl in self._by_id.get(identity, ()):
-            if lbl.source == "cidr":
-                return ipaddress.ip_network(lbl.key.replace("-", ":"))
-        return None
+        return self._nets.get(identity)
+
+    def cidr_networks(self) -> dict[int, ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """Every CIDR identity and its prefix (a copy).
+
+        >>> a = IdentityAllocator()
+        >>> n = a.allocate_cidr("198.51.100.0/24")
+        >>> a.cidr_networks() == {n: ipaddress.ip_network("198.51.100.0/24")}
+        True
+        """
+        return dict(self._nets)
 
     def __iter__(self) -> Iterator[tuple[int, LabelSet]]:
         return iter(sorted(self._by_id.items()))

@@ -295,6 +295,17 @@ class Resolution:
     fqdn_ids: dict[str, int] = field(default_factory=dict)
 
 
+def _prefix_key(net, length: int | None = None) -> tuple[int, int, int]:
+    """(family, length, the address's first ``length`` bits): equal for ``net`` cut to ``length`` bits and for
+    the prefix of that length containing it, so "which prefixes lie inside X" is one lookup.
+
+    >>> _prefix_key(ipaddress.ip_network("198.51.100.7/32"), 24) == _prefix_key(ipaddress.ip_network("198.51.100.0/24"))
+    True
+    """
+    length = net.prefixlen if length is None else length
+    return net.version, length, int(net.network_address) >> (net.max_prefixlen - length)
+
+
 class _Peers:
     """The identities a peer rule selects, from the endpoints, reserved and CIDR identities."""
 
@@ -304,6 +315,10 @@ class _Peers:
         self.pods = {ep.identity: ep.labels for ep in endpoints}
         self.reserved = {num: reserved_labels(num) for num in RESERVED_NAMES if num}
         self.fqdn_ids: dict[str, int] = {}
+        #: _prefix_key of every prefix containing a CIDR identity's → those identities (a rule may list thousands
+        #: of prefixes: comparing each with every CIDR identity is quadratic)
+        self._inside: dict[tuple[int, int, int], set[int]] = {}
+        self._indexed: set[int] = set()
 
     def universe(self) -> dict[int, LabelSet]:
         out = dict(self.reserved)
@@ -316,14 +331,14 @@ class _Peers:
         self.alloc.allocate_cidr(cidr)
         for e in excepts:
             self.alloc.allocate_cidr(e)
-        out = set()
-        for ident, _ in list(self.alloc):
-            net = self.alloc.cidr_of(ident)
-            if net is None or net.version != base.version or not net.subnet_of(base):
-                continue
-            if any(net.subnet_of(ipaddress.ip_network(e)) for e in excepts):
-                continue
-            out.add(ident)
+        for ident, net in self.alloc.cidr_networks().items():
+            if ident not in self._indexed:
+                self._indexed.add(ident)
+                for length in range(net.prefixlen + 1):
+                    self._inside.setdefault(_prefix_key(net, length), set()).add(ident)
+        out = set(self._inside.get(_prefix_key(base), ()))
+        for e in excepts:
+            out -= self._inside.get(_prefix_key(ipaddress.ip_network(e)), set())
         if base.prefixlen == 0 and not excepts:
             out.add(2)  # 0.0.0.0/0 is the world identity too
         return out

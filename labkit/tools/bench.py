@@ -20,6 +20,7 @@ backend add/remove at 50k  <= 1 ms   (inside the agent, which holds all 50k serv
 in-agent growth 100 → 50k  <= 1.5x
 agent restart at 50k       <= 5 s    (kill -9, then ``labkit agent restart`` until it serves them all)
 first packet, 50k vs 10    ratio <= 1.1
+policy first packet 1k/0   ratio <= 1.1 (b1 to a pod whose policy map holds 1,000 more rules, vs none)
 GC, 1M entries, batch      <= 2 s
 GC batch / per-entry       <= 0.2 (5x faster)
 grade, 2 jobs / 1 job      <= 0.6 (6 copies of lab 02, 2 cores)
@@ -27,7 +28,8 @@ a step rendered            <= 150 ms (picture, numbered hops, ladder, CT diff: a
 ... with SYN retries       <= 300 ms (lab 04's break-it step, ~54 hops)
 =========================  ========
 
-Reported without a target: a build's first bring-up on this machine (BCC
+Reported without a target: one policy rule change selecting 1,000 CIDR identities, from ``labkit policy apply``
+to the pinned map holding it (:mod:`labkit.tools.bench_policy`); a build's first bring-up on this machine (BCC
 compiles both nodes' datapaths; each run gets an empty image cache); the request rate of the external client to a
 LoadBalancer VIP in dsr and in snat mode, two labs side by side, rounds
 alternating, and their ratio; packets per second node-a forwards and drops for
@@ -72,6 +74,7 @@ from labkit.maps.base import PinnedMap
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4
 from labkit.net.ledger import Ledger
 from labkit.notebook.widgets import CtTable
+from labkit.tools.bench_policy import policy_bench, report_lines as policy_report_lines
 from labkit.tools.kpcompare import compare_service_modes, report_lines as kp_report_lines
 from labkit.tools import sockbench
 from labkit.tools.xdpbench import report_lines as xdp_report_lines, xdp_vs_tc
@@ -84,7 +87,7 @@ TARGETS = {"up_s": 5.0, "down_s": 1.0, "reset_s": 0.3, "ct_list_s": 0.2, "step_s
            "agent_restart_50k_s": 5.0, "first_packet_ratio_50k_vs_10": 1.1, "gc_batch_1m_s": 2.0,
            "gc_batch_over_per_entry": 0.2, "ebpf_first_packet_growth_100_to_10k": 1.1,
            "no_bpf_over_bpf_throughput": round(1 / 0.85, 4), "grade_jobs2_over_jobs1": 0.6,
-           "step_render_s": 0.15, "step_render_retries_s": 0.3}
+           "step_render_s": 0.15, "step_render_retries_s": 0.3, "policy_first_packet_ratio_1000_rules_vs_0": 1.1}
 #: Numbers of services of the kube-proxy comparison (each size: both modes, side by side).
 SCALE_SIZES = (100, 1000, 5000, 10000)
 #: Sizes at which the kube-proxy comparison also measures the stall.
@@ -209,7 +212,12 @@ def measure(runs: int) -> dict:
     medians["gc_batch_over_per_entry"] = round(medians["gc_batch_1m_s"] / statistics.median(gc["per_entry_s"]), 4)
     graded = grade_side_by_side(max(runs, MIN_SAMPLES))
     medians["grade_jobs2_over_jobs1"] = graded["ratio"]
+    policy = policy_bench(max(runs, MIN_SAMPLES))
+    samples["policy_update_1000_cli_s"] = policy["update"]["cli_s"]
+    medians["policy_update_1000_cli_s"] = round(statistics.median(policy["update"]["cli_s"]), 4)
+    medians["policy_first_packet_ratio_1000_rules_vs_0"] = policy["first_packet"]["ratio"]
     return {
+        "policy": policy,
         "grade": graded,
         "first_packet_side_by_side": {"10_vs_50k": ratio_50k, "100_vs_10k": growth},
         "kube_proxy": kube_proxy,
@@ -663,6 +671,8 @@ def report(result: dict) -> str:
                      f"{len(result['samples']['step_render_retries_s'])}")
     if "grade" in result:
         lines.append(grade_line(result["grade"], result["machine"]["cpus"]))
+    if "policy" in result:
+        lines += policy_report_lines(result["policy"])
     return "\n".join(lines)
 
 

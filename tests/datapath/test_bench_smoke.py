@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from labkit.tools import bench, xdpbench
+from labkit.tools import bench, bench_policy, xdpbench
 from labkit.net import netns as _netns
 
 
@@ -28,6 +28,9 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "SOCKMAP_RR_TRANSACTIONS", 200)
     monkeypatch.setattr(bench, "SOCKMAP_STREAM_BYTES", 4 << 20)
     monkeypatch.setattr(xdpbench, "FLOOD_SECONDS", 0.5)
+    monkeypatch.setattr(bench_policy, "IDENTITIES", 100)
+    monkeypatch.setattr(bench_policy, "RULES", 100)
+    monkeypatch.setattr(bench_policy, "CONNECT_PAIRS", 20)
     assert bench.main(["--runs", "1", "--out", str(tmp_path)]) in (0, 1)  # 1: a target missed on a busy machine
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(bench.TARGETS) <= set(result["median"])
@@ -65,6 +68,10 @@ def test_bench_measures_every_target(tmp_path, monkeypatch):
                for m in ("off", "on"))
     assert "sockmap off vs on" in table and sm["conditions"]["transactions"] == 200
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in bench.sockbench.LABS.values())
+    policy = result["policy"]
+    assert policy["update"]["identities"] == 100 and len(result["samples"]["policy_update_1000_cli_s"]) == 2
+    assert policy["first_packet"]["map_entries"]["big"] == 103 and policy["first_packet"]["ratio"] > 0
+    assert "policy map update, one rule change (its port) in a rule selecting 100 CIDR identities" in table
     assert not any(_netns.exists(f"lk-{name}-node-a") for name in ("bench-ipt", "bench-ebpf", "bench-tput",
                                                                      "bench-plain", "bench-fp-small", "bench-fp-big",
-                                                                     "bench-agent"))
+                                                                     "bench-agent", bench_policy.LAB))

@@ -137,6 +137,30 @@ spec:
     assert web.verdict(net_id, EG, TCP, 80).allowed
 
 
+def test_cidr_rules_select_every_prefix_inside_them():
+    """A toCIDRSet prefix selects exactly the CIDR identities already allocated whose prefix lies inside it and not
+    inside its except (ipaddress subnet_of, computed here pair by pair), IPv6 ones never; a thousand /32s in one
+    toCIDR give a thousand keys."""
+    import ipaddress
+
+    known = ["198.51.100.0/24", "198.51.100.7/32", "198.51.100.200/32", "198.51.0.0/16", "198.50.0.0/15",
+             "203.0.113.9/32", "2001:db8::/64", "2001:db8::5/128"]
+    eps, alloc = lab()
+    nets = {alloc.allocate_cidr(p): ipaddress.ip_network(p) for p in known}
+    web = resolve(eps, policy("""
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  egress: [{toCIDRSet: [{cidr: 198.51.0.0/16, except: [198.51.100.128/25]}]}]
+"""), alloc).endpoints["web"]
+    base, excluded = ipaddress.ip_network("198.51.0.0/16"), ipaddress.ip_network("198.51.100.128/25")
+    want = {i for i, n in nets.items() if n.version == 4 and n.subnet_of(base) and not n.subnet_of(excluded)}
+    assert {r.key.sec_label for r in web.rows if r.key.direction == EG} == want
+    assert sorted(map(str, (nets[i] for i in want))) == ["198.51.0.0/16", "198.51.100.0/24", "198.51.100.7/32"]
+    many = ", ".join(f"198.18.{128 + i // 256}.{i % 256}/32" for i in range(1000))
+    _, web, _ = run(f"spec:\n  endpointSelector: {{matchLabels: {{app: web}}}}\n  egress: [{{toCIDR: [{many}]}}]\n")
+    assert sum(1 for r in web.rows if r.key.direction == EG) == 1000
+
+
 @pytest.mark.parametrize("entity,ids", [
     ("world", {2}),              # reserved:world (and every CIDR identity, none here)
     ("host", {1}),
