@@ -33,7 +33,7 @@ from labkit.grading.exercises.common import broken_step, hook_name, is_syn, src,
 from labkit.policy.matchpattern import fqdn
 
 CHAIN, DENIED, PATTERN, TTL, BREAK = (
-    "1. The chain, step by step", "2. Resolved is not allowed", "3. What * matches", "4. When the TTL runs out",
+    "1. The chain, step by step", "2. Resolved is not allowed", "3. What `*` matches", "4. When the TTL runs out",
     "5. Break it")
 _FAULT = "fqdn-no-policy-key"  #: section 5's fault, left out of the evidence of sections 1-4
 _CLEAN = {"faults": lambda f: _FAULT not in f}
