@@ -31,6 +31,8 @@ written, and only the difference:
 """
 from __future__ import annotations
 
+import fnmatch
+
 import ctypes
 import ipaddress
 import json
@@ -48,6 +50,7 @@ from labkit.maps.policy import POLICY_MAP_MAX_ENTRIES, POLICY_MAP_PREFIX, Policy
 from labkit.net.ledger import Ledger, dir_lock, lab_dir
 from labkit.policy.identity import IdentityAllocator
 from labkit.policy.matchpattern import fqdn as _fqdn
+from labkit.policy.matchpattern import sanitize as _sanitize
 from labkit.policy.resolve import ENFORCEMENT_MODES, Endpoint, EndpointPolicy, Resolution, fqdn_selects, resolve
 from labkit.policy.rules import Policy, parse_policies, policy_from_obj
 
@@ -443,8 +446,11 @@ class Policies:
                 ep: EndpointPolicy = res.endpoints[name]
                 if ref.node == node and (ep.ingress_enforced or ep.egress_enforced):
                     wanted[ref.ep_id] = (name, ep)
+            # break-it fault (lab 11): the addresses keep their FQDN identity, the endpoints get no key for it
+            no_fqdn = set(res.fqdn_ids.values()) if "fqdn-no-policy-key" in self.view.agent_faults() else set()
             for ep_id, (name, ep) in sorted(wanted.items()):
-                report["endpoints"][name] = maps.write(ep_id, ep.entries())
+                entries = {k: v for k, v in ep.entries().items() if k.sec_label not in no_fqdn}
+                report["endpoints"][name] = maps.write(ep_id, entries)
             for ep_id in maps.pinned():
                 if ep_id not in wanted and maps.remove(ep_id):
                     report["removed"].append(f"{node}/{policy_map_name(ep_id)}")
@@ -475,6 +481,8 @@ class Policies:
         the proxy only through a policy key for that server), so two DNS rules for two different servers would
         share their names."""
         name = _fqdn(name)
+        # break-it fault (lab 11): '*' as a shell glob, crossing dots (fnmatch), where v1.16 stays in one label
+        selects = _glob_selects if "dns-star-crosses-dots" in self.view.agent_faults() else fqdn_selects
         for pol in self.parsed():
             for rule in pol.rules:
                 if not rule.endpoint_selector.matches(ref.endpoint.labels):
@@ -485,7 +493,7 @@ class Policies:
                             continue
                         if pp.port and not pp.port <= dport <= (pp.end_port or pp.port):
                             continue
-                        if any(fqdn_selects(sel, name) for sel in pp.dns):
+                        if any(selects(sel, name) for sel in pp.dns):
                             return True
         return False
 
@@ -528,3 +536,10 @@ class Policies:
                 "ingress_enforced": ep.ingress_enforced, "egress_enforced": ep.egress_enforced,
                 "selected_by": ep.selected_by, "lines": ep.lines(alloc),
                 "path": PolicyMaps(self.view.name, ref.node, self.view.pin_dir(ref.node)).path(ref.ep_id)}
+
+
+def _glob_selects(sel, name: str) -> bool:
+    """The ``dns-star-crosses-dots`` fault's matching: matchName exactly, matchPattern as an fnmatch glob."""
+    if sel.match_name:
+        return fqdn_selects(sel, name)
+    return fnmatch.fnmatchcase(name, _sanitize(sel.match_pattern))

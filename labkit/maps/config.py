@@ -66,6 +66,9 @@ AGENT_FAULTS = {
     "gc-fixed-interval": "the CT garbage collector never adapts its interval",
     "lb-wrong-count": "the agent writes each service head's count one short",
     "kp-no-masq": "kube-proxy mode writes no KUBE-MARK-MASQ rule for traffic from an endpoint to itself",
+    "dns-release-early": "the DNS proxy releases an answer at once and writes the maps after it",
+    "dns-star-crosses-dots": "the DNS proxy matches a matchPattern's * across dots, as a shell glob does",
+    "fqdn-no-policy-key": "the agent writes toFQDNs identities into the ipcache but no policy map key for them",
 }
 
 

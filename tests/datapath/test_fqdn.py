@@ -296,3 +296,65 @@ def test_max_delay_releases_before_the_maps(flab):
             flab.restart_agent()
         finally:
             del os.environ["LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY"]
+
+
+@pytest.fixture
+def faulted(fl):
+    """``fl`` with the agent faults a test switches on taken off again afterwards."""
+    on: list[str] = []
+
+    def switch(name: str) -> None:
+        fl.fault(name)
+        on.append(name)
+
+    yield switch
+    for name in on:
+        fl.fault(name, on=False)
+
+
+def test_resolve_records_the_query_it_made(fl):
+    """labkit.fqdn.lookup.resolve: a1's answer, the proxy's events of that query only, the ipcache identity
+    (labelled by web's selector) and a1's 8080/TCP key for it, kept in the evidence journal."""
+    from labkit.fqdn.lookup import resolve as lookup
+    from labkit.observe.evidence import JOURNAL
+
+    resolve(fl, "db.lab.example")  # another query in the log before ours
+    look = lookup(fl, "a1", "web.lab.example")
+    assert look.records == ((WEB, DEFAULT_TTL),) and look.rcode == dns.RCODE_NOERROR
+    assert look.event_names == ["query", "answer", "maps-written", "released"]
+    assert look.identity == ipcache(fl)[f"{WEB}/32"] and look.egress[look.identity] == ["8080/TCP"]
+    assert "fqdn:web.lab.example" in look.labels[look.identity]
+    rec = JOURNAL.latest(fl.name, "snapshot", op="dns", actor="a1", name="web.lab.example.")
+    assert rec is not None and rec.data is look
+
+
+def test_release_early_fault_answers_before_the_maps(fl, faulted):
+    """dns-release-early: the proxy releases the answer first and writes the maps after it (the order Cilium's
+    notifyOnDNSMsg never takes short of the max delay), with no max-delay event."""
+    from labkit.fqdn.lookup import resolve as lookup
+
+    faulted("dns-release-early")
+    look = lookup(fl, "a1", "web.lab.example")
+    assert look.event_names == ["query", "answer", "released", "maps-written"]
+
+
+def test_no_policy_key_fault_keeps_the_identity_out_of_the_map(fl, faulted):
+    """fqdn-no-policy-key: web's address gets its FQDN identity in the ipcache, a1's map no key for it, and the
+    first SYN is denied naming that identity."""
+    from labkit.fqdn.lookup import resolve as lookup
+
+    faulted("fqdn-no-policy-key")
+    fl.policy.apply(POLICY)
+    look = lookup(fl, "a1", "web.lab.example")
+    assert look.identity is not None and look.identity >= FIRST_LOCAL_IDENTITY
+    assert look.identity not in egress_keys(fl)
+    assert connect(fl, WEB) == "failed TimeoutError"
+
+
+def test_star_crosses_dots_fault_forwards_deeper_names(fl, faulted):
+    """dns-star-crosses-dots: *.lab.example lets deep.web.lab.example through the proxy (v1.16 refuses it) and
+    still refuses lab.example."""
+    assert resolve(fl, "deep.web.lab.example")["rcode"] == dns.RCODE_REFUSED
+    faulted("dns-star-crosses-dots")
+    assert resolve(fl, "deep.web.lab.example")["records"] == [[RECORDS["deep.web.lab.example"], DEFAULT_TTL]]
+    assert resolve(fl, "lab.example")["rcode"] == dns.RCODE_REFUSED

@@ -233,3 +233,16 @@ def test_never_mode_enforces_nothing(repo):
     report = repo.apply(WEB)
     assert repo.writes[-1][0] == {}
     assert "up --policy-mode default" in report["warnings"][-1]
+
+
+def test_glob_fault_lets_star_cross_dots():
+    """The dns-star-crosses-dots fault's matching crosses dots where v1.16's never does (pkg/fqdn/matchpattern
+    ToAnchoredRegexp: '*' is [-a-zA-Z0-9_]*); both keep the pattern's own dot, so the zone's name stays out."""
+    from labkit.policy.resolve import fqdn_selects
+    from labkit.policy.rules import FqdnSelector
+
+    sel = FqdnSelector(match_pattern="*.lab.example")
+    assert P._glob_selects(sel, "deep.web.lab.example.") and not fqdn_selects(sel, "deep.web.lab.example.")
+    assert P._glob_selects(sel, "web.lab.example.") and fqdn_selects(sel, "web.lab.example.")
+    assert not P._glob_selects(sel, "lab.example.") and not fqdn_selects(sel, "lab.example.")
+    assert P._glob_selects(FqdnSelector(match_name="web.lab.example"), "web.lab.example.")
