@@ -167,6 +167,27 @@ def test_vagrantfile_qemu_provider_for_apple_silicon(tmp_path):
     assert not [c for c in mine if c["call"] == "network"], "the base forward (host 127.0.0.1, no guest_ip) applies"
 
 
+def test_build_box_refuses_an_unknown_arch(tmp_path):
+    """build-box.sh builds amd64 (libvirt) or arm64 (vagrant-qemu) boxes; any other ARCH ends with one line
+    naming what it got and what it takes, before it makes a disk."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("build-box.sh checks for root first")
+    out = subprocess.run(["bash", str(ROOT / "vagrant" / "build-box.sh"), str(tmp_path / "x.box")],
+                         env={**os.environ, "ARCH": "mips"}, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == "labkit-build-box: error: ARCH=mips: expected amd64 or arm64"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", ["build-box.sh", "arm64-test.sh", "vm-test.sh"])
+def test_vm_scripts_parse(script):
+    """The box and VM scripts are valid bash (`bash -n`)."""
+    out = subprocess.run(["bash", "-n", str(ROOT / "vagrant" / script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
 # -- provision-lib.sh: one clear line per known cause ------------------------------
 LIB = ROOT / "vagrant" / "provision-lib.sh"
 
