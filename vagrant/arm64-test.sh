@@ -115,7 +115,7 @@ box() {
         say "reusing $BOX_FILE"
         return 0
     fi
-    ARCH=arm64 LABKIT_BOX_DEV=1 nice -n 19 bash "$REPO/vagrant/build-box.sh" --provisioned "$BOX_FILE" \
+    ARCH=arm64 LABKIT_BOX_DEV=1 LABKIT_DEV_OPTIONAL=0 nice -n 19 bash "$REPO/vagrant/build-box.sh" --provisioned "$BOX_FILE" \
         >"$LOGS/build-box.log" 2>&1 || { tail -n 20 "$LOGS/build-box.log"; return 1; }
     tail -n 1 "$LOGS/build-box.log"
 }

@@ -55,7 +55,7 @@ amd64)
     ;;
 arm64)
     PROVIDER=qemu
-    BOOT_TOOLS="mkfs.vfat"
+    BOOT_TOOLS="mkfs.vfat mmd mcopy"
     # GRUB's EFI image and its modules come from the box's own packages.
     PKGS="$PKGS,grub-efi-arm64-bin,grub2-common"
     if [ "$(dpkg --print-architecture)" != arm64 ]; then
@@ -67,7 +67,7 @@ arm64)
 *) die "ARCH=$ARCH: expected amd64 or arm64" ;;
 esac
 for tool in mmdebstrap $BOOT_TOOLS sfdisk mkfs.ext4 losetup qemu-img blkid; do
-    command -v "$tool" >/dev/null || die "$tool not found (apt-get install mmdebstrap extlinux syslinux-common dosfstools fdisk e2fsprogs mount qemu-utils)"
+    command -v "$tool" >/dev/null || die "$tool not found (apt-get install mmdebstrap extlinux syslinux-common dosfstools mtools fdisk e2fsprogs mount qemu-utils)"
 done
 PUBKEY="$(dpkg -L vagrant 2>/dev/null | grep -m1 '/keys/vagrant\.pub$' || true)"
 [ -n "$PUBKEY" ] && [ -f "$PUBKEY" ] || die "Vagrant's insecure public key (keys/vagrant.pub) not found: apt-get install vagrant"
@@ -170,6 +170,7 @@ if [ "$PROVISIONED" = 1 ]; then
     rm -f "$MNT/etc/resolv.conf" && cp -L /etc/resolv.conf "$MNT/etc/resolv.conf"
     say "provisioning inside the box (kernel $KVER) ..."
     chroot "$MNT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LABKIT_KREL="$KVER" \
+        ${LABKIT_DEV_OPTIONAL:+LABKIT_DEV_OPTIONAL="$LABKIT_DEV_OPTIONAL"} \
         bash "$GUEST_REPO/vagrant/provision.sh" --image --quiet ${LABKIT_BOX_DEV:+--dev} || die "provisioning inside the box failed"
     chroot "$MNT" apt-get clean
     for m in dev/pts dev sys proc; do umount "$MNT/$m"; done
@@ -202,12 +203,13 @@ else
         "$UUID" >"$MNT/boot/grub/early.cfg"
     printf 'set timeout=1\nmenuentry "Debian GNU/Linux, %s" {\n  search --no-floppy --fs-uuid --set=root %s\n  linux /boot/vmlinuz-%s root=UUID=%s ro %s\n  initrd /boot/initrd.img-%s\n}\n' \
         "$KVER" "$UUID" "$KVER" "$UUID" "$CMDLINE" "$KVER" >"$MNT/boot/grub/grub.cfg"
-    mount "$ESP_LOOP" "$MNT/boot/efi"
-    mkdir -p "$MNT/boot/efi/EFI/BOOT"
-    chroot "$MNT" grub-mkimage -O arm64-efi -o /boot/efi/EFI/BOOT/BOOTAA64.EFI -c /boot/grub/early.cfg -p /boot/grub \
+    chroot "$MNT" grub-mkimage -O arm64-efi -o /boot/grub/BOOTAA64.EFI -c /boot/grub/early.cfg -p /boot/grub \
         part_gpt fat ext2 search search_fs_uuid normal configfile linux echo test gzio efi_gop ||
         die "grub-mkimage -O arm64-efi failed"
-    umount "$MNT/boot/efi"
+    # mtools writes the FAT file system without mounting it (a container's kernel may have no vfat).
+    mmd -i "$ESP_LOOP" ::/EFI ::/EFI/BOOT
+    mcopy -i "$ESP_LOOP" "$MNT/boot/grub/BOOTAA64.EFI" ::/EFI/BOOT/BOOTAA64.EFI
+    rm -f "$MNT/boot/grub/BOOTAA64.EFI"
     losetup -d "$ESP_LOOP"
     ESP_LOOP=""
 fi
