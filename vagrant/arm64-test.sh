@@ -24,6 +24,9 @@
 #   copy           this checkout (tracked and new files, as git sees them) into
 #                  /home/vagrant/labkit, with a fresh one-commit git repository (the
 #                  unit tests read .gitattributes through git)
+#   smoke          vagrant/arm64-smoke.py with the system python3, before provisioning: labkit's
+#                  bpf(2) wrapper (aarch64's syscall number) on maps, and a hand-assembled tc
+#                  program through BPF_PROG_TEST_RUN on the arm64 kernel
 #   provision      vagrant/provision.sh --dev inside, as root
 #   tests          python -m pytest on each of LABKIT_ARM64_TESTS (default: tests/bpf,
 #                  then tests/unit) as root with CI=true: a test that cannot reach BPF fails
@@ -171,6 +174,12 @@ copy() {
     gssh "git --version >/dev/null 2>&1 || sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends git >/dev/null"
 }
 
+# ------------------------------------------------------------------ smoke
+smoke() {
+    gssh "sudo python3 $GUEST_REPO/vagrant/arm64-smoke.py $GUEST_REPO/labkit/datapath/bpf.py" 2>&1 | tee "$LOGS/smoke.log"
+    return "${PIPESTATUS[0]}"
+}
+
 # ------------------------------------------------------------------ provision
 provision() {
     gssh "sudo bash $GUEST_REPO/vagrant/provision.sh --dev" 2>&1 | tee "$LOGS/provision.log"
@@ -203,6 +212,7 @@ step host-packages host_packages
 step box box
 step boot boot
 step copy copy
+step smoke smoke
 step provision provision
 FAILED_TESTS=0
 for t in $TESTS; do
