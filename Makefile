@@ -4,7 +4,7 @@
 VENV ?= /opt/labkit/venv
 PY = $(VENV)/bin/python
 
-.PHONY: provision provision-dev test unit lab bench vm-test box clean
+.PHONY: provision provision-dev test unit lab bench vm-test arm64-test box clean
 
 # Install system packages, kernel headers, bpffs, the venv and labkit itself.
 provision:
@@ -34,6 +34,12 @@ bench: provision-dev
 # reload and provision, then destroy and nothing left. Not part of `make test`: ~25 min emulated.
 vm-test:
 	bash vagrant/vm-test.sh $(VMTEST)
+
+# The datapath on arm64: an arm64 Debian 12 box (build-box.sh ARCH=arm64, for vagrant-qemu on Apple Silicon)
+# booted with qemu-system-aarch64 (TCG emulation on x86_64), provisioned with --dev, then tests/bpf and
+# tests/unit run inside as root.  Not part of `make test`: hours under emulation on 2 cores.
+arm64-test:
+	bash vagrant/arm64-test.sh $(ARM64TEST)
 
 # A ready Vagrant box (libvirt, Debian 12, amd64) with everything provisioning installs, for a room
 # without network: hand out the one file; `vagrant box add --name labkit/debian12 FILE`, then

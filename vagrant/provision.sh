@@ -19,6 +19,9 @@
 #                      in step by `labkit work sync` (the Vagrantfile sets
 #                      /home/vagrant/work; unset: JupyterLab serves labs/)
 #   LABKIT_WORK_USER   who owns the work folder (the Vagrantfile: vagrant)
+#   LABKIT_DEV_OPTIONAL=0  --dev without the optional vagrant and chromium (the
+#                      browser tests and nested VMs need them; vagrant/arm64-test.sh
+#                      runs neither)
 #
 # A failure with a known cause (no network, no kernel headers, a full disk)
 # ends with one line saying what to do; `labkit doctor` repeats it.
@@ -117,6 +120,7 @@ BASE_PKGS=(python3 python3-venv python3-pip python3-bpfcc bpfcc-tools iproute2
     dnsmasq-base) # the lab zone's DNS server in ext (toFQDNs); -base: the binary only, no host service on :53
 DEV_PKGS=(clang llvm)
 DEV_OPTIONAL_PKGS=(vagrant chromium chromium-driver) # only when apt has them
+[ "${LABKIT_DEV_OPTIONAL:-1}" = 0 ] && DEV_OPTIONAL_PKGS=()
 BPFTOOL_PKGS=(bpftool "linux-tools-$KREL" linux-tools-generic) # first installable wins
 
 # shellcheck disable=SC1091

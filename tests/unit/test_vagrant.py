@@ -122,14 +122,19 @@ def test_vagrantfile_uploads_a_tarball_without_rsync(tmp_path):
     assert provs and all("tar -xzf /tmp/labkit-src.tar.gz" in c["kw"]["inline"] for c in provs)
 
 
+def _provider_at(calls: list[dict], name: str) -> int:
+    """Index of the ``config.vm.provider NAME`` call; the provider's own settings are the calls after it."""
+    [i] = [i for i, c in enumerate(calls) if c["call"] == "provider" and c["args"] == [name]]
+    return i
+
+
 def test_vagrantfile_jupyter_forward(tmp_path):
     """JupyterLab's forward is on the host's loopback with auto_correct; under libvirt it ends at the guest's
     loopback and JupyterLab binds 127.0.0.1, under VirtualBox (NAT only) 0.0.0.0; a trigger after
     up/reload/resume reports the URL."""
     calls = _configured(tmp_path, "up")
-    names = [c["call"] for c in calls]
-    vbox, libvirt = names.index("provider"), len(names) - 1 - names[::-1].index("provider")
-    assert calls[vbox]["args"] == ["virtualbox"] and calls[libvirt]["args"] == ["libvirt"]
+    vbox, libvirt, qemu = (_provider_at(calls, p) for p in ("virtualbox", "libvirt", "qemu"))
+    assert vbox < libvirt < qemu
 
     def forwards(part):
         return [c["kw"] for c in part if c["call"] == "network" and c["args"] == ["forwarded_port"]]
@@ -139,10 +144,48 @@ def test_vagrantfile_jupyter_forward(tmp_path):
 
     [base] = forwards(calls[:vbox])
     assert base == {"id": "jupyter", "guest": 8888, "host": 8888, "host_ip": "127.0.0.1", "auto_correct": True}
-    [lv] = forwards(calls[libvirt:])
+    [lv] = forwards(calls[libvirt:qemu])
     assert lv == {**base, "guest_ip": "127.0.0.1"}
     assert jupyter_ip(calls[:vbox]) == ["127.0.0.1"] and jupyter_ip(calls[vbox:libvirt]) == ["0.0.0.0"]
     assert {"call": "after", "args": [["up", "reload", "resume"]], "kw": {}} in calls
+
+
+def test_vagrantfile_qemu_provider_for_apple_silicon(tmp_path):
+    """The qemu provider (vagrant-qemu, Apple Silicon) runs an aarch64 `virt` machine under HVF with the host's
+    CPU, 2 vCPUs and 4G, virtio-net on the MMIO bus, edk2 from Homebrew's QEMU unless LABKIT_QEMU_DIR says
+    otherwise, and JupyterLab bound to 0.0.0.0 (the forward ends on QEMU's user-mode NAT address)."""
+    calls = _configured(tmp_path, "up")
+    qemu = _provider_at(calls, "qemu")
+    end = next(i for i, c in enumerate(calls) if i > qemu and c["call"] == "trigger")
+    mine = calls[qemu + 1:end]
+    settings = {c["call"].removesuffix("="): c["args"][0] for c in mine if c["call"].endswith("=")}
+    assert settings == {"arch": "aarch64", "machine": "virt,accel=hvf,highmem=on", "cpu": "host", "smp": 2,
+                        "memory": "4G", "net_device": "virtio-net-device", "qemu_dir": "/opt/homebrew/share/qemu",
+                        "ssh_auto_correct": True}
+    [ip] = [c["kw"]["env"]["LABKIT_JUPYTER_IP"] for c in mine if c["call"] == "provision" and c["args"] == ["labkit"]]
+    assert ip == "0.0.0.0"
+    assert not [c for c in mine if c["call"] == "network"], "the base forward (host 127.0.0.1, no guest_ip) applies"
+
+
+def test_build_box_refuses_an_unknown_arch(tmp_path):
+    """build-box.sh builds amd64 (libvirt) or arm64 (vagrant-qemu) boxes; any other ARCH ends with one line
+    naming what it got and what it takes, before it makes a disk."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("build-box.sh checks for root first")
+    out = subprocess.run(["bash", str(ROOT / "vagrant" / "build-box.sh"), str(tmp_path / "x.box")],
+                         env={**os.environ, "ARCH": "mips"}, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == "labkit-build-box: error: ARCH=mips: expected amd64 or arm64"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", ["build-box.sh", "arm64-test.sh", "vm-test.sh"])
+def test_vm_scripts_parse(script):
+    """The box and VM scripts are valid bash (`bash -n`)."""
+    out = subprocess.run(["bash", "-n", str(ROOT / "vagrant" / script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
 
 
 # -- provision-lib.sh: one clear line per known cause ------------------------------
