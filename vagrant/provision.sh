@@ -545,11 +545,13 @@ EOF
         # Wait until the server answers (a fresh start takes a few seconds).
         local probe_ip="$ip" i
         [ "$probe_ip" = 0.0.0.0 ] && probe_ip=127.0.0.1
-        for i in $(seq 1 60); do
+        # A fresh start takes seconds with KVM, and over a minute under qemu's emulation on a busy host
+        # (make vm-test's run of 2026-12-02 waited 60 s in vain): give it 180.
+        for i in $(seq 1 180); do
             if curl -fsS -o /dev/null -m 2 "http://$probe_ip:$JUPYTER_PORT/api/status?token=$token" 2>/dev/null; then
                 break
             fi
-            [ "$i" = 60 ] && die "JupyterLab did not answer on $probe_ip:$JUPYTER_PORT within 60 s; see: journalctl -u $UNIT_NAME"
+            [ "$i" = 180 ] && die "JupyterLab did not answer on $probe_ip:$JUPYTER_PORT within 180 s; see: journalctl -u $UNIT_NAME"
             sleep 1
         done
         if [ "$state" = ok ]; then
