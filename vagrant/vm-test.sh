@@ -388,19 +388,23 @@ host_left_as_it_was() {
     local tc table c rule leftover=""
     # libvirt's firewall chains (made with its first network) that were not there before: unhooked and removed
     # when empty; any other new chain is reported.
+    # Two passes: libvirt's chains first (their jump rules sit in the built-in chains), then whatever is new.
     for tc in $(comm -13 "$STATE/chains-before.txt" <(chains)); do
         table="${tc%%/*}" c="${tc#*/}"
-        if [[ "$c" == LIBVIRT_* ]]; then
-            while read -r rule; do
-                # shellcheck disable=SC2086
-                iptables -t "$table" ${rule/-A/-D} 2>/dev/null || true
-            done < <(iptables-save -t "$table" | grep -E -- "-j $c\$")
-            if iptables -t "$table" -F "$c" 2>/dev/null && iptables -t "$table" -X "$c" 2>/dev/null; then
-                say "removed firewall chain $table/$c (libvirt's)"
-            else
-                leftover="$leftover $tc"
-            fi
-        elif [[ "$c" =~ ^(INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING)$ ]] &&
+        [[ "$c" == LIBVIRT_* ]] || continue
+        while read -r rule; do
+            # shellcheck disable=SC2086
+            iptables -t "$table" ${rule/-A/-D} 2>/dev/null || true
+        done < <(iptables-save -t "$table" | grep -E -- "-j $c\$")
+        if iptables -t "$table" -F "$c" 2>/dev/null && iptables -t "$table" -X "$c" 2>/dev/null; then
+            say "removed firewall chain $table/$c (libvirt's)"
+        else
+            leftover="$leftover $tc"
+        fi
+    done
+    for tc in $(comm -13 "$STATE/chains-before.txt" <(chains)); do
+        table="${tc%%/*}" c="${tc#*/}"
+        if [[ "$c" =~ ^(INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING)$ ]] &&
             ! iptables-save -t "$table" | grep -q '^-A '; then
             : # a built-in chain of a table libvirt loaded, empty: nothing of ours
         else
