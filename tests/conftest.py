@@ -1,7 +1,7 @@
 """What every tier shares: the CI gate and the tier markers.
 
-`make test` runs the tests on every core (pytest-xdist, ``-n auto --dist loadgroup``): a file's tests stay
-on one worker, and each worker's labs carry its own name (tests/labtag.py).
+`make test` runs the tests on every core (pytest-xdist, ``-n auto --dist loadfile``): a file's tests stay
+on one worker (its shared labs come up once), and each worker's labs carry its own name (tests/labtag.py).
 
 A test under tests/datapath is marked ``datapath``, one under tests/bpf ``bpf`` and one under
 tests/labs ``labs``, so ``pytest -m "not datapath and not bpf and not labs"`` runs what needs no root. Tests that need the
@@ -17,26 +17,22 @@ import pytest
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _TIERS = {"datapath": "datapath", "bpf": "bpf", "labs": "labs"}  # directory under tests/ -> marker
-#: Groups that take minutes (every lab's notebook runs and mutants, the browser tests, the bench's smoke run):
-#: started first.
-LONGEST_FIRST = ["tests/labs/test_mutations.py", "tests/labs/test_notebooks.py", "browser",
-                 "tests/datapath/test_bench_smoke.py", "tests/labs/test_grade_notebooks.py"]
+#: Files that take minutes (every lab's notebook runs and mutants, the browser tests, the bench's smoke run):
+#: started first, so that none is left to run alone at the end.
+LONGEST_FIRST = ["tests/labs/test_mutations.py", "tests/labs/test_notebooks.py", "tests/labs/test_browser.py",
+                 "tests/datapath/test_bench_smoke.py", "tests/labs/test_browser_views.py",
+                 "tests/labs/test_grade_notebooks.py"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks
+def _file(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its tier (the directory it lives in under tests/), and with the group that keeps it
-    on one worker under ``pytest -n N --dist loadgroup`` (make test): its file, so that a module's shared lab is
-    brought up once; every test of the shared JupyterLab and Chromium (``browser_session``) in one group."""
+    """Mark each test with its tier (the directory it lives in under tests/); put the files that take minutes
+    first, for ``pytest -n N --dist loadfile`` (make test) hands out whole files in this order."""
     here = Path(__file__).parent
-    groups = {}
-    for item in items:
-        group = "browser" if "browser_session" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
-        groups[item.nodeid] = group
-        item.add_marker(pytest.mark.xdist_group(group))
-    # The longest groups first: a worker picks groups in this order, and a long one started last runs alone.
-    items.sort(key=lambda item: LONGEST_FIRST.index(groups[item.nodeid]) if groups[item.nodeid] in LONGEST_FIRST
-               else len(LONGEST_FIRST))
+    items.sort(key=lambda item: LONGEST_FIRST.index(_file(item)) if _file(item) in LONGEST_FIRST else len(LONGEST_FIRST))
     for item in items:
         try:
             tier = Path(item.fspath).relative_to(here).parts[0]

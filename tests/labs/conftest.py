@@ -33,7 +33,6 @@ def _close_browser() -> None:
         stack.close()
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-xdist has given each test its final node id
 def pytest_collection_modifyitems(items):
     """Note the last collected test that uses the browser session: its teardown closes the session."""
     users = [item.nodeid for item in items if "browser_session" in getattr(item, "fixturenames", ())]
