@@ -16,7 +16,7 @@ provision-dev:
 
 # THE test command (CI runs it through .ci/run); pytest options live in pyproject.toml.
 test: provision-dev
-	$(PY) -m pytest tests -ra
+	$(PY) -m pytest tests -ra -n auto --dist loadfile
 
 # Unit tests only, without provisioning.
 unit:

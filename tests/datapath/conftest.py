@@ -29,12 +29,36 @@ def _require_datapath(datapath_ready):
     _HOST_BEFORE.update(snapshot())  # before any lab of this session exists
 
 
-def _shared_lab(name: str, **options):
-    from labkit import Lab
+class _SharedLab:
+    """One lab shared by every test of a worker, healed before each use.
 
-    lab = Lab.up(name, **options)
-    yield lab
-    lab.down()
+    Under pytest-xdist a worker runs whole files in any order, so a file that takes the shared labs down
+    (test_lifecycle.py's host check) or kills their agent may come before another that uses them: a lab
+    whose ledger is gone or whose health lists a problem is brought up again (``Lab.up`` keeps what is
+    still there and starts what is not)."""
+
+    def __init__(self, name: str, config):
+        self.name, self.config, self.lab = name, config, None
+
+    def get(self):
+        from labkit import Lab
+        from labkit.net.ledger import Ledger
+
+        if self.lab is None or not Ledger(self.name).exists() or self.lab.health():
+            self.lab = Lab.up(self.name, config=self.config)
+        self.lab.reset()
+        return self.lab
+
+    def down(self) -> None:
+        from labkit import Lab
+
+        Lab.cleanup(self.name)
+
+
+def _shared_lab(name: str, config):
+    shared = _SharedLab(name, config)
+    yield shared
+    shared.down()
 
 
 # The shared labs start with the GC timer off: tests move the lab clock far ahead and then read the
@@ -45,36 +69,32 @@ def _shared_lab(name: str, **options):
 def _lab_tunnel(_require_datapath):
     from labkit.config import DatapathConfig
 
-    yield from _shared_lab(tagged("dptest"), config=DatapathConfig(routing="tunnel", gc_timer=False, ct_accounting=True))
+    yield from _shared_lab(tagged("dptest"), DatapathConfig(routing="tunnel", gc_timer=False, ct_accounting=True))
 
 
 @pytest.fixture(scope="session")
 def _lab_native(_require_datapath):
     from labkit.config import DatapathConfig
 
-    yield from _shared_lab(tagged("dpnative"), config=DatapathConfig(routing="native", gc_timer=False, ct_accounting=True))
+    yield from _shared_lab(tagged("dpnative"), DatapathConfig(routing="native", gc_timer=False, ct_accounting=True))
 
 
 @pytest.fixture
 def lab(_lab_tunnel):
-    """The shared tunnel-mode lab `dptest`, reset for this test."""
-    _lab_tunnel.reset()
-    return _lab_tunnel
+    """The shared tunnel-mode lab `dptest`, healed and reset for this test."""
+    return _lab_tunnel.get()
 
 
 @pytest.fixture
 def native_lab(_lab_native):
-    """The shared native-routing lab `dpnative`, reset for this test."""
-    _lab_native.reset()
-    return _lab_native
+    """The shared native-routing lab `dpnative`, healed and reset for this test."""
+    return _lab_native.get()
 
 
 @pytest.fixture(params=["tunnel", "native"])
 def any_lab(request, _require_datapath):
-    """Each routing mode's shared lab in turn, reset."""
-    lab = request.getfixturevalue("_lab_tunnel" if request.param == "tunnel" else "_lab_native")
-    lab.reset()
-    return lab
+    """Each routing mode's shared lab in turn, healed and reset."""
+    return request.getfixturevalue("_lab_tunnel" if request.param == "tunnel" else "_lab_native").get()
 
 
 @pytest.fixture
