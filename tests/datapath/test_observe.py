@@ -152,7 +152,9 @@ def test_observe_json_lines_validate_and_filter(lab):
     out = subprocess.run([sys.executable, "-m", "labkit", "cli", "--lab", lab.name, "observe", "--last", "4095",
                           "--from-pod", "b1", "--port", str(port), "--protocol", "tcp"],
                          capture_output=True, text=True, timeout=60)
-    compact = out.stdout.splitlines()
+    # An EVENTS LOST line is no flow and passes every filter, as in Hubble (an earlier test may have flooded this
+    # shared lab's rings): only the flows are counted.
+    compact = [line for line in out.stdout.splitlines() if not line.startswith("EVENTS LOST")]
     assert len(compact) == 3 + 3  # b1's sends: SYN-ACK, first echo, FIN at node-b from-container and at node-a to-container
     assert all(" <- default/b1:8080 (ID:" in line for line in compact), compact
 
@@ -169,7 +171,9 @@ def test_observe_follow_prints_new_flows_as_they_come(lab):
         lines = []
         deadline = time.monotonic() + 10
         while len(lines) < 8 and time.monotonic() < deadline:
-            lines.append(json.loads(proc.stdout.readline()))
+            line = json.loads(proc.stdout.readline())
+            if "flow" in line:  # a lost_events line (the rings of this shared lab overran earlier) is no flow
+                lines.append(line)
     finally:
         proc.terminate()
         proc.wait(5)

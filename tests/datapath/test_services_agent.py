@@ -227,14 +227,13 @@ def _lab20(_require_datapath):
     """A lab of Cilium 1.20 (per-protocol service keys), its GC timer off as the shared labs'."""
     from .conftest import _shared_lab
 
-    yield from _shared_lab(tagged("dplb20"), config=DatapathConfig(cilium="1.20", gc_timer=False))
+    yield from _shared_lab(tagged("dplb20"), DatapathConfig(cilium="1.20", gc_timer=False))
 
 
 @pytest.fixture
 def lab_1_20(_lab20):
-    """The 1.20 lab, reset for this test."""
-    _lab20.reset()
-    return _lab20
+    """The 1.20 lab, healed and reset for this test."""
+    return _lab20.get()
 
 
 def test_1_20_keys_carry_the_protocol_and_both_services_answer(lab_1_20):
