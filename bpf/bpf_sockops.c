@@ -22,6 +22,7 @@
 #include "lib/maps.h"
 #include "lib/encap.h"
 #include "lib/sockops.h"
+#include "lib/clock.h"
 
 /* Cilium's bpf_sock_ops_ipv4: only a peer that is a local endpoint
  * (cilium_lxc: a pod of this node) is recorded, with BPF_NOEXIST so an entry
@@ -35,6 +36,8 @@ static __always_inline void sock_ops_ipv4(struct bpf_sock_ops *skops)
 	__be32 dip4;
 	__u32 dport;
 
+	if (lab_fault(FAULT_SOCK_NO_REDIRECT))
+		return; /* as with the program detached: no socket recorded, every send takes the stack */
 	sk_extract4_key(skops->local_ip4, skops->remote_ip4, skops->local_port, skops->remote_port, &key);
 	if (!lookup_endpoint4(key.dip4))
 		return;

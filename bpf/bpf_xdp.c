@@ -38,6 +38,8 @@ int cil_xdp_entry(struct xdp_md *ctx)
 	struct pkt4 p = {};
 	int ret;
 
+	if (lab_fault(FAULT_XDP_PASS))
+		return XDP_PASS; /* as with the program detached: tc's from-netdev sees every frame */
 	ret = xdp_parse4(ctx, &p);
 	if (ret == PARSE_NOT_IPV4)
 		return XDP_PASS;

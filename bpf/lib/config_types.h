@@ -27,6 +27,8 @@
 #define FAULT_SOCK_LB_OFF     0x10000 /* connect4/sendmsg4 translate nothing */
 #define FAULT_NO_GETPEERNAME  0x20000 /* getpeername4/recvmsg4 do not show the VIP again */
 #define FAULT_SOCK_NO_REJECT  0x40000 /* socket LB lets a connect() to a service without backends through */
+#define FAULT_SOCK_NO_REDIRECT 0x80000 /* sock_ops records no socket in cilium_sock_ops: sk_msg redirects nothing */
+#define FAULT_XDP_PASS        0x100000 /* the XDP program passes every frame to tc untouched (as if detached) */
 
 struct lab_config {
 	__u32 clock_offset; /* seconds added to CLOCK_MONOTONIC seconds */

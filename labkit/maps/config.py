@@ -40,6 +40,8 @@ class Fault(enum.IntFlag):
     SOCK_LB_OFF = 0x10000  #: connect4/sendmsg4 translate nothing
     NO_GETPEERNAME = 0x20000  #: getpeername4/recvmsg4 do not show the VIP again
     SOCK_NO_REJECT = 0x40000  #: socket LB lets a connect() to a service without backends through
+    SOCK_NO_REDIRECT = 0x80000  #: sock_ops records no socket in cilium_sock_ops: sk_msg redirects nothing
+    XDP_PASS = 0x100000  #: the XDP program passes every frame to tc untouched (as if detached)
 
     @classmethod
     def names(cls, value: int) -> list[str]:

@@ -31,6 +31,7 @@ from labkit.addr import be32
 from labkit.constants import Hook, Verdict
 from labkit.errors import ConfigError, LabkitError, LabTimeoutError
 from labkit.maps.ct import CtDiff, CtRow, TcpFlags, diff_rows
+from labkit.maps.sockmap import SOCKOPS_MAP, SockKey, sock_keys
 from labkit.notebook import ladder, stepview, viz
 from labkit.observe.evidence import JOURNAL
 from labkit.observe.monitor import flushed_past
@@ -301,6 +302,7 @@ class TcpConn:
         self.id = next(_ids)
         self.state = "new"
         self.loopback = False
+        self.redirected = False  #: sockmap on: sock_ops recorded both ends, so sends skip the TCP/IP stack
         self._sports: int | frozenset | None = None  #: the client's port as the server's side sees it
         self.steps: list[Step] = []  #: open, send, close, reset: every step this connection took
 
@@ -349,6 +351,13 @@ class TcpConn:
                 res["note"] = "socket LB connected the pod to itself: the packets stay on its loopback device"
             return res
 
+        def describe(res: dict) -> dict:
+            self.redirected = bool(res["ok"]) and self._sockmap_recorded()
+            if self.redirected:
+                res["note"] = ("sock_ops recorded both ends in cilium_sock_ops: sends now go socket to socket, "
+                               "past the veths' hooks")
+            return {**self._describe("tcp-open")(res), "redirected": self.redirected}
+
         def expect(res: dict) -> list[Journey]:
             if self.loopback:
                 return []
@@ -361,7 +370,28 @@ class TcpConn:
             return []
 
         return self._keep(run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP open", act, expect,
-                                   describe=self._describe("tcp-open")))
+                                   describe=describe))
+
+    def _sockmap_recorded(self, timeout: float = 2.0) -> bool:
+        """With ``--sockmap on``, whether sock_ops recorded this connection (a pod to a pod of its node): the
+        connecting end goes into cilium_sock_ops when the SYN-ACK arrives, the accepted end at the handshake's
+        last ACK, a moment after the open returns; so once the first is there, wait for the second (a send
+        before it would take the stack). Neither there: not redirected (another node, or a fault)."""
+        if getattr(self.lab.config, "sockmap", "off") != "on" or self.outside or self.sport is None:
+            return False
+        node = self.lab.topology.pod(self.pod).node
+        path = f"{self.lab.pin_dir(node)}/{SOCKOPS_MAP}"
+        peer_view = SockKey.make(self.src, self.sport, self.dst, self.port)  # the accepted end's key
+        deadline = time.monotonic() + timeout
+        while True:
+            keys = set(sock_keys(path))
+            if peer_view.swapped() not in keys:
+                return False
+            if peer_view in keys:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
 
     def send(self, data: bytes = b"hello") -> Step:
         """Send ``data``; the pod server echoes it back."""
@@ -371,8 +401,8 @@ class TcpConn:
             lambda: self._call("tcp_send", data=bytes(data).hex()),
             lambda res: [self._j("data", flags_all=TcpFlags.PSH), self._j("echo", True, flags_all=TcpFlags.PSH),
                          self._j("ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)]
-            if res["ok"] and not self.loopback else [],
-            describe=self._describe("tcp-send"),
+            if res["ok"] and not self.loopback and not self.redirected else [],
+            describe=lambda res: {**self._describe("tcp-send")(res), "redirected": self.redirected},
         ))
 
     def close(self) -> Step:

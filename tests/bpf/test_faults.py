@@ -5,7 +5,9 @@ behaviour it pins is the behaviour the fault breaks.
 
 The socket-LB faults act in bpf_sock.c's cgroup/sock_addr programs, which
 BPF_PROG_TEST_RUN cannot run (the kernel answers ENOTSUPP for that program
-type); tests/datapath/test_socket_lb.py catches them on real sockets. Agent
+type); tests/datapath/test_socket_lb.py catches them on real sockets. So does
+sock-no-redirect, in bpf_sockops.c's sock_ops program (no runner either):
+tests/datapath/test_sockmap.py catches it. Agent
 faults (labkit.maps.config.AGENT_FAULTS) live in user space, not in the
 programs, and are out of this tier's scope.
 """
@@ -22,6 +24,7 @@ from . import test_conntrack as ct
 from . import test_encap as encap
 from . import test_lb as lb
 from . import test_nodeport as nodeport
+from . import test_xdp as xdp
 
 #: fault → the tests that must fail while it is set.
 FLIPS = {
@@ -41,6 +44,7 @@ FLIPS = {
     Fault.PICK_TERMINATING: [lb.test_new_flows_skip_terminating_backend],
     Fault.NO_SNAT: [nodeport.test_snat_request_leaves_from_node_address],
     Fault.MAGLEV_WRONG_HASH: [lb.test_maglev_table_picks_the_flows_slot],
+    Fault.XDP_PASS: [xdp.test_no_backend_dropped_in_xdp],
 }
 
 _SOCK_REASON = ("acts in bpf_sock.c's cgroup/sock_addr programs; BPF_PROG_TEST_RUN has no runner for "
@@ -50,6 +54,8 @@ NOT_COVERABLE = {
     Fault.SOCK_LB_OFF: _SOCK_REASON,
     Fault.NO_GETPEERNAME: _SOCK_REASON,
     Fault.SOCK_NO_REJECT: _SOCK_REASON,
+    Fault.SOCK_NO_REDIRECT: "acts in bpf_sockops.c's cgroup/sock_ops program, which BPF_PROG_TEST_RUN has no runner for "
+                            "(BPF_PROG_TYPE_SOCK_OPS); tests/datapath/test_sockmap.py covers it on real sockets",
 }
 
 

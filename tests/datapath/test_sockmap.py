@@ -114,7 +114,8 @@ def _exchange(lab, src: str, dst: str) -> Exchange:
         line = client.stdout.readline().split()
         assert line and line[0] == "connected", f"client in {src} did not connect: {line}"
         ex = Exchange(src_ip, dst_ip, int(line[1]), (0, ""))
-        if sockhash and lab.topology.pod(dst).node == node:  # the accepted end goes in at the handshake's last ACK
+        if sockhash and lab.topology.pod(dst).node == node and "sock-no-redirect" not in lab.faults():
+            # the accepted end goes in at the handshake's last ACK
             ex.keys_connected = wait_for(lambda: len(sock_keys(sockhash)) >= 2 and set(sock_keys(sockhash)),
                                          what="both ends in cilium_sock_ops")
         else:
@@ -235,6 +236,20 @@ def test_without_sockmap_data_crosses_the_hooks(lab):
     assert len(forward) >= -(-SIZE // MAX_PAYLOAD)
     tuple_text = f"{ex.src_ip}:{ex.client_port} -> {ex.dst_ip}:{PORT}"
     assert ex.tcp_packets_sent[f"OUT {tuple_text}"] > ex.tcp_packets_connected[f"OUT {tuple_text}"] == 3
+
+
+def test_fault_sock_no_redirect_sends_through_the_stack(smlab):
+    """With the fault sock-no-redirect on, sock_ops records neither end of a1 → a2, so the data crosses a1's
+    from-container as with sockmap off (the break-it fault of lab 12), and still arrives intact."""
+    smlab.fault("sock-no-redirect")
+    try:
+        ex = _exchange(smlab, "a1", "a2")
+    finally:
+        smlab.fault("sock-no-redirect", on=False)
+    assert ex.received == (SIZE, PAYLOAD_SHA256)
+    assert ex.keys_connected == set()
+    forward = [f for f in ex.data_records() if f.node == "node-a" and f.hook == Hook.FROM_CONTAINER]
+    assert len(forward) >= -(-SIZE // MAX_PAYLOAD)
 
 
 def test_sockmap_programs_are_attached_where_cilium_put_them(smlab):
