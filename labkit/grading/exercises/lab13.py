@@ -177,18 +177,18 @@ def low_points(answer, ev) -> Outcome:
     "13.3",
     "A flood: lost events and lost history",
     hints=(
-        "Read the view after the flood: its EVENTS LOST lines, and the last view of the old connection's port.",
-        "Each EVENTS LOST line says how many records a node's event ring had no room for: add them up. The old "
-        "connection's flows are the oldest the ring ever held.",
-        "The answer is (after_flood.lost, 0): the lost records the lines report, and nothing of the old "
-        "connection: the ring keeps only the newest 4,095 entries.",
+        "Read the view of the whole ring after the flood (its summary line counts what it printed), and the last "
+        "view of the old connection's port.",
+        "Hubble's ring stores a fixed number of entries, EVENTS LOST lines included, and overwrites the oldest. "
+        "The old connection's flows are the oldest the ring ever held.",
+        "The answer is (4095, 0): the ring's capacity, and nothing of the old connection.",
     ),
     fault=_LOST_FAULT,
     cells=(FLOOD,),
 )
 def flood(answer, ev) -> Outcome:
-    """(records the EVENTS LOST lines after the flood report, flows of the old connection still shown), graded
-    when the flood overflowed both rings."""
+    """(entries the view of the whole ring printed after the flood, flows of the old connection still shown),
+    graded when the flood overflowed both rings: the nodes' event rings (EVENTS LOST lines) and the Hubble ring."""
     before, after, old = (_view(ev, t, "flood") for t in (OLD_BEFORE, AFTER_FLOOD, OLD_AFTER))
     if before is None or after is None or old is None:
         return Outcome.needs(FLOOD, "it opens the old connection, floods, and shows the ring before and after")
@@ -196,25 +196,25 @@ def flood(answer, ev) -> Outcome:
             or not after.lost_entries:
         return _sick(FLOOD, f"{len(after.lost_entries)} EVENTS LOST lines after a flood at {after.level}, the ring "
                             f"having overwritten {after.overwritten} entries", before, after, old)
-    live = (after.lost, len(old.flows))
+    live = (len(after.responses), len(old.flows))
     if not isinstance(answer, (tuple, list)) or len(answer) != 2 or None in (_int(answer[0]), _int(answer[1])):
-        return Outcome(False, f"expected a pair of numbers (records lost, flows of the old connection), got {answer!r}.")
+        return Outcome(False, f"expected a pair of numbers (entries, flows of the old connection), got {answer!r}.")
     got = (answer[0], answer[1])
     diff = tuple(("=" if g == want else "-", str(want), str(g)) for want, g in zip(live, got))
     if got == live:
-        return Outcome(True, f"{live[0]} records never reached the monitor: the nodes' event rings were full (EVENTS "
-                             f"LOST, PERF_EVENT_RING_BUFFER). Of what did reach it, the Hubble ring keeps the newest "
-                             f"{after.capacity} entries ({after.overwritten} overwritten): the old connection's "
-                             f"{len(before.flows)} flows are gone, and --last cannot bring them back.", diff)
+        return Outcome(True, f"{live[0]} entries, the ring's capacity, {len(after.lost_entries)} of them EVENTS LOST "
+                             f"lines for {after.lost} records the nodes' event rings had no room for (the monitor fell "
+                             f"behind). The ring overwrote {after.overwritten} entries, the old connection's "
+                             f"{len(before.flows)} flows among them: --last cannot show what the ring no longer holds.",
+                       diff)
     problems = []
     if got[0] != live[0]:
-        if got[0] == 0:
-            problems.append("the view after the flood has EVENTS LOST lines: a reader that falls behind loses records")
-        elif got[0] == after.overwritten:
-            problems.append("EVENTS LOST counts records the nodes' event rings had no room for, not what the Hubble "
-                            "ring overwrote")
+        if got[0] > after.capacity:
+            problems.append("no view prints more entries than the ring holds, however many records the flood made")
+        elif got[0] == len(after.flows):
+            problems.append("EVENTS LOST lines are entries of the ring too")
         else:
-            problems.append(f"{got[0]} is not the sum of the EVENTS LOST lines")
+            problems.append(f"{got[0]} is not the number of entries the view of the whole ring printed")
     if got[1] != live[1]:
         if got[1] == len(before.flows):
             problems.append("the old connection's flows were overwritten: the Hubble ring stores nothing else")
