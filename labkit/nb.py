@@ -16,8 +16,9 @@ from labkit.grading.checks import check
 from labkit.lab import Lab
 from labkit.net.topology import Topology
 from labkit.lab.session import VARIANTS, current_lab, down_variants, lab_name, set_current
+from labkit.notebook.hubbleview import observe
 
-__all__ = ["start", "check", "current_lab", "lab_name", "show", "VARIANTS"]
+__all__ = ["start", "check", "current_lab", "lab_name", "show", "observe", "VARIANTS"]
 
 # A venv that also sees the distribution's matplotlib warns that Axes3D cannot load; labkit draws none.
 warnings.filterwarnings("ignore", message="Unable to import Axes3D")

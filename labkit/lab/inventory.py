@@ -25,8 +25,9 @@ __all__ = ["VARIANTS", "LabSummary", "split_variant", "summarize", "inventory", 
 #: The second labs the notebooks start beside their main one (``start(variant=...)``):
 #: lab 03 native routing, lab 06 socket LB for pods, lab 07 snat mode, lab 08 a small CT map,
 #: lab 09 kube-proxy's iptables mode, and the two labs lab 09's measurement brings up
-#: (``compare_service_modes(prefix=lab.name)``), lab 12 NodePort acceleration in XDP.
-VARIANTS = ("native", "socklb", "snat", "small", "ipt", "bipt", "bebpf", "xdp")
+#: (``compare_service_modes(prefix=lab.name)``), lab 12 NodePort acceleration in XDP, lab 13 small event
+#: rings for a flood.
+VARIANTS = ("native", "socklb", "snat", "small", "ipt", "bipt", "bebpf", "xdp", "flood")
 
 #: Ledger kinds as a learner reads them, in the order :meth:`LabSummary.holds_text` lists them.
 _KIND_WORDS = (("netns", "namespace"), ("process", "process"), ("pin", "pin"), ("tc-filter", "tc filter"),

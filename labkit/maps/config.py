@@ -71,6 +71,8 @@ AGENT_FAULTS = {
     "dns-release-early": "the DNS proxy releases an answer at once and writes the maps after it",
     "dns-star-crosses-dots": "the DNS proxy matches a matchPattern's * across dots, as a shell glob does",
     "fqdn-no-policy-key": "the agent writes toFQDNs identities into the ipcache but no policy map key for them",
+    "hubble-no-aggregation": "the monitor puts every trace record into the Hubble ring, reported or not",
+    "monitor-no-lost": "the monitor never reports the records the nodes' event rings had no room for",
 }
 
 

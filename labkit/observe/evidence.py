@@ -28,8 +28,8 @@ from typing import Any, Callable, Iterable
 __all__ = ["Record", "Journal", "JOURNAL", "KINDS", "KEEP", "Evidence", "Snapshot"]
 
 #: What can be recorded: a traffic step, the lab clock moved, a GC run, a fault toggled, a snapshot of the
-#: maps, a Service change.
-KINDS = ("step", "clock", "gc", "fault", "snapshot", "service")
+#: maps, a Service change, a view of the Hubble ring (lab 13).
+KINDS = ("step", "clock", "gc", "fault", "snapshot", "service", "observe")
 #: Records kept per process (the oldest go first).
 KEEP = 5000
 

@@ -8,7 +8,9 @@ It also plays Hubble's observer: each record the hook marked TRACE_R_REPORTED
 lab's Hubble ring (:mod:`labkit.observe.ring`), and growth of a node's
 ``labkit_events_lost`` counter (records the kernel ring had no room for)
 becomes a lost-events entry there, as Hubble reports PERF_EVENT_RING_BUFFER
-losses.
+losses. Two agent faults break that part (``labkit fault on NAME``; lab 13's
+exercises): ``hubble-no-aggregation`` puts every record into the ring, reported
+or not, and ``monitor-no-lost`` never reports a loss.
 
 It runs inside the lab's agent (:mod:`labkit.agent.daemon`). After every write it records, in ``monitor.pos`` (one u64 per node, in
 ``pin_dirs`` order), how far into each ring buffer it has consumed *and*
@@ -18,6 +20,7 @@ rings' producer positions (:func:`flushed_past`).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import select
 import struct
@@ -66,6 +69,22 @@ class Monitor:
         self.node_ids = [self._node_id(state, node) for node in state.pin_dirs]
         self.lost_maps = [self._open_lost(pin) for pin in state.pin_dirs.values()]
         self.lost_seen = [self._lost(i) for i in range(len(self.lost_maps))]
+        self.faults_path = lab_dir(lab) / "faults.json"
+        self._faults: tuple[int | None, frozenset] = (None, frozenset())
+
+    def faults(self) -> frozenset:
+        """The agent faults switched on (``faults.json``, read again only when it changed)."""
+        try:
+            mtime = os.stat(self.faults_path).st_mtime_ns
+        except FileNotFoundError:
+            return frozenset()
+        if mtime != self._faults[0]:
+            try:
+                names = frozenset(json.loads(self.faults_path.read_text()))
+            except (FileNotFoundError, ValueError):
+                names = frozenset()
+            self._faults = (mtime, names)
+        return self._faults[1]
 
     @staticmethod
     def _node_id(state: LabState, node: str) -> int:
@@ -108,6 +127,8 @@ class Monitor:
             return
         wrote = 0
         wall_minus_mono = time.time_ns() - time.monotonic_ns()
+        faults = self.faults()
+        every = "hubble-no-aggregation" in faults
         for i, ring in enumerate(self.rings):
             for rec in ring.records():
                 self.out.write(rec[:EVENT_SIZE])
@@ -118,11 +139,14 @@ class Monitor:
                     # and monitor aggregation does not apply to it.
                     self.hubble.append(Slot(kind=SLOT_POLICY, node_id=ev.node_id,
                                             wall_ns=ev.ts_ns + wall_minus_mono, event=ev))
-                if ev.report & Report.REPORTED:
+                if ev.report & Report.REPORTED or every:
                     self.hubble.append(Slot(kind=SLOT_FLOW, node_id=ev.node_id, wall_ns=ev.ts_ns + wall_minus_mono,
                                             event=ev))
             lost = self._lost(i)
             if lost > self.lost_seen[i]:
+                if "monitor-no-lost" in faults:  # the loss goes unreported, and is not reported later either
+                    self.lost_seen[i] = lost
+                    continue
                 self.hubble.append(Slot(kind=SLOT_LOST, node_id=self.node_ids[i], wall_ns=time.time_ns(),
                                         lost=lost - self.lost_seen[i], lost_total=lost))
                 self.lost_seen[i] = lost

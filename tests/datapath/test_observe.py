@@ -260,3 +260,74 @@ def test_flood_keeps_newest_4095_and_reports_lost_events(small_ring_lab):
                          capture_output=True, text=True, timeout=60)
     lines = out.stdout.splitlines()
     assert len(lines) == 4095 and any(line.startswith("EVENTS LOST: PERF_EVENT_RING_BUFFER CPU(0) ") for line in lines)
+
+
+def test_fault_hubble_no_aggregation_fills_the_ring_with_unreported_records(lab):
+    """hubble-no-aggregation (an agent fault, lab 13's break-it): the datapath still marks what medium reports, but
+    the monitor puts every record of the connection into the Hubble ring; switched off, only the reported ones."""
+    from labkit.observe.hubble import FlowFilter, last_flows
+    from labkit.observe.trace import Report
+
+    lab.monitor_aggregation("medium")
+    counts = {}
+    for on in (True, False):
+        lab.fault("hubble-no-aggregation", on=on)
+        try:
+            port = _run_connection(lab)
+            records = _connection_records(lab, port)
+        finally:
+            lab.fault("hubble-no-aggregation", on=False)
+        # every record whose packet carries the port: the pods' and the tunnel's hooks, not eth0's outer packet
+        carrying = [f for f in records if port in (socket.ntohs(f.event.before.sport), socket.ntohs(f.event.before.dport))]
+        reported = [f for f in records if f.event.report & Report.REPORTED]
+        counts[on] = (len(last_flows(lab, FlowFilter(ports=[port]))), len(carrying), len(reported))
+    assert counts[True][0] == counts[True][1] > counts[True][2] == 16
+    assert counts[False][0] == counts[False][2] == 16
+
+
+def test_fault_monitor_no_lost_hides_the_loss(small_ring_lab):
+    """monitor-no-lost (an agent fault, lab 13's flood exercise): the nodes' lost counters grow under a flood but
+    no lost-event entry reaches the Hubble ring."""
+    import ctypes
+
+    from labkit.maps.base import PinnedMap
+    from labkit.net.ledger import lab_dir
+    from labkit.observe.monitor import flushed_past
+    from labkit.observe.ring import SLOT_LOST, HubbleRing
+
+    lab = small_ring_lab
+
+    class U32(ctypes.c_uint32):
+        pass
+
+    def lost_total() -> int:
+        total = 0
+        for pin in lab.pin_dirs.values():
+            with PinnedMap(f"{pin}/labkit_events_lost", U32, ctypes.c_uint64) as m:
+                total += m[U32(0)].value
+        return total
+
+    def ring_written() -> int:
+        ring = HubbleRing.open(lab_dir(lab.name) / "hubble.ring")
+        try:
+            return ring.refresh()
+        finally:
+            ring.close()
+
+    before, start = lost_total(), ring_written()
+    lab.fault("monitor-no-lost")
+    try:
+        flood = ("import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+                 f"for i in range(30000): s.sendto(b'x', ('{lab.pod('a2').ip}', 9))")
+        assert lab.pod("a1").exec(sys.executable, "-c", flood, timeout=120).returncode == 0
+        flushed_past(lab.name, lab.pin_dirs)
+        time.sleep(0.5)  # the monitor's next drains look at the counters
+        ring = HubbleRing.open(lab_dir(lab.name) / "hubble.ring")
+        try:
+            new = ring.read(max(start, ring.oldest()))[0]
+        finally:
+            ring.close()
+    finally:
+        lab.fault("monitor-no-lost", on=False)
+    assert lost_total() > before, "the 8 KiB rings never overflowed: make the flood bigger"
+    assert new and not [s for s in new if s.kind == SLOT_LOST]

@@ -33,7 +33,8 @@ LABS_DIR = REPO / "labs"
 NOTEBOOKS = {"01": "01-tour.ipynb", "02": "02-tcp-conntrack.ipynb", "03": "03-pod-to-pod.ipynb",
              "04": "04-clusterip.ipynb", "05": "05-hairpin.ipynb", "06": "06-socket-lb.ipynb",
              "07": "07-external.ipynb", "08": "08-conntrack-gc.ipynb", "09": "09-kube-proxy.ipynb",
-             "10": "10-network-policy.ipynb", "11": "11-tofqdns.ipynb", "12": "12-around-the-stack.ipynb"}
+             "10": "10-network-policy.ipynb", "11": "11-tofqdns.ipynb", "12": "12-around-the-stack.ipynb",
+             "13": "13-observability.ipynb"}
 CELL_TIMEOUT = 120
 
 
