@@ -174,7 +174,7 @@ chains() { { iptables-save 2>/dev/null || true; } | awk '/^\*/ {t = substr($1, 2
 
 # ------------------------------------------------------------------ machine-local Vagrantfile
 machine_vagrantfile() {
-    local driver=qemu cpu='lv.cpu_mode = "custom"; lv.cpu_model = "qemu64"'
+    local driver=qemu cpu='lv.cpu_mode = "custom"; lv.cpu_model = "Nehalem"   # x86-64-v2: numpy 2 dies of SIGILL on qemu64'
     if grep -qE '\b(vmx|svm)\b' /proc/cpuinfo && [ -c /dev/kvm ]; then driver=kvm cpu=""; fi
     cat >"$VAGRANT_HOME/Vagrantfile" <<EOF
 # Written by labkit's vagrant/vm-test.sh: this machine's settings, not the project's.

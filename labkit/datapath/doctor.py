@@ -17,6 +17,7 @@ import importlib.util
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -186,6 +187,36 @@ def check_tools() -> Check:
                  "" if not missing else _PROVISION)
 
 
+#: What the notebooks' numpy (matplotlib's, networkx's) is built for on x86_64: numpy 2 from PyPI needs x86-64-v2.
+_X86_64_V2 = ("sse4_2", "popcnt", "ssse3", "sse4_1", "cx16")
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def check_cpu(code: str = "import numpy") -> Check:
+    """The notebook stack runs on this CPU: ``code`` (importing numpy) in a new interpreter. numpy is built
+    for a baseline (x86-64-v2 on x86_64) that an emulated CPU model such as qemu's ``qemu64`` lacks; there
+    the import dies of SIGILL, and with it every notebook's kernel at its first cell."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    if proc.returncode == 0:
+        return Check("cpu", True, f"{platform.machine()}: numpy imports")
+    if proc.returncode == -signal.SIGILL:
+        lacking = [f for f in _X86_64_V2 if f not in _cpu_flags()] if platform.machine() == "x86_64" else []
+        return Check("cpu", False, f"{platform.machine()}: importing numpy died of SIGILL (an instruction this CPU "
+                                   f"lacks{': ' + ', '.join(lacking) if lacking else ''}): every notebook kernel "
+                                   f"would die at its first cell",
+                     "give the VM a CPU model with x86-64-v2 (SSE4.2, POPCNT): libvirt under emulation "
+                     "lv.cpu_mode = \"custom\", lv.cpu_model = \"Nehalem\" (or newer); KVM and VirtualBox pass the "
+                     "host's CPU")
+    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+    return Check("cpu", False, f"importing numpy failed: {last}", _PROVISION)
+
+
 def check_disk(path: str = "/", need_mib: int = LAB_NEED_MIB) -> Check:
     """Free space on ``path``: a lab writes its BPF image cache, trace file and journal."""
     st = os.statvfs(path)
@@ -242,7 +273,7 @@ def run_checks(full: bool = True) -> list[Check]:
     """Every check; ``full`` adds the compile-and-attach probe (needs the others)."""
     prov = check_provisioning()
     checks = [*([prov] if prov else []), check_root(), check_kernel(), check_btf(), check_bpffs(), check_cgroup2(),
-              check_bcc(), check_headers(), check_tools(), check_disk()]
+              check_bcc(), check_headers(), check_tools(), check_disk(), check_cpu()]
     if full and all(c.ok for c in checks if c.name in ("privileges", "bpffs", "bcc", "headers")):
         checks.append(check_compile_and_attach())
     return checks

@@ -97,3 +97,14 @@ def test_check_disk_below_need(monkeypatch):
     c = doctor.check_disk("/", 256)
     assert not c.ok and c.fix == doctor.cause("disk", 100, "/", 256, "a lab")
     assert doctor.check_disk("/", 50).ok
+
+
+def test_check_cpu_passes_where_numpy_imports():
+    """On this machine the notebooks' numpy imports: the cpu check passes."""
+    assert doctor.check_cpu().ok
+
+
+def test_check_cpu_names_sigill_and_the_cpu_model_fix():
+    """An import that dies of SIGILL (a CPU model without numpy's baseline, as qemu64) fails with the fix."""
+    c = doctor.check_cpu("import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    assert not c.ok and "died of SIGILL" in c.detail and "Nehalem" in c.fix
