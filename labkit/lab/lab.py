@@ -50,8 +50,8 @@ from labkit.clock import LabClock, mono_seconds
 from labkit.config import LAB_DIFFERENCES, DatapathConfig
 from labkit.release import BEHAVIOURS
 from labkit.errors import ConfigError, DatapathError, LabStateError, LabTimeoutError, NotFoundError
-from labkit.net.ledger import (RUN_DIR, STATE_VERSION, LabLock, LabState, Ledger, lab_dir, process_start_time,
-                               wait_gone)
+from labkit.net.ledger import (RUN_DIR, STATE_VERSION, LabLock, LabState, Ledger, lab_dir, mkdir_shared_parent,
+                               process_start_time, wait_gone)
 from labkit.maps.base import PinnedMap
 from labkit.maps.config import AGENT_FAULTS, IMPLEMENTED_FAULTS, ConfigMaps, Fault, LabConfig, MonitorAggregation, TraceMode
 from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4, CtRow
@@ -324,11 +324,9 @@ class Lab:
         root = cgroup_root()
         if root is None:
             return {}
-        base = root / "labkit"
-        base.mkdir(exist_ok=True)
-        lab_cg = base / name
+        lab_cg = root / "labkit" / name
         ledger.record("cgroup", path=str(lab_cg))
-        lab_cg.mkdir()
+        mkdir_shared_parent(lab_cg)
         out = {}
         for member in list(topology.nodes) + list(topology.pods):
             cg = lab_cg / member.name
@@ -339,12 +337,9 @@ class Lab:
 
     @staticmethod
     def _start_loaders(name, topology, config, ledger, state) -> dict[str, NodeLoader]:
-        root = BPFFS_ROOT
-        if not root.exists():
-            root.mkdir(parents=True)
-        lab_pins = root / name
+        lab_pins = BPFFS_ROOT / name
         ledger.record("pindir", path=str(lab_pins))
-        lab_pins.mkdir()
+        mkdir_shared_parent(lab_pins)
         specs = {}
         for n in topology.nodes:
             pin_dir = Path(state.pin_dirs[n.name])

@@ -31,8 +31,8 @@ from typing import Iterator
 
 from labkit.errors import LabBusyError, LabStateError, NotFoundError
 
-__all__ = ["RUN_DIR", "STATE_VERSION", "LabState", "Ledger", "LabLock", "lab_dir", "dir_lock", "file_lock", "process_start_time",
-           "list_labs"]
+__all__ = ["RUN_DIR", "STATE_VERSION", "LabState", "Ledger", "LabLock", "lab_dir", "mkdir_shared_parent", "dir_lock",
+           "file_lock", "process_start_time", "list_labs"]
 
 RUN_DIR = Path(os.environ.get("LABKIT_RUN_DIR", "/run/labkit"))
 STATE_VERSION = 1  #: lab.json's layout; a lab whose state has another is rebuilt by ``up``
@@ -242,6 +242,27 @@ class Ledger:
             self.record("file", path=str(self.state_path))
 
 
+def mkdir_shared_parent(path: Path, attempts: int = 10) -> None:
+    """Make directory ``path`` (not there yet) in a parent every lab shares — ``/sys/fs/bpf/labkit``, the
+    ``labkit`` cgroup, ``/run/labkit`` — which a lab's cleanup removes once it is empty. Labs come up and go
+    down side by side (``labkit grade --jobs 2``): the parent may vanish between its creation and the child's,
+    so it is made again; once the child exists the parent is not empty and stays.
+
+        >>> import tempfile; d = Path(tempfile.mkdtemp())
+        >>> mkdir_shared_parent(d / "labkit" / "demo"); (d / "labkit" / "demo").is_dir()
+        True
+    """
+    for _ in range(attempts - 1):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir()
+            return
+        except FileNotFoundError:  # another lab's cleanup took the empty parent away meanwhile
+            continue
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir()
+
+
 class LabLock:
     """An exclusive, non-blocking flock on ``/run/labkit/<lab>.lock``.
 
@@ -257,9 +278,12 @@ class LabLock:
 
     def acquire(self) -> "LabLock":
         """Take the lock or raise LabBusyError naming the live holder."""
-        RUN_DIR.mkdir(parents=True, exist_ok=True)
         for _ in range(10):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            RUN_DIR.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:  # another lab's cleanup removed the empty run directory meanwhile
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:

@@ -158,3 +158,24 @@ def test_process_start_time_zombie_is_gone():
     assert process_start_time(proc.pid) is None
     assert not os.path.exists(f"/proc/{proc.pid}")
     proc.wait()  # Popen copes with the already-reaped child
+
+
+def test_mkdir_shared_parent_makes_the_parent_again_when_another_lab_removed_it(tmp_path, monkeypatch):
+    """A lab's pin or cgroup directory is made even when another lab's cleanup removes the shared, empty parent
+    between its creation and the child's (labs graded side by side met this as FileNotFoundError/FileExistsError)."""
+    from pathlib import Path
+
+    parent, child = tmp_path / "labkit", tmp_path / "labkit" / "g0"
+    real_mkdir, removed = Path.mkdir, []
+
+    def racing_mkdir(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        if self == parent and not removed:  # the other lab's _remove_shared_parents runs right now
+            removed.append(True)
+            os.rmdir(parent)
+
+    monkeypatch.setattr(Path, "mkdir", racing_mkdir)
+    ledger_mod.mkdir_shared_parent(child)
+    assert removed and child.is_dir()
+    with pytest.raises(FileExistsError):  # a lab's own directory is new: one already there is an error
+        ledger_mod.mkdir_shared_parent(child)
