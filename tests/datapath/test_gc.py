@@ -9,6 +9,7 @@ import time
 import pytest
 
 from labkit.addr import be32
+from labkit.agent.gc import SCAN_MODES
 from labkit.maps.base import PinnedMap
 from labkit.maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4
 
@@ -116,10 +117,12 @@ def _closed_from_outside(lab) -> int:
     return cp
 
 
-def test_gc_removes_a_closed_dsr_flow_on_the_backend_node(any_lab):
+@pytest.mark.parametrize("mode", SCAN_MODES)
+def test_gc_removes_a_closed_dsr_flow_on_the_backend_node(any_lab, mode):
     """dsr: node-b holds the DSRInternal OUT row (ext -> b1), b1's own IN row and the NAT row; once the close
     timeout has passed, one GC run deletes all three — the NAT row as the DSR entry's, found by swapping the
-    entry's ports (Cilium's purgeCtEntry4 -> DeleteSwappedMapping4)."""
+    entry's ports (Cilium's purgeCtEntry4 -> DeleteSwappedMapping4), in either scan mode (batch: the NAT map
+    read once, the keys derived from the raw CT keys)."""
     lab = any_lab
     cp = _closed_from_outside(lab)
     ext, b1 = lab.topology.external("ext").ip, lab.pod("b1").ip
@@ -132,21 +135,23 @@ def test_gc_removes_a_closed_dsr_flow_on_the_backend_node(any_lab):
     (nat,) = lab.nat("node-b")
     assert (nat.src, nat.sport, nat.dst, nat.dport) == (b1, 8080, ext, cp)
     lab.clock.advance(lab.config.timeouts.close + 1)
-    run = lab.gc.run()
+    run = lab.gc.run(mode)
     assert sum(m.nat_deleted for m in run.maps if m.node == "node-b") == 1
     assert flow_rows() == set() and lab.nat("node-b") == []
 
 
-def test_gc_removes_a_closed_snat_flow_and_both_nat_entries(snat_gc_lab):
+@pytest.mark.parametrize("mode", SCAN_MODES)
+def test_gc_removes_a_closed_snat_flow_and_both_nat_entries(snat_gc_lab, mode):
     """snat: node-a's NodePort OUT row goes with both entries of its SNAT pair (Cilium's DeleteMapping4: the OUT
-    entry found by the CT key with its addresses swapped, then the reverse IN entry it points at)."""
+    entry found by the CT key with its addresses swapped, then the reverse IN entry it points at), in either
+    scan mode."""
     lab = snat_gc_lab
     cp = _closed_from_outside(lab)
     ext = lab.topology.external("ext").ip
     assert sorted(r.dir for r in lab.nat("node-a")) == ["IN", "OUT"]
     assert [r for r in lab.ct("node-a") if r.dir == "OUT" and (r.src, r.sport) == (ext, cp)]
     lab.clock.advance(lab.config.timeouts.close + 1)
-    run = lab.gc.run()
+    run = lab.gc.run(mode)
     assert sum(m.nat_deleted for m in run.maps if m.node == "node-a") == 2
     assert lab.nat("node-a") == []
     assert not [r for r in lab.ct("node-a") if r.dir == "OUT" and (r.src, r.sport) == (ext, cp)]
