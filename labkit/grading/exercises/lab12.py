@@ -267,6 +267,21 @@ def nodeport_hook(answer, ev) -> Outcome:
     return Outcome(False, "; ".join(problems) + ".", diff, reveal=f"{live}")
 
 
+def _drop_answer(answer: Any, live: tuple[str, int]):
+    """A ('hook', 'drop reason') answer read against the DROPPED line's ``live`` (hook, reason): (an Outcome when
+    the answer cannot be read, else None; the expected/yours diff; the hook; the reason)."""
+    parsed = _hook_and_reason(answer)
+    if parsed is None:
+        return Outcome(False, f"expected a pair ('hook', 'drop reason'), got {answer!r}."), None, None, None
+    got_hook, got_reason = parsed
+    if got_reason is None:
+        return (Outcome(False, f"{answer[1]!r} is not a drop reason: copy the words in parentheses after DROPPED."),
+                None, None, None)
+    diff = (("=" if got_hook == live[0] else "-", live[0], got_hook),
+            ("=" if got_reason == live[1] else "-", _reason_text(live[1]), _reason_text(got_reason)))
+    return None, diff, got_hook, got_reason
+
+
 # -- 12.4 ---------------------------------------------------------------------------------
 @exercise(
     "12.4",
@@ -291,14 +306,9 @@ def no_backend_drop(answer, ev) -> Outcome:
         return unhealthy(DROPS, "the datagram to void answered" if step.ok else "no drop of the datagram on node-a",
                          step)
     live = (drops[0].hook.label, drops[0].event.drop_reason)
-    parsed = _hook_and_reason(answer)
-    if parsed is None:
-        return Outcome(False, f"expected a pair ('hook', 'drop reason'), got {answer!r}.")
-    got_hook, got_reason = parsed
-    if got_reason is None:
-        return Outcome(False, f"{answer[1]!r} is not a drop reason: copy the words in parentheses after DROPPED.")
-    diff = (("=" if got_hook == live[0] else "-", live[0], got_hook),
-            ("=" if got_reason == live[1] else "-", _reason_text(live[1]), _reason_text(got_reason)))
+    unreadable, diff, got_hook, got_reason = _drop_answer(answer, live)
+    if unreadable is not None:
+        return unreadable
     if (got_hook, got_reason) == live:
         return Outcome(True, f"{live[0]}: {_reason_text(live[1])} (DROP_NO_SERVICE). The VIP is a frontend, so the "
                              "XDP program looked it up, found no backend to pick (lb4_local) and dropped the frame "
@@ -346,14 +356,9 @@ def xdp_stepped_aside(answer, ev) -> Outcome:
     if not drops:
         return unhealthy(BREAK, "no drop of the fragment on node-a", step)
     live = (drops[0].hook.label, drops[0].event.drop_reason)
-    parsed = _hook_and_reason(answer)
-    if parsed is None:
-        return Outcome(False, f"expected a pair ('hook', 'drop reason'), got {answer!r}.")
-    got_hook, got_reason = parsed
-    if got_reason is None:
-        return Outcome(False, f"{answer[1]!r} is not a drop reason: copy the words in parentheses after DROPPED.")
-    diff = (("=" if got_hook == live[0] else "-", live[0], got_hook),
-            ("=" if got_reason == live[1] else "-", _reason_text(live[1]), _reason_text(got_reason)))
+    unreadable, diff, got_hook, got_reason = _drop_answer(answer, live)
+    if unreadable is not None:
+        return unreadable
     if (got_hook, got_reason) == live:
         return Outcome(True, f"{live[0]} dropped it: {_reason_text(live[1])}. With the XDP program out of the way "
                              "the same decision is taken by tc, on an skb the kernel had to allocate and fill first: "
