@@ -56,6 +56,11 @@ LAB_DIFFERENCES = (
     "packet's whole path; Cilium aggregates trace events (MONITOR_AGGREGATION) and reports a flow again only "
     "after a report interval or a flag change: each record says whether Cilium at the lab's level would have "
     "emitted it, and only those reach the Hubble ring (`labkit observe`)",
+    "a pod's from-container hook sends one trace record, for where the packet goes next (to-overlay, to-stack, "
+    "to-endpoint); Cilium's cil_from_container also sends a from-endpoint trace (TRACE_FROM_LXC, monitor 0) as "
+    "each packet enters it, which only aggregation none reports (lowest and low drop every from-* point, medium "
+    "and maximum every trace without CT information): at none a node's Hubble shows one FROM_ENDPOINT flow "
+    "more per packet a pod sends than `labkit observe`, and low leaves FROM_ENDPOINT out too",
     "IPv4 fragments are dropped (DROP_FRAG_NOSUPPORT), as Cilium does with --enable-ipv4-fragment-tracking=false "
     "(its default tracks them): lab traffic never fragments, and the datapath stays short enough to read",
     "traffic reaching a node is routed to the pod by the node's kernel, and the CT ingress work Cilium does in "
