@@ -185,6 +185,23 @@ def test_observe_follow_prints_new_flows_as_they_come(lab):
 
 
 @pytest.fixture(scope="module")
+def _observe_lab(_require_datapath):
+    from labkit.config import DatapathConfig
+
+    from .conftest import _shared_lab
+
+    yield from _shared_lab(tagged("dpobserve"), DatapathConfig(routing="tunnel", gc_timer=False, ct_accounting=True))
+
+
+@pytest.fixture
+def lab(_observe_lab):
+    """A tunnel lab of this module's own, healed and reset for each test: its Hubble ring (which a reset keeps,
+    as Hubble keeps its history) holds only this module's connections, so a port filter finds no older flow of
+    another file that happened to use the same client port."""
+    return _observe_lab.get()
+
+
+@pytest.fixture(scope="module")
 def small_ring_lab(_require_datapath):
     """A lab whose nodes' labkit_events rings hold 2 pages (8 KiB, about 75 records)."""
     from labkit import Lab
