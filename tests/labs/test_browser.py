@@ -475,7 +475,7 @@ class TestLiveTable:
             _wait_for("the stopped-kernel notice after the restart", 60, lambda: (
                 lambda now: now if now and now.get("notice") else None)(driver.execute_script(_JS_TABLE_NOW)))
             click_menu(driver, "File", "Save Notebook")
-            saved = _wait_for("the saved notebook's table output", 30, lambda: (
+            saved = _wait_for("the saved notebook's table output", 90, lambda: (
                 lambda m: m if m[0] == 200 and m[1]["content"]["cells"][0]["outputs"] else None)(
                 api("GET", f"/api/contents/{STATIC_NOTEBOOK}?content=1&type=notebook")))
             status, sessions = api("GET", "/api/sessions")
