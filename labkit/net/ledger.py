@@ -243,8 +243,9 @@ class Ledger:
 
 
 def mkdir_shared_parent(path: Path, attempts: int = 10) -> None:
-    """Make directory ``path`` (not there yet) in a parent every lab shares — ``/sys/fs/bpf/labkit``, the
-    ``labkit`` cgroup, ``/run/labkit`` — which a lab's cleanup removes once it is empty. Labs come up and go
+    """Make directory ``path`` (not there yet) in a parent every lab shares — ``/sys/fs/bpf/labkit`` or the
+    ``labkit`` cgroup — which a lab's cleanup removes once it is empty (:class:`LabLock` retries the same way
+    for ``/run/labkit``). Labs come up and go
     down side by side (``labkit grade --jobs 2``): the parent may vanish between its creation and the child's,
     so it is made again; once the child exists the parent is not empty and stays.
 
