@@ -35,11 +35,11 @@ bench: provision-dev
 vm-test:
 	bash vagrant/vm-test.sh $(VMTEST)
 
-# The datapath on arm64: an arm64 Debian 12 box (build-box.sh ARCH=arm64, for vagrant-qemu on Apple Silicon)
-# booted with qemu-system-aarch64 (TCG emulation on x86_64), provisioned with --dev, then tests/bpf and
-# tests/unit run inside as root.  Not part of `make test`: hours under emulation on 2 cores.
+# The datapath on arm64: an arm64 Debian 12 machine (arm64-rootfs.sh: Debian's arm64 kernel and packages,
+# provision.sh --dev in its chroot) booted with qemu-system-aarch64 (TCG emulation on x86_64); its init runs
+# the smoke check, labkit doctor, tests/bpf and tests/unit as root.  Not part of `make test`: long emulated.
 arm64-test:
-	bash vagrant/arm64-test.sh $(ARM64TEST)
+	bash vagrant/arm64-test.sh
 
 # A ready Vagrant box (libvirt, Debian 12, amd64) with everything provisioning installs, for a room
 # without network: hand out the one file; `vagrant box add --name labkit/debian12 FILE`, then

@@ -198,6 +198,14 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+_CPU_FIX = {
+    "x86_64": "give the VM a CPU model with x86-64-v2 (SSE4.2, POPCNT): libvirt under emulation "
+              "lv.cpu_mode = \"custom\", lv.cpu_model = \"Nehalem\" (or newer); KVM and VirtualBox pass the host's CPU",
+    "aarch64": "give the VM the host's CPU: qemu -cpu host under HVF or KVM (the Vagrantfile's qemu provider does), "
+               "-cpu max under emulation",
+}
+
+
 def check_cpu(code: str = "import numpy") -> Check:
     """The notebook stack runs on this CPU: ``code`` (importing numpy) in a new interpreter. numpy is built
     for a baseline (x86-64-v2 on x86_64) that an emulated CPU model such as qemu's ``qemu64`` lacks; there
@@ -210,9 +218,7 @@ def check_cpu(code: str = "import numpy") -> Check:
         return Check("cpu", False, f"{platform.machine()}: importing numpy died of SIGILL (an instruction this CPU "
                                    f"lacks{': ' + ', '.join(lacking) if lacking else ''}): every notebook kernel "
                                    f"would die at its first cell",
-                     "give the VM a CPU model with x86-64-v2 (SSE4.2, POPCNT): libvirt under emulation "
-                     "lv.cpu_mode = \"custom\", lv.cpu_model = \"Nehalem\" (or newer); KVM and VirtualBox pass the "
-                     "host's CPU")
+                     _CPU_FIX.get(platform.machine(), _CPU_FIX["x86_64"]))
     last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
     return Check("cpu", False, f"importing numpy failed: {last}", _PROVISION)
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 from labkit.datapath import doctor
 from labkit.datapath.doctor import Check, format_checks
 
@@ -104,7 +106,11 @@ def test_check_cpu_passes_where_numpy_imports():
     assert doctor.check_cpu().ok
 
 
-def test_check_cpu_names_sigill_and_the_cpu_model_fix():
-    """An import that dies of SIGILL (a CPU model without numpy's baseline, as qemu64) fails with the fix."""
+@pytest.mark.parametrize("machine, fix", [("x86_64", "Nehalem"), ("aarch64", "-cpu host")])
+def test_check_cpu_names_sigill_and_the_cpu_model_fix(monkeypatch, machine, fix):
+    """An import that dies of SIGILL (a CPU model without numpy's baseline, as qemu64) fails with the fix for
+    the machine's architecture."""
+    monkeypatch.setattr(doctor.platform, "machine", lambda: machine)
     c = doctor.check_cpu("import os, signal; os.kill(os.getpid(), signal.SIGILL)")
-    assert not c.ok and "died of SIGILL" in c.detail and "Nehalem" in c.fix
+    assert not c.ok and "died of SIGILL" in c.detail and fix in c.fix
+    assert c.detail.startswith(f"{machine}: ")
