@@ -225,9 +225,13 @@ def load(image: Image) -> LoadedImage:
         if image.btf:
             out.btf_fd = _btf_load(image.btf)
         specs = {m.name: m for m in image.maps}
+        templates = {m.inner for m in image.maps if m.inner}
         for spec in sorted(image.maps, key=lambda m: bool(m.inner)):  # templates before their maps of maps
             inner_fd = out.maps[spec.inner] if spec.inner else 0
-            out.maps[spec.name] = _map_create(spec, out.btf_fd, inner_fd)
+            # A template without BTF, like the inner maps the agent creates: Linux 6.1 (Debian 12) compares
+            # timer_off, which a map with BTF gets as -ENOENT and one without keeps at -EINVAL, and refuses
+            # every inner map with EINVAL when they differ.
+            out.maps[spec.name] = _map_create(spec, -1 if spec.name in templates else out.btf_fd, inner_fd)
         fds = {specs[name].fd: fd for name, fd in out.maps.items()}
         for prog in image.progs:
             out.progs[prog.name] = _prog_load(prog, _relocate(prog, fds), image.license, out.btf_fd)
