@@ -28,8 +28,9 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 GUEST_REPO=/home/vagrant/labkit
 SUITE=bookworm
 DISK_GB="${LABKIT_ARM64_DISK_GB:-12}"
-# The root's own packages; provision.sh installs the rest (the same list as on any VM).
-PKGS=linux-image-arm64,busybox-static,kmod,udev,iproute2,procps,python3,ca-certificates,git,sudo,less
+# The root's own packages; provision.sh installs the rest (the same list as on any VM). ruby: the unit
+# tests that read the Vagrantfile run it (on a laptop it comes with Vagrant).
+PKGS=linux-image-arm64,busybox-static,kmod,udev,iproute2,procps,python3,ca-certificates,git,sudo,less,ruby
 # Modules the root needs before it is mounted, with what they depend on (modules.dep).
 ROOT_MODULES="virtio_pci virtio_blk ext4 crc32c_generic"
 say() { printf '%s: %s\n' "$PROG" "$*"; }
@@ -94,6 +95,8 @@ git -C "$ROOT$GUEST_REPO" add -A
 git -C "$ROOT$GUEST_REPO" -c user.name=labkit -c user.email=labkit@localhost commit -q \
     -m "arm64-test copy of $(git -C "$REPO" rev-parse --short HEAD)"
 chroot "$ROOT" chown -R vagrant:vagrant "$GUEST_REPO"
+# The tests run as root in the vagrant user's checkout (as `sudo make test` in a VM, without sudo's SUDO_UID).
+chroot "$ROOT" git config --system safe.directory "$GUEST_REPO"
 for m in proc sys dev dev/pts; do mkdir -p "$ROOT/$m"; done
 mount -t proc proc "$ROOT/proc"
 mount -t sysfs sys "$ROOT/sys"
@@ -101,6 +104,16 @@ mount --bind /dev "$ROOT/dev"
 mount -t devpts devpts "$ROOT/dev/pts"
 rm -f "$ROOT/etc/resolv.conf" && cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
 printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$ROOT/etc/pip.conf"
+# A root kept from an earlier run gets the packages added to PKGS since.
+missing=()
+for p in ${PKGS//,/ }; do
+    chroot "$ROOT" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q ' ok installed$' || missing+=("$p")
+done
+if [ "${#missing[@]}" != 0 ]; then
+    say "adding ${missing[*]} to the root ..."
+    chroot "$ROOT" apt-get update -qq
+    chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${PKGS//,/ } >/dev/null
+fi
 say "provision.sh --image --dev in the chroot ..."
 chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LABKIT_KREL="$KVER" LABKIT_DEV_OPTIONAL=0 \
     bash "$GUEST_REPO/vagrant/provision.sh" --image --dev || die "provisioning in the arm64 chroot failed"

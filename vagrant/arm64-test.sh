@@ -23,10 +23,17 @@
 #                  (LABKIT_ARM64_TIMEOUT seconds at most, default 14400)
 #   results        the guest's logs from the second disk; passed when its summary says
 #                  failed=0 and every test path's JUnit file has no failure or error
+#   box            the Vagrant box for Apple Silicon, as its README line builds it
+#                  (ARCH=arm64 vagrant/build-box.sh); kept while build-box.sh is unchanged
+#   box-boot       that box booted as vagrant-qemu boots it: qemu-system-aarch64 -M virt,
+#                  UEFI firmware (AAVMF) -> GRUB at EFI/BOOT/BOOTAA64.EFI -> Debian's kernel,
+#                  a virtio disk, user-mode network with an ssh forward; then ssh as vagrant
+#                  with Vagrant's insecure key, passwordless sudo, the ESP mounted, power-off
 #
 # Results: $LABKIT_ARM64_DIR/logs (default /var/tmp/labkit-arm64-test/logs):
 # console.log (the guest's serial console), machine.log, summary.txt, smoke.log,
-# doctor.log, pytest-*.log and pytest-*.xml (JUnit) per test path, times.txt.
+# doctor.log, pytest-*.log and pytest-*.xml (JUnit) per test path, build-box.log,
+# box-console.log, box-boot.log, times.txt.  LABKIT_ARM64_BOX=0 leaves out the box.
 # The Vagrant box for Apple Silicon is vagrant/build-box.sh ARCH=arm64; this
 # test shares its packages and provisioning, not its boot loader.
 set -euo pipefail
@@ -36,6 +43,9 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 STATE="${LABKIT_ARM64_DIR:-/var/tmp/labkit-arm64-test}"
 LOGS="$STATE/logs"
 MACHINE="$STATE/machine"
+BOX_FILE="$STATE/box/labkit-debian12-arm64.box"
+FIRMWARE=/usr/share/AAVMF/AAVMF_CODE.fd
+FIRMWARE_VARS=/usr/share/AAVMF/AAVMF_VARS.fd
 TESTS="${LABKIT_ARM64_TESTS:-tests/bpf,tests/unit}"
 RUN_TIMEOUT="${LABKIT_ARM64_TIMEOUT:-14400}"
 [ $# = 0 ] || { echo "usage: $0 (no arguments; see the environment variables in its header)" >&2; exit 2; }
@@ -74,7 +84,8 @@ trap summary EXIT
 # ------------------------------------------------------------------ host packages
 host_packages() {
     local need=() p
-    for p in qemu-system-arm qemu-utils qemu-user-static binfmt-support arch-test mmdebstrap e2fsprogs cpio git; do
+    for p in qemu-system-arm qemu-efi-aarch64 qemu-utils qemu-user-static binfmt-support arch-test mmdebstrap e2fsprogs \
+        cpio git dosfstools mtools fdisk vagrant openssh-client; do
         dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q ' ok installed' || need+=("$p")
     done
     if [ "${#need[@]}" != 0 ]; then
@@ -138,7 +149,65 @@ PY
     return $bad
 }
 
+# ------------------------------------------------------------------ box
+box() {
+    if [ -s "$BOX_FILE" ] && [ "$BOX_FILE" -nt "$REPO/vagrant/build-box.sh" ]; then
+        say "reusing $BOX_FILE (newer than build-box.sh)"
+        return 0
+    fi
+    mkdir -p "$(dirname "$BOX_FILE")"
+    ARCH=arm64 nice -n 10 bash "$REPO/vagrant/build-box.sh" "$BOX_FILE" >"$LOGS/build-box.log" 2>&1 ||
+        { tail -n 20 "$LOGS/build-box.log"; return 1; }
+    grep -E '^labkit-build-box: ' "$LOGS/build-box.log" | sed 's/^/  /'
+}
+
+# ------------------------------------------------------------------ box-boot
+box_boot() {
+    local vm="$STATE/box-vm" key="$STATE/vagrant-key" port pid t rc=0
+    rm -rf "$vm" && mkdir -p "$vm"
+    install -m 600 "$(dpkg -L vagrant | grep -m1 '/keys/vagrant$')" "$key"
+    tar -C "$vm" -xf "$BOX_FILE" box.img metadata.json
+    grep -q '"architecture": "arm64"' "$vm/metadata.json" || { say "$BOX_FILE is not an arm64 box"; return 1; }
+    qemu-img create -q -f qcow2 -F qcow2 -b "$vm/box.img" "$vm/disk.qcow2"
+    cp "$FIRMWARE_VARS" "$vm/vars.fd"
+    port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    say "qemu-system-aarch64 -M virt, AAVMF firmware, the box's disk; ssh on 127.0.0.1:$port"
+    qemu-system-aarch64 -M virt,accel=tcg -cpu max,pauth-impdef=on -smp 2 -m 2048 \
+        -drive "if=pflash,format=raw,readonly=on,file=$FIRMWARE" -drive "if=pflash,format=raw,file=$vm/vars.fd" \
+        -drive "if=virtio,format=qcow2,file=$vm/disk.qcow2" \
+        -device virtio-net-pci,netdev=net0 -netdev "user,id=net0,hostfwd=tcp:127.0.0.1:$port-:22" \
+        -display none -monitor none -serial "file:$LOGS/box-console.log" -pidfile "$vm/qemu.pid" -daemonize
+    pid="$(cat "$vm/qemu.pid")"
+    gssh() {
+        ssh -q -i "$key" -p "$port" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=20 \
+            -o BatchMode=yes vagrant@127.0.0.1 "$@"
+    }
+    t=$SECONDS
+    until gssh true 2>/dev/null; do
+        if ! kill -0 "$pid" 2>/dev/null || [ $((SECONDS - t)) -gt 1200 ]; then
+            say "no ssh into the box after $((SECONDS - t)) s; see $LOGS/box-console.log"
+            kill "$pid" 2>/dev/null
+            return 1
+        fi
+        sleep 10
+    done
+    say "ssh as vagrant after $((SECONDS - t)) s"
+    gssh 'uname -srm; cat /etc/debian_version; sudo -n true && echo "sudo: no password"; findmnt -n -o TARGET,FSTYPE /boot/efi; test -f /boot/efi/EFI/BOOT/BOOTAA64.EFI && echo "GRUB at EFI/BOOT/BOOTAA64.EFI"' \
+        2>&1 | tee "$LOGS/box-boot.log" | sed 's/^/  box: /'
+    grep -q '^sudo: no password$' "$LOGS/box-boot.log" && grep -q 'aarch64' "$LOGS/box-boot.log" &&
+        grep -q '^GRUB at EFI/BOOT/BOOTAA64.EFI$' "$LOGS/box-boot.log" || rc=1
+    gssh 'sudo systemctl poweroff' 2>/dev/null || true
+    t=$SECONDS
+    while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t)) -lt 180 ]; do sleep 5; done
+    if kill -0 "$pid" 2>/dev/null; then say "no power-off after 180 s; stopping QEMU"; kill "$pid"; rc=1; fi
+    rm -rf "$vm"
+    return $rc
+}
+
 step host-packages host_packages
-step machine machine
-step run run
-step results results
+FAILED=0
+if step machine machine && step run run; then step results results || FAILED=1; else FAILED=1; fi
+if [ "${LABKIT_ARM64_BOX:-1}" = 1 ]; then
+    if step box box; then step box-boot box_boot || FAILED=1; else FAILED=1; fi
+fi
+[ "$FAILED" = 0 ]
