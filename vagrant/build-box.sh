@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build a Debian 12 (bookworm) Vagrant box from Debian packages alone -- no box
-# registry needed.  Used by vagrant/vm-test.sh (amd64) and vagrant/arm64-test.sh;
+# registry needed.  Used by vagrant/vm-test.sh (amd64) and vagrant/arm64-test.sh (arm64);
 # run as root (loop devices, mounts).  About 100 s on a 2-core machine for amd64.
 #
 #   sudo bash vagrant/build-box.sh OUT.box
@@ -57,7 +57,7 @@ arm64)
     PROVIDER=qemu
     BOOT_TOOLS="mkfs.vfat mmd mcopy"
     # GRUB's EFI image and its modules come from the box's own packages.
-    PKGS="$PKGS,grub-efi-arm64-bin,grub2-common"
+    PKGS="$PKGS,grub-efi-arm64-bin,grub2-common,e2fsprogs"  # e2fsprogs: the initramfs checks the root
     if [ "$(dpkg --print-architecture)" != arm64 ]; then
         command -v arch-test >/dev/null || die "arch-test not found (apt-get install arch-test qemu-user-static binfmt-support)"
         arch-test arm64 >/dev/null 2>&1 ||
@@ -106,7 +106,11 @@ else
         $((ESP_MB * 2048)) "$ROOT_START" | sfdisk -q "$DISK"
     ESP_LOOP="$(losetup -f --show -o $((2048 * 512)) --sizelimit $((ESP_MB * 1024 * 1024)) "$DISK")"
     mkfs.vfat -F 32 -n LABKIT-ESP "$ESP_LOOP" >/dev/null
-    LOOP="$(losetup -f --show -o $((ROOT_START * 512)) "$DISK")"
+    # The root ends where sfdisk ended it, before GPT's backup header: a loop device to the end of the
+    # file would give ext4 more blocks than the partition has, and the kernel refuses to mount it.
+    ROOT_SECTORS="$(sfdisk --dump "$DISK" | sed -n 's/.*size= *\([0-9]*\),.*name="root".*/\1/p')"
+    [ -n "$ROOT_SECTORS" ] || die "no root partition in the table sfdisk wrote"
+    LOOP="$(losetup -f --show -o $((ROOT_START * 512)) --sizelimit $((ROOT_SECTORS * 512)) "$DISK")"
     mkfs.ext4 -q -L labkit-root "$LOOP"
 fi
 UUID="$(blkid -s UUID -o value "$LOOP")"
