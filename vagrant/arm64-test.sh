@@ -193,7 +193,7 @@ box_boot() {
         sleep 10
     done
     say "ssh as vagrant after $((SECONDS - t)) s"
-    gssh 'uname -srm; cat /etc/debian_version; sudo -n true && echo "sudo: no password"; findmnt -n -o TARGET,FSTYPE /boot/efi; test -f /boot/efi/EFI/BOOT/BOOTAA64.EFI && echo "GRUB at EFI/BOOT/BOOTAA64.EFI"' \
+    gssh 'uname -srm; cat /etc/debian_version; sudo -n true && echo "sudo: no password"; findmnt -n -o TARGET,FSTYPE /boot/efi; sudo test -f /boot/efi/EFI/BOOT/BOOTAA64.EFI && echo "GRUB at EFI/BOOT/BOOTAA64.EFI"' \
         2>&1 | tee "$LOGS/box-boot.log" | sed 's/^/  box: /'
     grep -q '^sudo: no password$' "$LOGS/box-boot.log" && grep -q 'aarch64' "$LOGS/box-boot.log" &&
         grep -q '^GRUB at EFI/BOOT/BOOTAA64.EFI$' "$LOGS/box-boot.log" || rc=1
