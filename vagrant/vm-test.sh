@@ -25,8 +25,10 @@
 #                  prints run as printed (pod ping), a CT row in Cilium's grammar
 #   jupyter        the host's forwarded port: 200 with the token, 403 without; the
 #                  VM's own address does not answer on 8888
-#   lab01          lab 01 run headless in the VM with instructor/answers/01.json
-#                  filled in: `labkit grade` passes every exercise
+#   labs           labs 01 (tour), 07 (NodePort and LoadBalancer, Maglev) and 10
+#                  (network policy) run headless in the VM with their reference
+#                  answers filled in: `labkit grade` passes every exercise
+#                  (LABKIT_VMTEST_LABS: other labs, by number)
 #   work           a notebook saved through JupyterLab's API and an edited lab
 #                  survive `vagrant reload` and `vagrant provision`; `labkit export`
 #                  brings them to the host
@@ -36,12 +38,14 @@
 #
 # Environment: LABKIT_VMTEST_DIR (default /var/tmp/labkit-vm-test: box, VAGRANT_HOME,
 # logs), LABKIT_VMTEST_REBUILD_BOX=1 (build the box again), LABKIT_VMTEST_KEEP=1
-# (leave the VM up for a look; `vagrant destroy` it yourself).
+# (leave the VM up for a look; `vagrant destroy` it yourself), LABKIT_VMTEST_LABS
+# (the labs the labs step grades, default "01 07 10").
 set -euo pipefail
 
 PROG=vm-test
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 STATE="${LABKIT_VMTEST_DIR:-/var/tmp/labkit-vm-test}"
+LABS="${LABKIT_VMTEST_LABS:-01 07 10}"
 NO_BOOT=0
 OFFLINE=0
 case "${1:-}" in
@@ -286,34 +290,41 @@ jupyter() {
     [ "${far:-000}" = 000 ] || { fail "JupyterLab answers on the VM's address $vmip:8888"; return 1; }
 }
 
-lab01() {
+labs() {
     local out
-    # The learner's notebook with the reference answers in its answer cells, graded as an instructor would.
+    # The learner's notebooks with the reference answers in their answer cells, graded as an instructor would.
     in_vm 'set -e; rm -rf /tmp/vmtest-handin && mkdir -p /tmp/vmtest-handin/ref &&
-        /opt/labkit/venv/bin/python - <<EOF
-import json, nbformat
+        /opt/labkit/venv/bin/python - '"$LABS"' <<EOF
+import glob, json, os, sys
+import nbformat
 from labkit.grading.grade import answer_cells
-nb = nbformat.read("/home/vagrant/labkit/labs/01-tour.ipynb", as_version=4)
-key = json.load(open("/home/vagrant/labkit/instructor/answers/01.json"))
-cells = answer_cells(nb)
-for ex, entry in key.items():
-    nb.cells[cells[ex]].source = entry["answer"]
-nbformat.write(nb, "/tmp/vmtest-handin/ref/01-tour.ipynb")
+for lab in sys.argv[1:]:
+    path = glob.glob(f"/home/vagrant/labkit/labs/{lab}-*.ipynb")[0]
+    nb = nbformat.read(path, as_version=4)
+    key = json.load(open(f"/home/vagrant/labkit/instructor/answers/{lab}.json"))
+    cells = answer_cells(nb)
+    for ex, entry in key.items():
+        nb.cells[cells[ex]].source = entry["answer"]
+    nbformat.write(nb, "/tmp/vmtest-handin/ref/" + os.path.basename(path))
 EOF
         labkit grade /tmp/vmtest-handin --json --quiet --keep-executed /tmp/vmtest-handin/executed > /tmp/vmtest-handin/grade.json
-        cat /tmp/vmtest-handin/grade.json' >"$LOGS/lab01.json" || true
+        cat /tmp/vmtest-handin/grade.json' >"$LOGS/labs.json" || true
     # For a post-mortem on the host: what the kernel printed, the kernel log's end, the VM's memory.
     in_vm 'cat /tmp/vmtest-handin/executed/*.output.log; echo "--- dmesg"; sudo dmesg | tail -40; echo "--- free -m"; free -m' \
-        >"$LOGS/lab01-output.log" 2>&1 || true
-    out="$(python3 -c '
+        >"$LOGS/labs-output.log" 2>&1 || true
+    out="$(python3 - "$LOGS/labs.json" "$(wc -w <<<"$LABS")" <<'EOF'
 import json, sys
 text = open(sys.argv[1]).read()
-n = json.loads(text[text.index("{"):])["notebooks"][0]
-score, total, secs, err = n["score"], n["total"], n["seconds"], n["error"]
-print(f"{score}/{total} exercises passed, {secs:.0f} s, error: {err}")
-sys.exit(0 if total and score == total and not err else 1)
-' "$LOGS/lab01.json")" || { fail "lab 01 with the reference answers: ${out:-no result} (see $LOGS/lab01.json)"; return 1; }
-    say "lab 01, reference answers: $out"
+books = json.loads(text[text.index("{"):])["notebooks"]
+ok = len(books) == int(sys.argv[2])
+for n in books:
+    score, total, secs, err = n["score"], n["total"], n["seconds"], n["error"]
+    print(f"{n['notebook']}: {score}/{total} exercises passed, {secs:.0f} s, error: {err}")
+    ok = ok and bool(total) and score == total and not err
+sys.exit(0 if ok else 1)
+EOF
+)" || { fail "labs $LABS with the reference answers: ${out:-no result} (see $LOGS/labs.json)"; return 1; }
+    printf '%s\n' "$out" | while read -r line; do say "reference answers: $line"; done
 }
 
 # JupyterLab's contents API: what the browser does when the learner saves.
@@ -474,5 +485,5 @@ fi
 step doctor doctor || true
 step lab lab || true
 step jupyter jupyter || true
-step lab01 lab01 || true
+step labs labs || true
 step work work || true
