@@ -30,7 +30,7 @@ bench: provision-dev
 	$(PY) -m labkit bench --readme README.md
 
 # The VM end to end with the libvirt provider (a locally built Debian 12 box, qemu emulation without
-# vmx/svm): vagrant up, labkit inside, JupyterLab's forward, labs 01, 07 and 10 graded, the learner's work surviving
+# vmx/svm): vagrant up, labkit inside, JupyterLab's forward, lab 01 graded (LABKIT_VMTEST_LABS for more), the learner's work surviving
 # reload and provision, then destroy and nothing left. Not part of `make test`: ~25 min emulated.
 vm-test:
 	bash vagrant/vm-test.sh $(VMTEST)
