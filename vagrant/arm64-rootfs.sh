@@ -54,12 +54,9 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd -P)"
 ROOT="$OUT/root"
 WORK="$(mktemp -d /var/tmp/labkit-arm64-rootfs.XXXXXX)"
-unmount_all() {
-    local m
-    for m in dev/pts dev sys proc; do mountpoint -q "$ROOT/$m" && umount -l "$ROOT/$m"; done
-    return 0
-}
-trap 'set +e; unmount_all; rm -rf "$WORK"' EXIT
+# shellcheck source=chroot-lib.sh
+. "$REPO/vagrant/chroot-lib.sh"
+trap 'set +e; chroot_umount "$ROOT"; rm -rf "$WORK"' EXIT
 
 t0=$SECONDS
 if [ -f "$OUT/.debian-done" ]; then
@@ -89,7 +86,7 @@ rm -rf "${ROOT:?}$GUEST_REPO"
 mkdir -p "$ROOT$GUEST_REPO"
 # This checkout as Vagrant's share would copy it (tracked and new files, nothing ignored), as one
 # commit: the unit tests read .gitattributes through git.
-git -C "$REPO" ls-files -z -c -o --exclude-standard | (cd "$REPO" && tar --null -T - -cf -) | tar -C "$ROOT$GUEST_REPO" -xf -
+copy_checkout "$REPO" "$ROOT$GUEST_REPO"
 git -C "$ROOT$GUEST_REPO" init -q
 git -C "$ROOT$GUEST_REPO" add -A
 git -C "$ROOT$GUEST_REPO" -c user.name=labkit -c user.email=labkit@localhost commit -q \
@@ -97,12 +94,7 @@ git -C "$ROOT$GUEST_REPO" -c user.name=labkit -c user.email=labkit@localhost com
 chroot "$ROOT" chown -R vagrant:vagrant "$GUEST_REPO"
 # The tests run as root in the vagrant user's checkout (as `sudo make test` in a VM, without sudo's SUDO_UID).
 chroot "$ROOT" git config --system safe.directory "$GUEST_REPO"
-for m in proc sys dev dev/pts; do mkdir -p "$ROOT/$m"; done
-mount -t proc proc "$ROOT/proc"
-mount -t sysfs sys "$ROOT/sys"
-mount --bind /dev "$ROOT/dev"
-mount -t devpts devpts "$ROOT/dev/pts"
-rm -f "$ROOT/etc/resolv.conf" && cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
+chroot_mount "$ROOT"
 printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$ROOT/etc/pip.conf"
 # A root kept from an earlier run gets the packages added to PKGS since.
 missing=()
@@ -118,8 +110,7 @@ say "provision.sh --image --dev in the chroot ..."
 chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LABKIT_KREL="$KVER" LABKIT_DEV_OPTIONAL=0 \
     bash "$GUEST_REPO/vagrant/provision.sh" --image --dev || die "provisioning in the arm64 chroot failed"
 chroot "$ROOT" apt-get clean
-unmount_all
-: >"$ROOT/etc/resolv.conf"
+chroot_umount "$ROOT"
 say "provisioned ($((SECONDS - t1)) s)"
 
 # --- initrd: busybox and the root's modules -------------------------------------

@@ -37,6 +37,8 @@ if [ "${1:-}" = --provisioned ]; then PROVISIONED=1; shift; fi
 OUT="${1:?usage: $0 [--provisioned] OUT.box}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 GUEST_REPO=/home/vagrant/labkit
+# shellcheck source=chroot-lib.sh
+. "$REPO/vagrant/chroot-lib.sh"
 SIZE_GB=20
 SUITE=bookworm
 ARCH="${ARCH:-amd64}"
@@ -83,7 +85,7 @@ LOOP=""
 ESP_LOOP=""
 cleanup() {
     set +e
-    for m in dev/pts dev sys proc; do mountpoint -q "$MNT/$m" && umount -l "$MNT/$m"; done
+    chroot_umount "$MNT"
     mountpoint -q "$MNT" && umount -R "$MNT"
     [ -n "$LOOP" ] && losetup -d "$LOOP"
     [ -n "$ESP_LOOP" ] && losetup -d "$ESP_LOOP"
@@ -179,22 +181,15 @@ KVER="${KVER#vmlinuz-}"
 if [ "$PROVISIONED" = 1 ]; then
     t1=$SECONDS
     chroot "$MNT" install -d -o vagrant -g vagrant "$GUEST_REPO"
-    # This checkout as Vagrant's share would copy it: tracked and new files, nothing ignored.
-    git -C "$REPO" ls-files -z -c -o --exclude-standard | (cd "$REPO" && tar --null -T - -cf -) | tar -C "$MNT$GUEST_REPO" -xf -
+    copy_checkout "$REPO" "$MNT$GUEST_REPO"
     chroot "$MNT" chown -R vagrant:vagrant "$GUEST_REPO"
-    for m in proc sys dev dev/pts; do mkdir -p "$MNT/$m"; done
-    mount -t proc proc "$MNT/proc"
-    mount -t sysfs sys "$MNT/sys"
-    mount --bind /dev "$MNT/dev"
-    mount -t devpts devpts "$MNT/dev/pts"
-    rm -f "$MNT/etc/resolv.conf" && cp -L /etc/resolv.conf "$MNT/etc/resolv.conf"
+    chroot_mount "$MNT"
     say "provisioning inside the box (kernel $KVER) ..."
     chroot "$MNT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LABKIT_KREL="$KVER" \
         ${LABKIT_DEV_OPTIONAL:+LABKIT_DEV_OPTIONAL="$LABKIT_DEV_OPTIONAL"} \
         bash "$GUEST_REPO/vagrant/provision.sh" --image --quiet ${LABKIT_BOX_DEV:+--dev} || die "provisioning inside the box failed"
     chroot "$MNT" apt-get clean
-    for m in dev/pts dev sys proc; do umount "$MNT/$m"; done
-    : >"$MNT/etc/resolv.conf" # the VM's DHCP client writes its own
+    chroot_umount "$MNT" # also empties resolv.conf: the VM's DHCP client writes its own
     say "provisioned ($((SECONDS - t1)) s)"
 fi
 

@@ -181,7 +181,7 @@ def test_build_box_refuses_an_unknown_arch(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("script", ["build-box.sh", "arm64-test.sh", "arm64-rootfs.sh", "arm64-init.sh", "vm-test.sh"])
+@pytest.mark.parametrize("script", ["build-box.sh", "arm64-test.sh", "arm64-rootfs.sh", "arm64-init.sh", "chroot-lib.sh", "vm-test.sh"])
 def test_vm_scripts_parse(script):
     """The box and VM scripts are valid bash (`bash -n`)."""
     out = subprocess.run(["bash", "-n", str(ROOT / "vagrant" / script)], capture_output=True, text=True)
