@@ -24,6 +24,12 @@ B1, A1 = "198.18.2.11", "198.18.1.11"
 TCP, UDP = 6, 17
 
 
+def logged(lab, pod: str, text: str) -> None:
+    """Wait until the last line ``pod``'s server logged says ``text``: the server logs a connection after
+    accept(), which may come just after the handshake the step waited for."""
+    wait_for(lambda: text in (lab.pod(pod).server_log() or [""])[-1], what=f"{pod}'s server to log {text!r}")
+
+
 def _lab(name: str, **options):
     from labkit import Lab
 
@@ -98,7 +104,7 @@ def test_dsr_lb_vip_backend_on_other_node(any_lab):
     (nat,) = lab.nat("node-b")
     assert (nat.dir, nat.src, nat.sport, nat.dst, nat.dport) == ("OUT", B1, 8080, EXT, cp)
     assert (nat.to_addr, nat.to_port) == (svc.lb_vip, 80)
-    assert f"client={EXT}:{cp}" in lab.pod("b1").server_log()[-1]  # DSR keeps the client's address
+    logged(lab, "b1", f"client={EXT}:{cp}")  # DSR keeps the client's address
 
     replies = packets_to_client(opened)
     assert replies and {f.node for f in replies} == {"node-b"}
@@ -142,7 +148,7 @@ def test_snat_reply_returns_through_lb_node(snat_lab):
     assert 32768 <= nat_port <= 65535
     assert (back.src, back.sport, back.dst, back.dport) == (B1, 8080, NODE_A, nat_port)
     assert (back.to_addr, back.to_port) == (EXT, cp)
-    assert f"client={NODE_A}:{nat_port}" in lab.pod("b1").server_log()[-1]
+    logged(lab, "b1", f"client={NODE_A}:{nat_port}")
 
     (ct_out,) = rows(lab, "node-a", "OUT")
     assert ct_out.flags & CtFlags.NODE_PORT and ct_out.rev_nat == frontend_id(svc, "LoadBalancer")
@@ -209,7 +215,7 @@ def test_nodeport_on_node_b_reaches_backend_on_node_a(native_lab):
     assert svc_row.rev_nat == frontend_id(svc, "NodePort", NODE_B) and not svc_row.flags & CtFlags.NODE_PORT
     (out,) = rows(lab, "node-a", "OUT")
     assert (out.src, out.dst, out.dport) == (EXT, A1, 8080) and out.flags & CtFlags.DSR_INTERNAL
-    assert f"client={EXT}:" in lab.pod("a1").server_log()[-1]
+    logged(lab, "a1", f"client={EXT}:")
     conn.close()
 
 
