@@ -5,6 +5,7 @@ program     what it is                                          who starts it
 ==========  ==================================================  ==========================
 cli         the ``labkit`` command                              you (``labkit`` runs it)
 loader      compiles, loads, attaches and pins one node's BPF    ``Lab.up``, one per node
+labkitd     the privileged door: every lab's privileged acts    systemd, or ``labkit daemon start``
 agent       the lab's agent: Services, monitor, GC timer, API   ``Lab.up``, one per lab
 podserver   the TCP/UDP server inside a pod                     ``Lab.up``, one per pod
 podclient   opens connections and sends packets for steps       a pod's first step
@@ -24,6 +25,7 @@ __all__ = ["PROGRAMS", "main"]
 #: program → "module:function"; the function takes the remaining arguments.
 PROGRAMS = {
     "cli": "labkit.cli:main",
+    "labkitd": "labkit.door.daemon:main",
     "loader": "labkit.datapath.loader:main",
     "agent": "labkit.agent.daemon:main",
     "podserver": "labkit.net.podserver:main",

@@ -25,6 +25,10 @@ __all__ = [
     "CleanupError",
     "LabTimeoutError",
     "PolicyError",
+    "AccessError",
+    "RequestError",
+    "LimitError",
+    "DoorDownError",
 ]
 
 
@@ -74,3 +78,19 @@ class LabTimeoutError(LabkitError, TimeoutError):
 
 class PolicyError(LabkitError, ValueError):
     """A network policy (CiliumNetworkPolicy YAML/JSON) is malformed; the message names the field path."""
+
+
+class AccessError(LabkitError, PermissionError):
+    """labkitd refused a request: the caller may not do that verb on that lab (it names both, nothing more)."""
+
+
+class RequestError(LabkitError, ValueError):
+    """A request to labkitd is malformed: not JSON, too large, an unknown verb, an argument of the wrong kind."""
+
+
+class LimitError(LabkitError, OSError):
+    """A request would pass one of labkitd's limits (labs per user, pods per lab, services, concurrency)."""
+
+
+class DoorDownError(LabkitError, ConnectionError):
+    """No labkitd answers on its socket; the message says how to start it."""

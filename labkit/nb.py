@@ -5,18 +5,17 @@
 
 ``start`` is ``Lab.up`` with the name taken from the environment, so the
 same notebook runs as a learner's ``demo`` lab and under tests or
-``labkit grade`` in a lab of their own.
+``labkit grade`` in a lab of their own. Everything here is the unprivileged
+side (:mod:`labkit.client`): the lab is built, run and read by labkitd, and
+this kernel holds no root and no capability.
 """
 from __future__ import annotations
 
 import warnings
 
-from labkit.config import DatapathConfig
-from labkit.grading.checks import check
-from labkit.lab import Lab
-from labkit.net.topology import Topology
-from labkit.lab.session import VARIANTS, current_lab, down_variants, lab_name, set_current
-from labkit.notebook.hubbleview import observe
+from labkit.client.checks import check
+from labkit.client.lab import Lab
+from labkit.client.session import VARIANTS, current_lab, down_variants, lab_name, set_current
 
 __all__ = ["start", "check", "current_lab", "lab_name", "show", "observe", "VARIANTS"]
 
@@ -39,24 +38,30 @@ def start(routing: str | None = None, socket_lb: str | None = None, variant: str
     """
     options.setdefault("gc_timer", False)
     _inline_figures()
-    config = DatapathConfig()
-    if routing is not None:
-        config = config.with_options(routing=routing)
-    if socket_lb is not None:
-        config = config.with_options(socket_lb=socket_lb)
-    if lb_mode is not None:
-        config = config.with_options(lb_mode=lb_mode)
-    if options:
-        config = config.with_options(**options)
+    for key, value in (("routing", routing), ("socket_lb", socket_lb), ("lb_mode", lb_mode)):
+        if value is not None:
+            options[key] = value
     name = f"{lab_name()}-{variant}" if variant else lab_name()
     if variant is None:
         down_variants(name)
-    topology = Topology.default(name, labels=labels) if labels else None
-    lab = Lab.up(name, config=config, topology=topology)
+    lab = Lab.up(name, labels=labels, **options)
     lab.reset()
     if variant:
         return lab
     return set_current(lab)  # reset: every notebook starts from empty maps and the clock at offset 0
+
+
+def observe(lab, title: str, last: int | None = None, from_pod: str | None = None, to_pod: str | None = None,
+            verdict: str | None = None, protocol: str | None = None, port: int | None = None):
+    """Read ``lab``'s Hubble ring as ``labkit observe`` does, keep the last ``last`` matching entries (all the
+    ring holds with None); labkitd records the view as evidence under ``title``
+    (:class:`labkit.notebook.hubbleview.ObserveView`).
+
+        >>> view = observe(lab, "one connection at medium", port=conn.sport)   # doctest: +SKIP
+    """
+    filters = {k: v for k, v in dict(from_pod=from_pod, to_pod=to_pod, verdict=verdict, protocol=protocol,
+                                     port=port).items() if v is not None}
+    return lab.observe(title, last=last, **filters)
 
 
 def show(obj) -> None:

@@ -4,3 +4,7 @@ Like ``cilium-dbg`` beside cilium-agent, nothing here needs root: every lab oper
 request to labkitd (:mod:`labkit.door`) on its unix socket, and what comes back (rows, flows,
 steps) is decoded into the same typed objects the datapath side uses.
 """
+
+from labkit.client.lab import Lab, PodHandle, NodeHandle, ExternalHandle, TcpConn  # noqa: E402
+
+__all__ = ["Lab", "PodHandle", "NodeHandle", "ExternalHandle", "TcpConn"]

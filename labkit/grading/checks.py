@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from labkit.grading import exercises
-from labkit.lab.session import current_lab
 from labkit.observe.evidence import Evidence
 
 __all__ = ["Outcome", "CheckResult", "Exercise", "exercise", "check", "exercises_for", "registry",
-           "compare_rows", "reset_attempts", "CHECK_MIME", "attempts", "NO_ANSWER", "unanswered"]
+           "compare_rows", "reset_attempts", "set_attempts", "CHECK_MIME", "attempts", "NO_ANSWER", "unanswered",
+           "record_result"]
 
 #: The MIME type of a check result's machine-readable part (kept in a saved notebook's outputs).
 CHECK_MIME = "application/vnd.labkit.check+json"
@@ -102,7 +102,8 @@ class Exercise:
 
 
 _REGISTRY: dict[str, Exercise] = {}
-_ATTEMPTS: dict[str, int] = {}
+#: (lab, exercise) -> tries spent; labkitd keeps them per lab, across a notebook's kernel restarts
+_ATTEMPTS: dict[tuple[str, str], int] = {}
 
 
 def exercise(id: str, title: str, hints: Iterable[str] = (), break_it: bool = False, fault: str | None = None,
@@ -140,17 +141,21 @@ def exercises_for(lab_id: str) -> list[Exercise]:
     return sorted((e for e in registry().values() if e.lab == lab_id), key=lambda e: [int(x) for x in e.id.split(".")])
 
 
-def reset_attempts(exercise_id: str | None = None) -> None:
-    """Forget tries (all, or one exercise's), restarting the hint ladder."""
-    if exercise_id is None:
-        _ATTEMPTS.clear()
-    else:
-        _ATTEMPTS.pop(exercise_id, None)
+def reset_attempts(exercise_id: str | None = None, lab: str | None = None) -> None:
+    """Forget tries (all, or one exercise's; of every lab, or of ``lab``), restarting the hint ladder."""
+    for key in list(_ATTEMPTS):
+        if (exercise_id is None or key[1] == exercise_id) and (lab is None or key[0] == lab):
+            del _ATTEMPTS[key]
 
 
-def attempts(exercise_id: str) -> int:
-    """Tries spent on an exercise in this process."""
-    return _ATTEMPTS.get(exercise_id, 0)
+def attempts(exercise_id: str, lab: str = "") -> int:
+    """Tries spent on an exercise (in lab ``lab``)."""
+    return _ATTEMPTS.get((lab, exercise_id), 0)
+
+
+def set_attempts(exercise_id: str, n: int, lab: str = "") -> None:
+    """Set the tries spent (labkitd taking back a lab's kept results)."""
+    _ATTEMPTS[(lab, exercise_id)] = n
 
 
 @dataclass(frozen=True)
@@ -171,10 +176,21 @@ class CheckResult:
     def __bool__(self) -> bool:
         return self.passed
 
-    def to_json(self) -> dict:
-        """What a saved notebook and the grade log keep of the result."""
-        return {"exercise": self.exercise, "passed": self.passed, "attempt": self.attempt, "missing": self.missing,
+    def to_json(self, full: bool = False) -> dict:
+        """What a saved notebook and the grade log keep of the result; ``full``: everything, for
+        :meth:`from_json` (what labkitd answers a check with)."""
+        data = {"exercise": self.exercise, "passed": self.passed, "attempt": self.attempt, "missing": self.missing,
                 "answer": self.answer, "message": self.message}
+        if full:
+            data.update(title=self.title, hint=self.hint, diff=[list(d) for d in self.diff], reveal=self.reveal)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CheckResult":
+        """The result :meth:`to_json` (``full``) described."""
+        return cls(str(data["exercise"]), str(data.get("title", "")), bool(data["passed"]), str(data["message"]),
+                   data.get("hint"), tuple(tuple(d) for d in data.get("diff") or ()), int(data.get("attempt") or 0),
+                   data.get("missing"), data.get("reveal"), str(data.get("answer", "")))
 
     def __str__(self) -> str:
         out = [f"{'PASS' if self.passed else 'FAIL'} {self.exercise} {self.title}: {self.message}"]
@@ -223,41 +239,40 @@ REVEAL_AT = 3
 
 
 def check(exercise_id: str, answer: Any, lab=None, reveal: bool = False) -> CheckResult:
-    """Grade ``answer`` to exercise ``exercise_id`` on what this notebook's cells recorded.
+    """Grade ``answer`` to exercise ``exercise_id`` on what lab ``lab``'s cells recorded (labkitd calls this with the
+    lab the answer is about; without one the check names the setup cell).
 
     ``reveal=True`` shows the expected value at once (it still counts as a try)."""
     ex = registry().get(exercise_id)
+    where = lab.name if lab is not None else ""
     if ex is None:
         known = ", ".join(sorted(registry()))
-        return _record(CheckResult(exercise_id, "", False, f"no exercise '{exercise_id}' (exercises: {known})",
-                                   None, (), 0))
+        return record_result(CheckResult(exercise_id, "", False, f"no exercise '{exercise_id}' (exercises: {known})",
+                                         None, (), 0))
     if answer is None:  # the placeholder: not a try, no hint spent
-        return _record(CheckResult(ex.id, ex.title, False, "no answer yet: replace None with your answer, then "
-                                   "run this cell", None, (), attempts(ex.id)))
+        return record_result(CheckResult(ex.id, ex.title, False, "no answer yet: replace None with your answer, "
+                                         "then run this cell", None, (), attempts(ex.id, where)))
     try:
         outcome = _grade(ex, answer, lab)
     except Exception as exc:  # never a traceback first: say what went wrong
         outcome = Outcome(False, f"could not check this answer: {type(exc).__name__}: {exc}")
     if outcome.missing:
-        return _record(CheckResult(ex.id, ex.title, False, outcome.message, None, (), attempts(ex.id),
-                                   missing=outcome.missing, answer=_short(answer)))
-    attempt = _ATTEMPTS[ex.id] = attempts(ex.id) + 1
+        return record_result(CheckResult(ex.id, ex.title, False, outcome.message, None, (), attempts(ex.id, where),
+                                         missing=outcome.missing, answer=_short(answer)))
+    attempt = _ATTEMPTS[(where, ex.id)] = attempts(ex.id, where) + 1
     show = outcome.passed or reveal or attempt >= REVEAL_AT
     hint = None
     if not outcome.passed and ex.hints:  # three hints: where to look, narrower, the answer (the reveal try)
         hint = ex.hints[min(attempt if not reveal else REVEAL_AT, len(ex.hints)) - 1]
-    return _record(CheckResult(ex.id, ex.title, outcome.passed, outcome.message, hint,
-                               tuple(outcome.diff) if show else (), attempt,
-                               reveal=(outcome.reveal if show and not outcome.passed else None),
-                               answer=_short(answer)))
+    return record_result(CheckResult(ex.id, ex.title, outcome.passed, outcome.message, hint,
+                                     tuple(outcome.diff) if show else (), attempt,
+                                     reveal=(outcome.reveal if show and not outcome.passed else None),
+                                     answer=_short(answer)))
 
 
 def _grade(ex: Exercise, answer: Any, lab) -> Outcome:
     if lab is None:
-        try:
-            lab = current_lab()
-        except Exception:
-            return Outcome.needs("Run this cell", "lab = start(): it brings the lab up and records what follows")
+        return Outcome.needs("Run this cell", "lab = start(): it brings the lab up and records what follows")
     params = list(inspect.signature(ex.grade).parameters)
     second = lab if len(params) > 1 and params[1] == "lab" else Evidence(lab.name, facts=lab)
     outcome = ex.grade(answer, second)
@@ -271,7 +286,8 @@ def _short(answer: Any) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _record(result: CheckResult) -> CheckResult:
+def record_result(result: CheckResult) -> CheckResult:
+    """Append ``result`` to the file ``LABKIT_GRADE_LOG`` names, if any (``labkit grade``'s log); returns it."""
     path = os.environ.get("LABKIT_GRADE_LOG")
     if path:
         with open(path, "a") as f:

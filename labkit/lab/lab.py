@@ -44,7 +44,7 @@ from labkit.net import build as _build
 from labkit.net import netns as _netns
 from labkit.net import pod_argv
 from labkit.net.build import cgroup_root
-from labkit.notebook.steps import PodClient, TcpConn, ping_step, raw_step, udp_step
+from labkit.lab.traffic import PodClient, TcpConn, ping_step, raw_step, udp_step
 from labkit.notebook.widgets import watch
 from labkit.clock import LabClock, mono_seconds
 from labkit.config import LAB_DIFFERENCES, DatapathConfig
@@ -203,10 +203,14 @@ class Lab:
         routing: str | None = None,
         config: DatapathConfig | None = None,
         topology: Topology | None = None,
+        owner: int = 0,
+        owner_pid: int | None = None,
     ) -> "Lab":
         """Bring up lab ``name`` (the default lab unless ``topology`` is given).
 
-        Options: ``routing`` ('tunnel' or 'native'), or a whole :class:`DatapathConfig`.
+        Options: ``routing`` ('tunnel' or 'native'), or a whole :class:`DatapathConfig`. ``owner`` is the uid
+        the lab belongs to (labkitd passes the caller's; its run directory is readable by that user alone),
+        ``owner_pid`` the process that asked for it (this one unless given).
         """
         config = config or DatapathConfig()
         if routing is not None:
@@ -221,22 +225,22 @@ class Lab:
         try:
             ledger = Ledger(name)
             if ledger.exists():
-                existing = cls._existing(name, topology, config)
+                existing = cls._existing(name, topology, config, owner)
                 if existing is not None:
                     return existing
                 teardown(ledger)
-            lab = cls._build(name, topology, config, ledger)
+            lab = cls._build(name, topology, config, ledger, owner, owner_pid or os.getpid())
         finally:
             lock.release(remove=not Ledger(name).exists())
         return lab
 
     @classmethod
-    def _existing(cls, name: str, topology: Topology, config: DatapathConfig) -> "Lab | None":
+    def _existing(cls, name: str, topology: Topology, config: DatapathConfig, owner: int = 0) -> "Lab | None":
         try:
             state = LabState.read(name)
         except (LabStateError, ValueError, TypeError):
             return None
-        if state.version != STATE_VERSION or state.status != "up":
+        if state.version != STATE_VERSION or state.status != "up" or state.owner_uid != owner:
             return None
         if state.topology != topology.to_dict() or state.config != config.to_dict():
             return None
@@ -248,12 +252,13 @@ class Lab:
         return lab if not problems else None
 
     @classmethod
-    def _build(cls, name: str, topology: Topology, config: DatapathConfig, ledger: Ledger) -> "Lab":
+    def _build(cls, name: str, topology: Topology, config: DatapathConfig, ledger: Ledger, owner: int = 0,
+               owner_pid: int | None = None) -> "Lab":
         t0 = time.monotonic()
-        ledger.start()
+        ledger.start(owner)
         state = LabState(name, topology.to_dict(), config.to_dict(),
                          pin_dirs={n.name: str(BPFFS_ROOT / name / n.name) for n in topology.nodes},
-                         owner_pid=os.getpid(), created=time.time())
+                         owner_pid=owner_pid or os.getpid(), owner_uid=owner, created=time.time())
         state.write()
         IdentityStore(name).save(assign_identities(topology)[1])  # what the agent allocates from
         try:
@@ -666,16 +671,21 @@ class Lab:
         JOURNAL.reset(self.name)  # nothing before a reset is evidence
         self.note_change()  # live tables show the flush
 
-    def snapshot(self, title: str, lb: bool = False, extra=None) -> Snapshot:
-        """Every node's CT and NAT rows now (and with ``lb`` its Service maps), recorded as evidence under
-        ``title`` for the checks; ``extra`` is anything the cell wants kept with it.
+    def snapshot(self, title: str, lb: bool = False, extra=None, conntrack: str | None = None,
+                 iptables: str | None = None, service: str | None = None) -> Snapshot:
+        """Every node's CT and NAT rows now (with ``lb`` its Service maps; with ``conntrack`` or ``iptables`` that
+        node's Linux conntrack rows or nat table; with ``service`` that Service as the agent holds it), recorded as
+        evidence under ``title`` for the checks; ``extra`` is the cell's own note, kept and never graded.
 
             >>> after = lab.snapshot("after the clock moved")   # doctest: +SKIP
             >>> [r.line() for r in after.rows("node-a")]         # doctest: +SKIP
         """
         nodes = [n.name for n in self.topology.nodes]
         snap = Snapshot(title, self.clock.now(), {n: self.ct(n) for n in nodes}, {n: self.nat(n) for n in nodes},
-                        {n: self.services.lb(n) for n in nodes} if lb else {}, extra)
+                        {n: self.services.lb(n) for n in nodes} if lb else {}, extra,
+                        tuple(self.conntrack(conntrack)) if conntrack else (),
+                        self.services.iptables(iptables) if iptables else "",
+                        self.services.get(service) if service else None)
         JOURNAL.record(self.name, "snapshot", title, snap)
         return snap
 

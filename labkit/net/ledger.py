@@ -55,7 +55,8 @@ class LabState:
     pin_dirs: dict[str, str]  #: node → the bpffs directory its maps are pinned in
     status: str | None = "building"  #: 'building', then 'up' (None: a lab.json that does not say)
     version: int = STATE_VERSION
-    owner_pid: int = 0  #: the process that built it
+    owner_pid: int = 0  #: the process that asked for it (a notebook's kernel, a ``labkit up``)
+    owner_uid: int = 0  #: the user it belongs to (:mod:`labkit.door.owners`): they alone, and instructors, may use it
     created: float = 0.0  #: wall-clock time the build started
     devices: dict[str, dict[str, str]] = field(default_factory=dict)  #: node → {ifindex as text: device}
     cgroups: dict[str, str] = field(default_factory=dict)  #: node or pod → its cgroup (none without cgroup v2)
@@ -82,6 +83,16 @@ class LabState:
     def write(self) -> None:
         """Replace the lab's lab.json with this state."""
         Ledger(self.lab).write_state(self.to_dict())
+
+
+def _primary_gid(uid: int) -> int:
+    """The primary group of user ``uid`` (0 for root or a uid without a passwd entry)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_gid if uid else 0
+    except KeyError:
+        return 0
 
 
 def lab_dir(lab: str) -> Path:
@@ -174,10 +185,15 @@ class Ledger:
         """Whether this lab has a ledger at all."""
         return self.path.exists()
 
-    def start(self) -> None:
-        """Create the lab directory and an empty ledger (the directory is its first entry)."""
+    def start(self, owner: int = 0) -> None:
+        """Create the lab directory and an empty ledger (the directory is its first entry). The directory is
+        root's, readable by the lab's ``owner`` through its group (the owner's own group; for root's labs
+        root's) and by no one else: the owner reads what the lab recorded and writes none of it."""
         created = not self.dir.exists()
         self.dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(self.dir, 0, _primary_gid(owner))
+        os.chmod(self.dir, 0o750)
         self.path.touch()
         if created:
             self.record("dir", path=str(self.dir))

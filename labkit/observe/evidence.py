@@ -7,9 +7,10 @@ be about: a clock advance, a GC run, a fault switched on or off, a reset, and an
 A grader asks the journal for the newest record that matches its question; if there is none, the check
 says which cell to run instead of failing the answer.
 
-The journal lives in the process that ran the cells (the notebook's kernel), holds the last
-:data:`KEEP` records, and forgets a lab's records when that lab is reset: nothing before a reset is
-evidence. Records copy what they show, so a record does not change when the lab does.
+The journal lives on the privileged side, in labkitd, which runs the cells' steps and keeps each lab's
+records in a file the lab's owner may read and not write (:mod:`labkit.door.evidence`); it holds the last
+:data:`KEEP` records of each lab and forgets a lab's records when that lab is reset: nothing before a reset
+is evidence. Records copy what they show, so a record does not change when the lab does.
 
     >>> j = Journal()
     >>> rec = j.record("demo", "snapshot", "after the flood", data={"n": 3})
@@ -21,6 +22,7 @@ evidence. Records copy what they show, so a record does not change when the lab 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -30,10 +32,11 @@ __all__ = ["Record", "Journal", "JOURNAL", "KINDS", "KEEP", "Evidence", "Snapsho
 #: What can be recorded: a traffic step, the lab clock moved, a GC run, a fault toggled, a snapshot of the
 #: maps, a Service change, a view of the Hubble ring (lab 13).
 KINDS = ("step", "clock", "gc", "fault", "snapshot", "service", "observe")
-#: Records kept per process (the oldest go first).
+#: Records kept per lab (the oldest go first).
 KEEP = 5000
 
 _seq = itertools.count(1)
+_seq_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ class Record:
 @dataclass(frozen=True)
 class Snapshot:
     """A lab's rows at one moment (``lab.snapshot(title)``): every node's CT and NAT rows, optionally its
-    Service maps, the lab clock, and what the cell adds (``extra``)."""
+    Service maps, a node's Linux conntrack and nat table and a Service as the agent holds it — all read by
+    labkitd — the lab clock, and the cell's own note (``extra``, which checks never read: the learner wrote it)."""
 
     title: str
     now: int
@@ -71,6 +75,9 @@ class Snapshot:
     nat: dict  #: node -> [NatRow]
     lb: dict = field(default_factory=dict)  #: node -> LbSnapshot (when asked for)
     extra: Any = None
+    conntrack: tuple = ()  #: a node's Linux conntrack rows (``conntrack -L``; iptables mode), when asked for
+    iptables: str = ""  #: a node's ``iptables-save -t nat``, when asked for
+    service: Any = None  #: a Service as the agent held it (:class:`labkit.agent.services.model.Service`), when asked for
 
     def rows(self, node: str) -> list:
         """The CT rows of ``node``."""
@@ -78,30 +85,63 @@ class Snapshot:
 
 
 class Journal:
-    """The records of one process, oldest first."""
+    """The records of one process, oldest first, the last :attr:`keep` of each lab.
+
+    ``sinks`` are told of every change (``sink("record", rec)``, ``sink("reset", lab)``): labkitd keeps each
+    lab's records in a file of the lab's (:mod:`labkit.door.evidence`) and :meth:`load`\ s them when it starts.
+    """
 
     def __init__(self, keep: int = KEEP):
         self.keep = keep
-        self._records: list[Record] = []
+        self._labs: dict[str, list[Record]] = {}
+        self.sinks: list[Callable[[str, Any], None]] = []
+
+    def _tell(self, what: str, arg: Any) -> None:
+        for sink in self.sinks:
+            sink(what, arg)
 
     def record(self, lab: str, kind: str, title: str, data: Any = None, **attrs) -> Record:
         """Append a record and return it."""
         if kind not in KINDS:
             raise ValueError(f"evidence kind {kind!r}: expected one of {', '.join(KINDS)}")
         rec = Record(next(_seq), lab, kind, title, data, dict(attrs))
-        self._records.append(rec)
-        if len(self._records) > self.keep:
-            del self._records[: len(self._records) - self.keep]
+        records = self._labs.setdefault(lab, [])
+        records.append(rec)
+        if len(records) > self.keep:
+            del records[: len(records) - self.keep]
+        self._tell("record", rec)
         return rec
+
+    def load(self, records: Iterable[Record]) -> None:
+        """Take back records kept elsewhere (their own ``seq`` order); later records number after them."""
+        global _seq
+        top = 0
+        for rec in records:
+            self._labs.setdefault(rec.lab, []).append(rec)
+            top = max(top, rec.seq)
+        for recs in self._labs.values():
+            recs.sort(key=lambda r: r.seq)
+            del recs[: max(0, len(recs) - self.keep)]
+        with _seq_lock:
+            current = next(_seq)
+            _seq = itertools.count(max(current, top + 1))
 
     def reset(self, lab: str) -> None:
         """Forget everything recorded in ``lab`` (``lab.reset()`` calls this): nothing before it is evidence."""
-        self._records = [r for r in self._records if r.lab != lab]
+        self._labs.pop(lab, None)
+        self._tell("reset", lab)
+
+    def forget(self, lab: str) -> None:
+        """Drop ``lab``'s records from memory only (labkitd closing a lab that went down)."""
+        self._labs.pop(lab, None)
 
     def find(self, lab: str | None = None, kind: str | None = None, **attrs) -> list[Record]:
         """Matching records, oldest first."""
-        return [r for r in self._records if (lab is None or r.lab == lab) and (kind is None or r.kind == kind)
-                and r.matches(**attrs)]
+        if lab is not None:
+            pool = list(self._labs.get(lab, ()))
+        else:
+            pool = sorted((r for recs in list(self._labs.values()) for r in recs), key=lambda r: r.seq)
+        return [r for r in pool if (kind is None or r.kind == kind) and r.matches(**attrs)]
 
     def latest(self, lab: str | None = None, kind: str | None = None, **attrs) -> Record | None:
         """The newest matching record, or None."""
@@ -113,16 +153,16 @@ class Journal:
         return [r for r in self.find(lab, kind, **attrs) if r.seq > rec.seq]
 
     def clear(self) -> None:
-        self._records.clear()
+        self._labs.clear()
 
     def __len__(self) -> int:
-        return len(self._records)
+        return sum(len(recs) for recs in self._labs.values())
 
     def __iter__(self):
-        return iter(list(self._records))
+        return iter(self.find())
 
 
-#: This process's journal (a notebook kernel's).
+#: This process's journal (labkitd's: every lab's).
 JOURNAL = Journal()
 
 

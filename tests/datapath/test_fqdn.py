@@ -315,7 +315,7 @@ def faulted(fl):
 def test_resolve_records_the_query_it_made(fl):
     """labkit.fqdn.lookup.resolve: a1's answer, the proxy's events of that query only, the ipcache identity
     (labelled by web's selector) and a1's 8080/TCP key for it, kept in the evidence journal."""
-    from labkit.fqdn.lookup import resolve as lookup
+    from labkit.lab.dnslookup import resolve as lookup
     from labkit.observe.evidence import JOURNAL
 
     resolve(fl, "db.lab.example")  # another query in the log before ours
@@ -331,7 +331,7 @@ def test_resolve_records_the_query_it_made(fl):
 def test_release_early_fault_answers_before_the_maps(fl, faulted):
     """dns-release-early: the proxy releases the answer first and writes the maps after it (the order Cilium's
     notifyOnDNSMsg never takes short of the max delay), with no max-delay event."""
-    from labkit.fqdn.lookup import resolve as lookup
+    from labkit.lab.dnslookup import resolve as lookup
 
     faulted("dns-release-early")
     look = lookup(fl, "a1", "web.lab.example")
@@ -341,7 +341,7 @@ def test_release_early_fault_answers_before_the_maps(fl, faulted):
 def test_no_policy_key_fault_keeps_the_identity_out_of_the_map(fl, faulted):
     """fqdn-no-policy-key: web's address gets its FQDN identity in the ipcache, a1's map no key for it, and the
     first SYN is denied naming that identity."""
-    from labkit.fqdn.lookup import resolve as lookup
+    from labkit.lab.dnslookup import resolve as lookup
 
     faulted("fqdn-no-policy-key")
     fl.policy.apply(POLICY)

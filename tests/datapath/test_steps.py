@@ -9,7 +9,7 @@ import pytest
 from labkit.constants import Hook, Verdict
 from labkit.errors import ConfigError, LabTimeoutError
 from labkit.maps.ct import CT_MAPS, CtFlags, CtResult
-from labkit.notebook.steps import Journey, run_step
+from labkit.lab.traffic import Journey, run_step
 
 from .util import rows
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from labkit.addr import be32
-from labkit.notebook.steps import Journey
+from labkit.lab.traffic import Journey
 from labkit.observe.trace import Flow
 from tracefixtures import syn_event, tup
 

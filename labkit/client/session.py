@@ -1,8 +1,6 @@
 """The lab a notebook works on: its name, its second labs, the current one.
 
-:func:`labkit.nb.start` sets the current lab; checks and graders read it here
-(they sit above the lab and below the notebook face, so they cannot ask
-:mod:`labkit.nb`).
+:func:`labkit.nb.start` sets the current lab; :func:`labkit.client.checks.check` sends its answers about it.
 
     >>> lab_name() if "LABKIT_LAB" not in os.environ else "demo"
     'demo'
@@ -11,10 +9,9 @@ from __future__ import annotations
 
 import os
 
-from labkit.errors import LabStateError
+from labkit.client.lab import Lab
+from labkit.errors import LabStateError, NotFoundError
 from labkit.lab.inventory import VARIANTS
-from labkit.lab.lab import Lab
-from labkit.net.ledger import Ledger
 
 __all__ = ["VARIANTS", "lab_name", "current_lab", "set_current", "down_variants"]
 
@@ -35,7 +32,7 @@ def set_current(lab: Lab) -> Lab:
 
 
 def current_lab() -> Lab:
-    """The lab :func:`labkit.nb.start` returned, or the running lab of this name."""
+    """The lab :func:`labkit.nb.start` returned, or your running lab of this name."""
     if _CURRENT is not None:
         return _CURRENT
     try:
@@ -45,7 +42,11 @@ def current_lab() -> Lab:
 
 
 def down_variants(name: str) -> None:
-    """Take down the second labs of ``name`` (``<name>-<variant>``) that are still up."""
+    """Take down your second labs of ``name`` (``<name>-<variant>``) that are still up."""
+    mine = {lab["name"] for lab in Lab.list()}
     for v in VARIANTS:
-        if Ledger(f"{name}-{v}").exists():
-            Lab.cleanup(f"{name}-{v}")
+        if f"{name}-{v}" in mine:
+            try:
+                Lab.cleanup(f"{name}-{v}")
+            except NotFoundError:
+                pass
