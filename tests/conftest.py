@@ -65,3 +65,12 @@ def datapath_ready():
         if CI:
             pytest.fail(f"CI=true and the datapath cannot run: {problem}")
         pytest.skip(problem)
+
+
+@pytest.fixture(scope="session")
+def door_ready(datapath_ready):
+    """Root, the datapath, and a labkitd answering on its socket (``make test`` starts one), or skip (fail when
+    CI=true): what the tests that reach labs through the door need."""
+    from doorcheck import require_door
+
+    require_door()

@@ -153,15 +153,6 @@ class NodeHandle(_Member):
         """Path of one of its pinned maps."""
         return f"{self.lab.pin_dir(self.name)}/{map_name}"
 
-    def exec(self, *argv: str, timeout: float = 30, check: bool = False, **kw) -> subprocess.CompletedProcess:
-        """Run a command inside the node, as you; ``bpftool`` runs read-only as root through labkitd (on this
-        lab's own pins and cgroups), since bpf(2) is root's."""
-        if argv and argv[0] == "bpftool":
-            done = self.lab.bpftool(*argv[1:], node=self.name)
-            if check:
-                done.check_returncode()
-            return done
-        return self.lab.exec(self.name, list(argv), timeout=timeout, check=check, **kw)
 
 
 class TcpConn:
@@ -326,8 +317,14 @@ class Lab:
 
     def exec(self, name: str, argv: Sequence[str], timeout: float = 30, check: bool = False, **kw):
         """Run ``argv`` in the namespace (and for pods the cgroup) of ``name``, as you, with exactly CAP_NET_RAW and
-        CAP_NET_ADMIN; output captured as text (:class:`subprocess.CompletedProcess`)."""
+        CAP_NET_ADMIN; output captured as text (:class:`subprocess.CompletedProcess`). ``bpftool`` is run by labkitd
+        as root, read-only, on this lab's own pins and cgroups (:meth:`bpftool`)."""
         self.topology.kind_of(name)
+        if argv and argv[0] == "bpftool":  # bpf(2) is root's: labkitd runs it read-only on this lab's objects
+            done = self.bpftool(*argv[1:], node=name)
+            if check:
+                done.check_returncode()
+            return done
         return run(self, name, list(argv), timeout=timeout, check=check, **kw)
 
     def popen(self, name: str, argv: Sequence[str], **kw) -> RemoteProcess:

@@ -42,12 +42,12 @@ def log_file(sock: Path | None = None) -> Path:
     return (sock or api.socket_path()).parent / "labkitd.log"
 
 
-def _open_lab(journal, files: EvidenceFiles):
-    """What labkitd does when it opens a lab: take back its evidence and the tries of its checks."""
+def _open_lab(files: EvidenceFiles):
+    """What labkitd does when it opens a lab: its evidence read back belongs to it, and its checks' tries count."""
     from labkit.grading import checks
 
     def opened(held) -> None:
-        files.load(held.key)
+        files.opened(held.key, held.lab)
         tries: dict[str, int] = {}
         for result in read_checks(held.key):
             if result.get("attempt"):
@@ -59,19 +59,21 @@ def _open_lab(journal, files: EvidenceFiles):
 
 
 def build(path: Path, limits: Limits | None = None, log=None) -> Door:
-    """The door, ready to serve (not serving yet): labs, evidence files, the socket."""
+    """The door, ready to serve (not serving yet): labs, the evidence read back, the socket."""
     from labkit.door import verbs
     from labkit.observe.evidence import JOURNAL
 
+    os.environ["LABKIT_DOOR"] = str(path)  # where the evidence lives: beside this socket
     labs = Labs(limits or Limits.from_env())
 
-    def context(key: str) -> dict:
+    def lab_of(key: str):
         held = labs.held(key)
-        return {"lab": held.lab if held is not None else None}
+        return held.lab if held is not None else None
 
-    files = EvidenceFiles(JOURNAL, context)
+    files = EvidenceFiles(JOURNAL, lab_of)
+    files.load_all()
     JOURNAL.sinks.append(files)
-    labs.on_open = _open_lab(JOURNAL, files)
+    labs.on_open = _open_lab(files)
     door: Door | None = None
 
     def handle(caller, body, fds):

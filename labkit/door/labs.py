@@ -78,6 +78,7 @@ class Held:
     procs: dict[int, Any] = field(default_factory=dict)  #: process id -> what the sandbox started
     ids: Any = field(default_factory=lambda: itertools.count(1))
     extra: dict = field(default_factory=dict)  #: per-lab sessions of longer verbs (the service-mode measurement)
+    build: tuple | None = None  #: which build of the lab it is (its ledger file's inode and birth)
 
     def next_id(self) -> int:
         return next(self.ids)
@@ -103,18 +104,21 @@ class Labs:
         return Ledger(key).exists()
 
     def get(self, key: str, name: str | None = None) -> Held:
-        """The lab ``key``, opened on first use; NotFoundError (named as its owner names it) when it is not up."""
+        """The lab ``key``, opened on first use; NotFoundError (named as its owner names it) when it is not up.
+        A lab taken down and built again behind labkitd's back (root's own scripts) is opened afresh: labkitd
+        knows the build it holds by its ledger file."""
         with self._mutex:
             held = self._held.get(key)
-        if held is not None and Ledger(key).exists():
+        if held is not None and held.build == _build_of(key):
             return held
         with self.lock(key):
             with self._mutex:
                 held = self._held.get(key)
-            if held is not None and Ledger(key).exists():
+            build = _build_of(key)
+            if held is not None and held.build == build:
                 return held
             lab = Lab.attach(key)  # NotFoundError / LabStateError with the key's name
-            held = Held(key, LabState.read(key).owner_uid, lab)
+            held = Held(key, LabState.read(key).owner_uid, lab, build=_build_of(key))
             with self._mutex:
                 self._held[key] = held
             if self.on_open is not None:
@@ -146,11 +150,13 @@ class Labs:
         with self.lock(key):
             if not caller.instructor and not Ledger(key).exists():
                 self.check_count(caller, key)
-            self.forget(key)
             lab = Lab.up(key, config=config, topology=topology, owner=owner_of(key), owner_pid=caller.pid)
-            held = Held(key, owner_of(key), lab)
+            build = _build_of(key)
             with self._mutex:
-                self._held[key] = held
+                held = self._held.get(key)
+                if held is not None and held.build == build:  # it was running as asked: the same lab
+                    return held
+                held = self._held[key] = Held(key, owner_of(key), lab, build=build)
             if self.on_open is not None:
                 self.on_open(held)
             return held
@@ -177,6 +183,15 @@ class Labs:
             return self.get(key)
         except (NotFoundError, Exception):
             return None
+
+
+def _build_of(key: str) -> tuple | None:
+    """Which build of lab ``key`` is on the machine: its ledger file's (inode, device), None when it is not up."""
+    try:
+        st = os.stat(Ledger(key).path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_dev)
 
 
 def _owner(key: str) -> int:

@@ -73,10 +73,7 @@ def _down(ctx: Ctx):
 
         stop_all(held)
         held.lab._close_clients()
-    removed = Lab.cleanup(ctx.key)
-    from labkit.observe.evidence import JOURNAL
-
-    JOURNAL.forget(ctx.key)
+    removed = Lab.cleanup(ctx.key)  # its evidence stays until the lab is reset: a later check may read it
     return {"removed": len(removed)}
 
 
@@ -216,12 +213,14 @@ def _bpftool(ctx: Ctx):
     from labkit.door import bpftool
     from labkit.lab import BPFFS_ROOT
 
-    node = _node(ctx, default=None)
+    member = ctx.args.str("node", None, max_len=64)
     args = ctx.args.strs("args", max_items=64)
     ctx.args.done()
     lab = ctx.lab
+    if member is not None:
+        lab.topology.kind_of(member)  # NotFoundError lists every name
     cg = [c for c in lab.state.cgroups.values()]
-    netns = lab.topology.netns(node) if node else None
+    netns = lab.topology.netns(member) if member else None
     return bpftool.run(args, netns=netns, pin_roots=[str(BPFFS_ROOT / ctx.key)], cgroups=cg)
 
 

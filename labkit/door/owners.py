@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from labkit.errors import AccessError, RequestError
 from labkit.net.topology import LAB_KEY, LAB_NAME
 
-__all__ = ["INSTRUCTORS", "Caller", "lab_key", "owner_of", "name_of", "resolve", "may", "refuse", "LAB_KEY"]
+__all__ = ["INSTRUCTORS", "Caller", "lab_key", "owner_of", "name_of", "variant_key", "resolve", "may", "refuse",
+           "LAB_KEY"]
 
 #: The group whose members (and root) see and touch every lab, read answer keys and grade.
 INSTRUCTORS = "labkit-instructors"
@@ -107,6 +108,15 @@ def name_of(key: str) -> str:
     """The name part of a key (``demo.u1000`` → ``demo``)."""
     m = _KEY.fullmatch(key)
     return m["name"] if m else key
+
+
+def variant_key(key: str, variant: str) -> str:
+    """The key of lab ``key``'s second lab ``variant`` (``demo.u1000`` → ``demo-ipt.u1000``).
+
+    >>> variant_key("demo.u1000", "ipt"), variant_key("demo", "ipt")
+    ('demo-ipt.u1000', 'demo-ipt')
+    """
+    return lab_key(owner_of(key), f"{name_of(key)}-{variant}")
 
 
 def resolve(caller: Caller, lab: str, verb: str) -> str:

@@ -205,6 +205,9 @@ def stop_all(held: Held) -> None:
             pass
     held.procs.clear()
     held.conns.clear()
+    run = held.extra.pop("kp", None)
+    if run is not None:
+        run.down()
 
 
 def stop_pod(held: Held, pod: str) -> None:

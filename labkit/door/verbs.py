@@ -238,4 +238,5 @@ def name_in(ctx: Ctx, key: str) -> str:
 
 # the verbs of each group register themselves when their module is imported
 from labkit.door import labverbs as _labverbs  # noqa: E402,F401
+from labkit.door import measure as _measure  # noqa: E402,F401
 from labkit.door import traffic as _traffic  # noqa: E402,F401

@@ -200,14 +200,14 @@ def _ct_decode(values: list, context: dict):
 
 
 def _flow_encode(flow) -> list:
-    return [bytes(flow.event).hex(), flow.node, flow.device]
+    return [bytes(flow.event).hex(), flow.node, flow.device, flow.wall]
 
 
 def _flow_decode(values: list, context: dict):
     from labkit.observe.trace import EVENT_SIZE, Flow, TraceEvent
 
     raw = bytes.fromhex(values[0])
-    return Flow(TraceEvent.from_buffer_copy(raw[:EVENT_SIZE]), values[1], values[2])
+    return Flow(TraceEvent.from_buffer_copy(raw[:EVENT_SIZE]), values[1], values[2], values[3])
 
 
 def _step_encode(step) -> dict:

@@ -274,7 +274,8 @@ def _grade(ex: Exercise, answer: Any, lab) -> Outcome:
     if lab is None:
         return Outcome.needs("Run this cell", "lab = start(): it brings the lab up and records what follows")
     params = list(inspect.signature(ex.grade).parameters)
-    second = lab if len(params) > 1 and params[1] == "lab" else Evidence(lab.name, facts=lab)
+    attach = getattr(type(lab), "attach", None)
+    second = lab if len(params) > 1 and params[1] == "lab" else Evidence(lab.name, facts=lab, facts_of=attach)
     outcome = ex.grade(answer, second)
     if not isinstance(outcome, Outcome):
         raise TypeError(f"grader returned {type(outcome).__name__}, expected Outcome")

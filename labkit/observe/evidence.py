@@ -88,7 +88,7 @@ class Journal:
     """The records of one process, oldest first, the last :attr:`keep` of each lab.
 
     ``sinks`` are told of every change (``sink("record", rec)``, ``sink("reset", lab)``): labkitd keeps each
-    lab's records in a file of the lab's (:mod:`labkit.door.evidence`) and :meth:`load`\ s them when it starts.
+    lab's records in a file of the lab's (:mod:`labkit.door.evidence`) and labkitd :meth:`load`-s them when it starts.
     """
 
     def __init__(self, keep: int = KEEP):
@@ -173,10 +173,11 @@ class Evidence:
     ``lab`` is the notebook's main lab name; ``variant("snat")`` reads the records of ``<lab>-snat``.
     """
 
-    def __init__(self, lab_name: str, journal: Journal = JOURNAL, facts=None):
+    def __init__(self, lab_name: str, journal: Journal = JOURNAL, facts=None, facts_of=None):
         self.lab_name = lab_name
         self.journal = journal
         self._facts = facts  #: the Lab object, for topology and config only (static facts)
+        self._facts_of = facts_of  #: lab name -> its Lab (a variant's facts), or None
 
     # -- the records ----------------------------------------------------------------------
     def steps(self, **attrs) -> list:
@@ -205,8 +206,17 @@ class Evidence:
         return rec.data if rec else None
 
     def variant(self, name: str) -> "Evidence":
-        """The evidence of the notebook's second lab ``<lab>-<name>``."""
-        return Evidence(f"{self.lab_name}-{name}", self.journal, None)
+        """The evidence of the notebook's second lab ``<lab>-<name>`` (its key keeps the owner part:
+        ``demo.u1000`` → ``demo-small.u1000``), with that lab's facts when it is up."""
+        base, dot, owner = self.lab_name.partition(".u")
+        key = f"{base}-{name}" + (f".u{owner}" if dot else "")
+        facts = None
+        if self._facts_of is not None:
+            try:
+                facts = self._facts_of(key)
+            except Exception:  # the variant is down by now: its records still count
+                facts = None
+        return Evidence(key, self.journal, facts, self._facts_of)
 
     # -- fixed facts --------------------------------------------------------------------
     @property

@@ -22,7 +22,7 @@ import enum
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -113,6 +113,11 @@ class TraceEvent(ctypes.LittleEndianStructure):
 EVENT_SIZE = ctypes.sizeof(TraceEvent)
 
 
+def _wall(ts_ns: int) -> float:
+    """The wall-clock time of kernel monotonic time ``ts_ns`` (bpf_ktime_get_ns)."""
+    return time.time() - (time.monotonic_ns() - ts_ns) / 1e9
+
+
 @dataclass(frozen=True)
 class Flow:
     """One trace record with names resolved: which node, hook and device."""
@@ -120,6 +125,9 @@ class Flow:
     event: TraceEvent
     node: str
     device: str
+    #: wall-clock time of the record (``ts_ns`` is the kernel's monotonic clock), fixed when it was decoded so that
+    #: its line reads the same however often and wherever it is printed
+    wall: float | None = field(default=None, compare=False)
 
     @classmethod
     def decode(cls, raw: bytes, nodes: dict[int, str], devices: dict[str, dict[int, str]]) -> "Flow":
@@ -127,7 +135,7 @@ class Flow:
         ev = TraceEvent.from_buffer_copy(raw[:EVENT_SIZE])
         node = nodes.get(ev.node_id, f"node#{ev.node_id}")
         device = devices.get(node, {}).get(ev.ifindex, f"if{ev.ifindex}")
-        return cls(ev, node, device)
+        return cls(ev, node, device, _wall(ev.ts_ns))
 
     @property
     def hook(self) -> Hook:
@@ -158,7 +166,7 @@ class Flow:
     def line(self) -> str:
         """A Hubble-like one-line summary."""
         ev = self.event
-        wall = time.time() - (time.monotonic_ns() - ev.ts_ns) / 1e9
+        wall = self.wall if self.wall is not None else _wall(ev.ts_ns)
         stamp = time.strftime("%H:%M:%S", time.localtime(wall)) + f".{int(wall % 1 * 1e6):06d}"
         parts = [stamp, self.node, self.hook.label, self.device, "", ev.before.text()]
         if self.translated:

@@ -40,7 +40,7 @@ kube-proxy's iptables mode against eBPF, at 100 / 1,000 / 5,000 / 10,000 service
 (``SCALE_SIZES``; the stall at ``STALL_SIZES``; at 50,000 one iptables-nft restore with --noflush
 takes minutes here, so that size is left to the eBPF-only figures), the
 eBPF side holding every service in its agent's own state
-(:mod:`labkit.tools.kpcompare`): adding one endpoint (iptables full restore,
+(:mod:`labkit.lab.kpcompare`): adding one endpoint (iptables full restore,
 iptables partial sync as kube-proxy >= 1.27 writes it, one agent call), the
 first packet to the last service of KUBE-SERVICES (worst case) and to one at a
 random position, and the stall a client sees while each change lands (the eBPF
@@ -75,7 +75,7 @@ from labkit.maps.ct import CT_MAPS, CtEntry, CtKey4
 from labkit.net.ledger import Ledger
 from labkit.notebook.widgets import CtTable
 from labkit.tools.bench_policy import policy_bench, report_lines as policy_report_lines
-from labkit.tools.kpcompare import compare_service_modes, report_lines as kp_report_lines
+from labkit.lab.kpcompare import compare_service_modes, report_lines as kp_report_lines
 from labkit.tools import sockbench
 from labkit.tools.xdpbench import report_lines as xdp_report_lines, xdp_vs_tc
 

@@ -13,7 +13,7 @@ from labkit.agent.kubeproxy.sync import NetnsIptables
 from labkit.agent.services import Backend
 from labkit.config import DatapathConfig
 from labkit.net import netns as _netns
-from labkit.tools.kpcompare import compare_service_modes, synthetic_services
+from labkit.lab.kpcompare import compare_service_modes, synthetic_services
 
 from labtag import tagged
 

@@ -46,7 +46,7 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 @pytest.fixture(scope="session")
-def browser_session(tmp_path_factory):
+def browser_session(door_ready, tmp_path_factory):
     """One JupyterLab and one Chromium for every browser test of the run."""
     require_browser()
     labs = tmp_path_factory.mktemp("browser") / "labs"  # a copy: the runs never touch the repository's notebooks

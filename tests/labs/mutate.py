@@ -97,9 +97,9 @@ def paced(lab: str, nb, key: dict) -> Mutant:
     for ex, entry in key.items():
         var = f"answer_{ex.replace('.', '_')}"
         tries = [w["answer"] for w in entry["wrong"]] + [entry["answer"]]
-        source = ["from labkit.grading.checks import check, reset_attempts"]
+        source = ["from labkit.nb import check"]
         for src in tries:
-            source += [f"reset_attempts({ex!r})", src, f"display(check({ex!r}, {var}))"]
+            source += [src, f"display(check({ex!r}, {var}))"]
         cells.append(_code("\n".join(source)))
         expect[ex] = ["pass"] + [f"fail:{w['message']}" for w in entry["wrong"]] + ["pass"]
     out.cells = cells
@@ -124,8 +124,7 @@ def no_evidence(lab: str, nb, key: dict) -> Mutant:
 # A mutant's fault is on in every lab of the notebook, the second labs (started later, or reset) included:
 # Lab.reset re-applies the mutation's faults, and the labs already up get them at once.
 _FAULT_ON = """# mutation: {ex}'s fault, in every lab of this notebook
-from labkit.lab import Lab as _Lab
-from labkit.net.ledger import Ledger as _Ledger
+from labkit.client import Lab as _Lab
 from labkit.nb import VARIANTS as _VARIANTS
 _MUTATION_FAULTS = globals().get("_MUTATION_FAULTS", set()) | {{{fault!r}}}
 if not getattr(_Lab, "_mutation_reset", None):
@@ -137,7 +136,8 @@ if not getattr(_Lab, "_mutation_reset", None):
     _Lab.reset = _reset
 def _notebook_labs():
     names = [lab.name] + [f"{{lab.name}}-{{v}}" for v in _VARIANTS]
-    return [_Lab.attach(n) for n in names if _Ledger(n).exists()]
+    up = {{l["name"] for l in _Lab.list()}}
+    return [_Lab.attach(n) for n in names if n in up]
 for _l in _notebook_labs():
     _l.fault({fault!r})"""
 _FAULT_OFF = """_MUTATION_FAULTS = _MUTATION_FAULTS - {{{fault!r}}}

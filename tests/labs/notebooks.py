@@ -58,6 +58,9 @@ def answer_cells(nb) -> dict[str, nbformat.NotebookNode]:
 def execute(nb, lab: str, grade_log: Path, cwd: Path | None = None, timeout: int = CELL_TIMEOUT):
     """Run ``nb`` (a copy) as grading runs it (:func:`labkit.grading.headless.run_notebook`), with
     ``LABKIT_LAB=lab`` and ``LABKIT_GRADE_LOG=grade_log``. Returns (notebook, seconds)."""
+    from doorcheck import require_door
+
+    require_door()  # the notebook's kernel reaches its lab through labkitd
     ran = copy.deepcopy(nb)
     t0 = time.monotonic()
     run_notebook(ran, lab, grade_log, cwd or grade_log.parent, timeout)

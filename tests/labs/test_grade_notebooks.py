@@ -117,7 +117,7 @@ def _grade_netns() -> list[str]:
 
 
 @pytest.fixture
-def clean(datapath_ready):
+def clean(door_ready):
     """Nothing of a grading run with this tag before the test, and nothing after it."""
     assert _leftovers() == [], "grading labs of an earlier run are still up"
     yield

@@ -54,7 +54,7 @@ def _weight(m) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def results(datapath_ready, tmp_path_factory):
+def results(door_ready, tmp_path_factory):
     """Every lab's mutants, executed: (lab, mutant name) -> (mutant, logged checks, cell errors, seconds)."""
     tmp = tmp_path_factory.mktemp("mutants")
     jobs, made = [], {}

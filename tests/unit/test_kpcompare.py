@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from labkit.agent.kubeproxy import nat_table
 from labkit.net.topology import Topology
-from labkit.tools import kpcompare
-from labkit.tools.kpcompare import report_lines, service_specs, synthetic_services
+from labkit.lab import kpcompare
+from labkit.lab.kpcompare import report_lines, service_specs, synthetic_services
 
 TOPO = Topology.default("demo")
 

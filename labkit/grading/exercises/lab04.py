@@ -2,7 +2,7 @@
 reverse NAT on the reply, where the backend choice is remembered, a terminating backend, and a break-it fault.
 
 Graders read what the notebook's cells recorded: the snapshot of the Service maps taken when ``web`` was added
-(with the Service as the agent knows it, in ``extra``), the connection opened in section 2 (its rows and its
+(with the Service as the agent knows it, in ``service``), the connection opened in section 2 (its rows and its
 trace), every connection a1 opened to web (section 4), the snapshot taken when b1 turned terminating with the
 send on ``keep`` and the connections opened after it (section 5), and the connection opened under section 6's
 fault. Steps taken under that fault (``skip-rev-nat``) never answer the questions of sections 1-5. The backend
@@ -66,7 +66,7 @@ def _pod(ev, ip: str) -> str:
 def head_of_web(answer, ev) -> Outcome:
     """(count, rev_nat) of web's slot 0 in node-a's maps as recorded when web was added, against web's backends."""
     snap = ev.snapshot(WEB_MAPS)
-    web = getattr(snap, "extra", None)
+    web = getattr(snap, "service", None)
     if snap is None or not hasattr(web, "active") or "node-a" not in snap.lb:
         return Outcome.needs(MAPS, "it adds web and keeps the Service maps as the agent wrote them")
     heads = [r for r in snap.lb["node-a"].rows() if (r.vip, r.port) == (web.vip, web.port)]

@@ -170,8 +170,8 @@ def evicted(answer, ev) -> Outcome:
     snap = rec.data
     opened = [r.seq for r in small.records("step", op="tcp-open", actor="a1", target="b1") if r.seq < rec.seq]
     collected = [g for g in small.records("gc") if (opened[-1] if opened else 0) < g.seq < rec.seq]
-    size = (snap.extra or {}).get("map size", 16)
-    a2 = (snap.extra or {}).get("a2") or ev.topology.pod("a2").ip
+    size = small.config.ct_tcp_size if small.config is not None else 16
+    a2 = (small.topology or ev.topology).pod("a2").ip
     rows = [r for r in snap.rows("node-a") if r.proto_name == "TCP" and r.dir == "OUT" and not r.related
             and r.src == a2]
     tcp = [r for r in snap.rows("node-a") if r.proto_name == "TCP" and not r.related]

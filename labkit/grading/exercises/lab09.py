@@ -93,7 +93,7 @@ def bpf_row_in_iptables_mode(answer, ev) -> Outcome:
     "Where iptables remembers the backend",
     hints=(
         "In iptables mode no BPF map holds the backend: Linux conntrack does, in the entry's reply tuple.",
-        "Print remembered.extra['conntrack'] (ipt.conntrack('node-a') as it was): the part after `reply` starts "
+        "Print remembered.conntrack (node-a's Linux conntrack as it was): the part after `reply` starts "
         "with the address that answers.",
         "The answer is the reply source of a1's conntrack entry, e.g. '198.18.2.11:8080' (b1) or b2's.",
     ),
@@ -108,12 +108,12 @@ def conntrack_backend(answer, ev) -> Outcome:
     rec = _open(ipt, "web", 80, before=snap_rec) if snap_rec is not None else None
     if snap_rec is None or rec is None:
         return Outcome.needs(ONE_SVC, "it opens a1's connection to web, then records Linux conntrack of node-a")
-    step, extra = rec.data, snap_rec.data.extra or {}
+    step, snap = rec.data, snap_rec.data
     vip, port, sport = step.attrs["dst"], step.attrs["port"], step.attrs["sport"]
     a1 = ev.topology.pod("a1").ip
-    rows = [r for r in extra.get("conntrack", ()) if r.proto == "tcp" and (r.src, r.sport) == (a1, sport)
+    rows = [r for r in snap.conntrack if r.proto == "tcp" and (r.src, r.sport) == (a1, sport)
             and (r.dst, r.dport) == (vip, port)]
-    backends = _dnat_targets(extra.get("iptables", ""), "web")
+    backends = _dnat_targets(snap.iptables, "web")
     live = f"{rows[0].reply_src}:{rows[0].reply_sport}" if rows else None
     if not step.ok or live is None or live not in backends or "UNREPLIED" in rows[0].flags:
         saw = (f"a1's conntrack entry as {rows[0].line()}" if rows else "no conntrack entry of a1's connection "
@@ -171,7 +171,7 @@ def hairpin_masq(answer, ev) -> Outcome:
     ip = accepts[-1].group(2) if accepts else None
     if not step.ok or ip not in node_a:
         snap = ipt.latest("snapshot", title="hairpin")
-        sep = [line for line in (snap.data.extra or {}).get("iptables", "").splitlines()
+        sep = [line for line in snap.data.iptables.splitlines()
                if line.startswith("-A KUBE-SEP-") and '"default/self"' in line] if snap else []
         masq = "" if not sep or any("KUBE-MARK-MASQ" in line for line in sep) else \
             " and self's KUBE-SEP chain without its KUBE-MARK-MASQ rule"

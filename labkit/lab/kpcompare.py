@@ -264,7 +264,7 @@ class ServiceModes:
     labs. ``sizes`` and ``stall_sizes`` are what will be measured, for the progress count;
     ``progress(done, total, text)`` is called after each step. The labs are ``<prefix>-bipt`` and
     ``<prefix>-bebpf`` (lab 09 passes its own lab's name, so two notebooks measuring at once never share a
-    lab; ``lab.down()`` removes them with the lab, as :data:`labkit.lab.session.VARIANTS`).
+    lab; ``start()`` takes them down with the lab's other variants, :data:`labkit.lab.inventory.VARIANTS`).
 
     >>> with ServiceModes((10,), rounds=5, connects=20) as run:  # doctest: +SKIP
     ...     run.measure(10)["ebpf"]["services_in_agent"]
@@ -272,13 +272,16 @@ class ServiceModes:
     """
 
     def __init__(self, sizes: tuple[int, ...], progress=None, prefix: str = "bench", rounds: int = ROUNDS,
-                 connects: int = CONNECTS, tracing: bool = False, stall_sizes=None):
+                 connects: int = CONNECTS, tracing: bool = False, stall_sizes=None, owner: int = 0,
+                 names: dict[str, str] | None = None):
         sizes = tuple(sorted(sizes))
         if rounds < 1 or not sizes or sizes[0] < 2:
             raise ValueError(f"service mode comparison: expected sizes >= 2 and rounds >= 1, got {sizes}, {rounds}")
         self.sizes, self.rounds, self.connects, self.progress = sizes, rounds, connects, progress
         self.stall_sizes = tuple(sorted(set(sizes if stall_sizes is None else stall_sizes)))
-        self.names = {"iptables": f"{prefix}-bipt", "ebpf": f"{prefix}-bebpf"}
+        #: the two labs (labkitd passes the names a user's variants get: ``demo-bipt.u1000``), owned by ``owner``
+        self.names = names or {"iptables": f"{prefix}-bipt", "ebpf": f"{prefix}-bebpf"}
+        self.owner = owner
         self.labs: dict = {}
         self.done, self.total = 0, 2 + _STEPS_PER_SIZE * len(sizes) - len(set(sizes) - set(self.stall_sizes))
         self.loaded = 0
@@ -309,7 +312,7 @@ class ServiceModes:
         for mode, name in self.names.items():
             Lab.cleanup(name)
             self.labs[mode] = Lab.up(name, config=DatapathConfig(routing="native", gc_timer=False, service_mode=mode,
-                                                                 lb_map_size=131072))
+                                                                 lb_map_size=131072), owner=self.owner)
             self.labs[mode].trace_mode("all" if tracing else "none")
             self.tick(f"{mode} lab up")
         return self
