@@ -1,7 +1,13 @@
 """The path picture as SVG text written by labkit itself (no matplotlib on a step's path).
 
-Same layout as :func:`labkit.notebook.viz.draw` (:func:`~labkit.notebook.viz.lab_graph`
-placed by :func:`~labkit.notebook.viz.positions`): namespaces as rounded boxes,
+This module owns the SVG picture of :mod:`labkit.notebook.pathgraph`'s data
+(:func:`~labkit.notebook.pathgraph.lab_graph` placed by
+:func:`~labkit.notebook.pathgraph.positions`, a path's
+:class:`~labkit.notebook.pathgraph.Hop` rows) and the grouping of repeated hops
+that the step's hop list numbers by. It imports from ``pathgraph`` only;
+:mod:`labkit.notebook.viz` (``svg``, ``path_html``, ``PathExplorer``) calls it.
+
+The layout is that of :func:`labkit.notebook.viz.draw`: namespaces as rounded boxes,
 devices inside them (hooked devices shaded, their hooks listed), the fabric at
 the bottom, the VXLAN tunnel dashed. The hops of a path are drawn as numbered
 badges above the device whose hook reported them, coloured by verdict, with an
@@ -25,10 +31,10 @@ the page. Element classes name what they are (``ns``, ``device``, ``badge``,
 ``arrow``, ``loop``, ``drop-reason``), which the tests and a page's CSS can use.
 
     >>> from labkit.net.topology import Topology
-    >>> from labkit.notebook import viz
-    >>> g = viz.lab_graph(Topology.default("demo"))
-    >>> text = render(g, viz.positions(g), [])
-    >>> text.startswith("<svg") and 'class="device"' in text and text == render(g, viz.positions(g), [])
+    >>> from labkit.notebook.pathgraph import lab_graph, positions
+    >>> g = lab_graph(Topology.default("demo"))
+    >>> text = render(g, positions(g), [])
+    >>> text.startswith("<svg") and 'class="device"' in text and text == render(g, positions(g), [])
     True
 """
 from __future__ import annotations
@@ -42,12 +48,12 @@ from typing import Sequence
 from labkit.addr import ipv4
 from labkit.config import VXLAN_PORT
 from labkit.constants import DropReason
-from labkit.notebook.viz import (_NS_EDGE, _NS_FILL, _SIZE, _UNKNOWN_COLOUR, _Y, VERDICT_COLOURS, Hop,
-                                 _box_size, _default_title)
+from labkit.notebook.pathgraph import (BOX_SIZES, NS_EDGE, NS_FILL, ROW_Y, UNKNOWN_COLOUR, VERDICT_COLOURS, Hop,
+                                       box_size, default_title)
 
 __all__ = ["HopGroup", "group_hops", "render", "SCALE"]
 
-#: Pixels per layout unit (the layout of :func:`labkit.notebook.viz.positions`).
+#: Pixels per layout unit (the layout of :func:`labkit.notebook.pathgraph.positions`).
 SCALE = 64.0
 _R = 0.13  # badge radius (units) when there is room
 _R_MIN = 0.06
@@ -171,7 +177,7 @@ def _marker_id(colour: str) -> str:
 
 
 def _defs() -> str:
-    colours = sorted(set(VERDICT_COLOURS.values()) | {_UNKNOWN_COLOUR})
+    colours = sorted(set(VERDICT_COLOURS.values()) | {UNKNOWN_COLOUR})
     markers = "".join(
         f'<marker id="{_marker_id(c)}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
         f'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{c}"/></marker>' for c in colours)
@@ -192,7 +198,7 @@ def _place_badges(graph, pos, groups: Sequence[HopGroup]) -> tuple[dict[int, tup
     radius: dict[str, float] = {}
     for gid, gs in at.items():
         x, y = pos[gid]
-        w, h = _box_size(graph.nodes[gid]) if gid in graph else _SIZE["plain"]
+        w, h = box_size(graph.nodes[gid]) if gid in graph else BOX_SIZES["plain"]
         width = max(w, 1.0)
         r = _R
         while True:
@@ -243,9 +249,9 @@ def render(graph, pos: dict, path: Sequence[Hop], title: str | None = None, upto
     badge of hop k; badges keep the places the whole path gives them.
 
     >>> from labkit.net.topology import Topology
-    >>> from labkit.notebook import viz
-    >>> g = viz.lab_graph(Topology.default("demo"), "native")
-    >>> "cilium_vxlan" in render(g, viz.positions(g), [], title="bare")
+    >>> from labkit.notebook.pathgraph import lab_graph, positions
+    >>> g = lab_graph(Topology.default("demo"), "native")
+    >>> "cilium_vxlan" in render(g, positions(g), [], title="bare")
     False
     """
     all_groups = group_hops(path)
@@ -268,7 +274,7 @@ def render(graph, pos: dict, path: Sequence[Hop], title: str | None = None, upto
         xs0, ys0, xs1, ys1 = [], [], [], []
         for gid in ids:
             x, y = pos[gid]
-            w, h = _box_size(graph.nodes[gid])
+            w, h = box_size(graph.nodes[gid])
             xs0.append(x - w / 2), xs1.append(x + w / 2), ys0.append(y - h / 2), ys1.append(y + h / 2)
         kinds = [graph.nodes[i]["kind"] for i in ids if graph.nodes[i]["kind"] != "device"]
         kind = kinds[0] if kinds else graph.nodes[ids[0]]["kind"]
@@ -287,7 +293,7 @@ def render(graph, pos: dict, path: Sequence[Hop], title: str | None = None, upto
     node_boxes = [b for b in ns_boxes.values() if b[4] in ("node", "pod")]
     fab_x0 = min((b[0] for b in node_boxes), default=0.6)
     fab_x1 = max((b[2] for b in node_boxes), default=1.8)
-    fy = pos["fabric"][1] if "fabric" in pos else _Y["fabric"]
+    fy = pos["fabric"][1] if "fabric" in pos else ROW_Y["fabric"]
     fab = (fab_x0, fy - 0.2, fab_x1, fy + 0.2)
     x0 = min([fab[0]] + [b[0] for b in ns_boxes.values()]) - 0.1
     x1 = max([fab[2]] + [b[2] for b in ns_boxes.values()]) + 0.1
@@ -295,9 +301,9 @@ def render(graph, pos: dict, path: Sequence[Hop], title: str | None = None, upto
     y1 = max([fab[3]] + [b[3] for b in ns_boxes.values()]) + 0.45  # the title
     c = _Canvas(x0, y0, x1, y1)
 
-    c.text((x0 + x1) / 2, y1 - 0.22, title if title is not None else _default_title(graph), 14, cls="title")
+    c.text((x0 + x1) / 2, y1 - 0.22, title if title is not None else default_title(graph), 14, cls="title")
     for netns, (bx0, by0, bx1, by1, kind) in sorted(ns_boxes.items()):
-        c.rect(bx0, by0, bx1, by1, "ns", _NS_FILL.get(kind, "#f5f5f5"), _NS_EDGE.get(kind, "#999"), rx=0.12,
+        c.rect(bx0, by0, bx1, by1, "ns", NS_FILL.get(kind, "#f5f5f5"), NS_EDGE.get(kind, "#999"), rx=0.12,
                data_netns=netns)
         ty = by0 + 0.09 if kind == "node" else by1 - 0.09
         c.text(bx0 + 0.08, ty, netns, 7, cls="ns-label", anchor="start", fill="#555", style="italic")
@@ -333,7 +339,7 @@ def render(graph, pos: dict, path: Sequence[Hop], title: str | None = None, upto
         x, y = pos[gid]
         kind = d.get("kind")
         if kind == "node":
-            w, h = _SIZE["node"]
+            w, h = BOX_SIZES["node"]
             c.rect(x - w / 2, y - h / 2, x + w / 2, y + h / 2, "stack", "#dde3f3", "#5c6bc0", data_id=gid)
             c.text(x, y + 0.15, d["label"], 12, weight="bold")
             c.text(x, y - 0.06, d.get("ip", ""), 9)
@@ -342,7 +348,7 @@ def render(graph, pos: dict, path: Sequence[Hop], title: str | None = None, upto
             c.text(x, y + 0.08, d["label"], 12, cls=kind, weight="bold")
             c.text(x, y - 0.14, d.get("ip", ""), 9)
         elif kind == "device":
-            w, h = _box_size(d)
+            w, h = box_size(d)
             hooked = bool(d.get("hooks"))
             c.rect(x - w / 2, y - h / 2, x + w / 2, y + h / 2, "device", "#fff3d6" if hooked else "white",
                    "#e0a100" if hooked else "#888", rx=0.06, data_id=gid)
@@ -407,7 +413,7 @@ def render(graph, pos: dict, path: Sequence[Hop], title: str | None = None, upto
         reason = drop_reason(hop)
         if reason and gid in pos:
             x, y = pos[gid]
-            w, h = _box_size(graph.nodes[gid]) if gid in graph else _SIZE["plain"]
+            w, h = box_size(graph.nodes[gid]) if gid in graph else BOX_SIZES["plain"]
             k = reasons_at.get(gid, 0)
             reasons_at[gid] = k + 1
             c.text(x, y - h / 2 - 0.13 - 0.15 * k, f"✗ {full.number}: {reason}", 9, cls="drop-reason",
