@@ -15,7 +15,7 @@ the same (:func:`error_of`). A request may carry open file descriptors (``SCM_RI
 caller's own pipes. A request larger than :data:`MAX_REQUEST` is refused before it is read.
 
     >>> frame({"verb": "hello"})[:4]
-    b'\\x00\\x00\\x00\\x11'
+    b'\\x00\\x00\\x00\\x10'
     >>> decode_request(b'{"verb": "ct", "lab": "demo", "args": {"node": "node-a"}}')
     ('ct', 'demo', {'node': 'node-a'})
     >>> error_of({"type": "NotFoundError", "message": "pod 'a9' not found"})

@@ -15,7 +15,7 @@ Two sources, never mixed up:
 Notebooks run side by side (``--jobs``, default: the number of cores), each in a process of its own,
 with a time limit per cell and per notebook: a notebook that raises, hangs or kills its kernel scores
 what it reached and never stops the class. After each notebook its lab and the labs it started beside it
-(:data:`labkit.lab.session.VARIANTS`) are taken down, whatever happened.
+(:data:`labkit.lab.inventory.VARIANTS`) are taken down, whatever happened.
 
 The learner's name is the notebook's ``metadata.labkit.learner``; else, when every file sits in a
 folder of its own per learner (no folder holds two notebooks of one lab: ``alice/02-tcp.ipynb``), the
@@ -43,7 +43,7 @@ from labkit.grading.checks import CHECK_MIME, exercises_for
 from labkit.grading.headless import error_outputs, run_notebook
 from labkit.errors import ConfigError, LabBusyError
 from labkit.lab import Lab
-from labkit.lab.session import VARIANTS
+from labkit.lab.inventory import VARIANTS
 from labkit.net.ledger import LabLock, Ledger
 
 __all__ = ["ExerciseScore", "NotebookScore", "Recorded", "HandedIn", "grade", "read_handed_in", "read_record",

@@ -57,7 +57,7 @@ def test_missing_evidence_names_the_cell_and_costs_no_try(lab):
     """Without the evidence the check names the cell to run and does not count a try or spend a hint."""
     res = check("99.1", 42, lab=lab)
     assert not res.passed and res.missing == "1. Measure" and "1. Measure" in res.message
-    assert res.attempt == 0 and res.hint is None and checks.attempts("99.1") == 0
+    assert res.attempt == 0 and res.hint is None and checks.attempts("99.1", lab.name) == 0
 
 
 def test_hint_ladder_reveals_only_on_the_third_try(lab):
@@ -151,16 +151,32 @@ def test_placeholder_is_not_an_attempt(lab):
 
 
 def test_check_before_the_setup_cell_says_so(monkeypatch):
-    """A check run before `lab = start()` names the setup cell instead of raising."""
-    from labkit.lab import session
-
-    monkeypatch.setattr(session, "_CURRENT", None)
-    monkeypatch.setenv("LABKIT_LAB", "no-such-lab-here")
+    """A check with no lab (labkitd found none up under the notebook's name) names the setup cell instead of
+    raising, and spends no try."""
     monkeypatch.setattr(checks, "_REGISTRY", dict(checks._REGISTRY))
 
     @exercise("99.3", "needs a lab")
     def grade(answer, ev):
         return Outcome(True, "")
 
-    res = check("99.3", 1)
+    res = check("99.3", 1, lab=None)
     assert not res.passed and res.missing == "Run this cell" and res.attempt == 0
+
+
+def test_tries_are_counted_per_lab(lab):
+    """Two labs' tries of one exercise are counted apart (labkitd grades every user's labs in one process)."""
+    _measure(42)
+    check("99.1", 1, lab=lab)
+    check("99.1", 2, lab=lab)
+    assert checks.attempts("99.1", lab.name) == 2 and checks.attempts("99.1", "someone-else") == 0
+    checks.set_attempts("99.1", 5, lab="someone-else")
+    assert checks.attempts("99.1", "someone-else") == 5 and checks.attempts("99.1", lab.name) == 2
+
+
+def test_a_full_result_crosses_the_door_whole(lab):
+    """CheckResult.to_json(full=True) carries everything from_json needs to show the same result."""
+    _measure(42)
+    for answer in (1, 2, 3, 42):
+        res = check("99.1", answer, lab=lab)
+        back = checks.CheckResult.from_json(res.to_json(full=True))
+        assert back == res and str(back) == str(res) and back._repr_mimebundle_() == res._repr_mimebundle_()

@@ -7,17 +7,21 @@ import pytest
 
 import labkit.errors as errors_mod
 from labkit.errors import (
+    AccessError,
     CleanupError,
     ConfigError,
     DatapathError,
+    DoorDownError,
     LabBusyError,
     LabkitError,
     LabStateError,
     LabTimeoutError,
+    LimitError,
     NetnsError,
     NotFoundError,
     PolicyError,
     PrivilegeError,
+    RequestError,
     TopologyError,
 )
 
@@ -33,6 +37,10 @@ BUILTIN = {
     CleanupError: RuntimeError,
     LabTimeoutError: TimeoutError,
     PolicyError: ValueError,
+    AccessError: PermissionError,
+    RequestError: ValueError,
+    LimitError: OSError,
+    DoorDownError: ConnectionError,
 }
 
 

@@ -46,7 +46,7 @@ def test_split_variant_knows_only_the_notebook_variants():
 
 def test_session_variants_are_the_inventory_variants():
     """The notebooks' start(variant=...) and `labkit list` agree on what a variant is."""
-    from labkit.lab.session import VARIANTS
+    from labkit.client.session import VARIANTS
 
     assert VARIANTS is inventory.VARIANTS
 

@@ -1,0 +1,339 @@
+"""labkitd on the real kernel: ordinary users, each with labs of their own, refused on every verb against another
+user's lab with that lab's maps byte-identical after; malformed requests answered with one clear error and
+changing nothing; a pod process running as its user with exactly CAP_NET_RAW and CAP_NET_ADMIN; and a labkitd
+killed with SIGKILL under traffic, with not one connection lost and the labs adopted by the next one."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from doorusers import learner
+from labkit.door import api
+from labkit.door.owners import lab_key
+
+pytestmark = pytest.mark.timeout(1200)
+
+#: Every verb a user might turn against another user's lab, with arguments that would be valid on their own.
+HOSTILE = [
+    ("attach", {}), ("status", {}), ("health", {}), ("ct", {"node": "node-a"}), ("nat", {"node": "node-a"}),
+    ("lb", {"node": "node-a"}), ("conntrack", {"node": "node-a"}), ("events", {"last": 5}), ("hubble", {}),
+    ("observe", {"title": "peek"}), ("clock", {"advance": 100}), ("fault", {"name": "no-related"}),
+    ("aggregation", {"level": "none"}), ("trace_mode", {"mode": "none"}),
+    ("agent", {"method": "POST", "path": "/v1/service", "body": {"name": "evil", "port": 80, "backends": []}}),
+    ("agent", {"method": "POST", "path": "/v1/policy", "body": {"text": "kind: CiliumNetworkPolicy"}}),
+    ("policy.get", {"pod": "a1"}), ("gc.run", {}), ("gc.timer", {"on": True}), ("gc.fill", {"node": "node-a", "n": 10}),
+    ("flush_ct", {}), ("snapshot", {"title": "x"}), ("step.ping", {"pod": "a1", "target": "b1"}),
+    ("conn.new", {"pod": "a1", "target": "b1"}), ("server_log", {"pod": "a1"}), ("bpftool", {"args": ["map", "list"]}),
+    ("sockops", {"node": "node-a"}), ("delete_pod", {"pod": "b2"}), ("reset", {}), ("check", {"exercise": "01.1", "answer": "x"}),
+    ("kp.up", {"sizes": [10]}), ("fqdn.cache", {}), ("agent.status", {}), ("agent.logs", {}), ("agent.restart", {}),
+    ("up", {}), ("down", {}), ("cleanup", {}),
+]
+
+
+def _dump_maps(key: str) -> dict[str, str]:
+    """Every pinned map of lab ``key`` as bpftool dumps it (what 'byte-identical' is checked on)."""
+    root = Path("/sys/fs/bpf/labkit") / key
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        r = subprocess.run(["bpftool", "-j", "map", "dump", "pinned", str(path)], capture_output=True, text=True)
+        out[str(path)] = r.stdout if r.returncode == 0 else f"(no dump: {r.stderr.strip()[:80]})"
+    assert out, f"no pinned maps under {root}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def people(door_ready):
+    """Two learners, alice's lab 'demo' up (GC timer off, so nothing moves by itself) with one ping in its maps."""
+    with learner("lkdoor-alice") as alice, learner("lkdoor-bob") as bob:
+        r = alice.python("from labkit.client import Lab\nlab = Lab.up('demo', gc_timer=False)\nlab.reset()\n"
+                         "print(lab.key, lab.pod('a1').ping('b1').ok)")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [lab_key(alice.uid, "demo"), "True"]
+        yield alice, bob
+        alice.python("from labkit.client import Lab\nLab.cleanup('demo')")
+
+
+def test_a_learners_lab_is_theirs_and_named_for_them(people):
+    """alice's 'demo' is keyed demo.u<uid>: its namespaces, pins and run directory carry the owner part."""
+    alice, _ = people
+    key = lab_key(alice.uid, "demo")
+    assert Path(f"/run/netns/lk-{key}-a1").exists() and Path(f"/sys/fs/bpf/labkit/{key}/node-a").is_dir()
+    st = os.stat(f"/run/labkit/{key}")
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, alice.gid, 0o750)
+
+
+def test_another_user_is_refused_on_every_verb_and_changes_nothing(people):
+    """bob naming alice's lab by its key is refused on each of 39 verbs with one line naming the verb and the lab;
+    `list` shows him nothing of it; alice's maps are byte-identical afterwards."""
+    alice, bob = people
+    key = lab_key(alice.uid, "demo")
+    before = _dump_maps(key)
+    script = f"""
+import json, os
+from labkit.client.door import DoorClient
+door = DoorClient()
+out = []
+for verb, args in {HOSTILE!r}:
+    reply = door.request(verb, {key!r}, args)
+    out.append([verb, reply.get("ok"), (reply.get("error") or {{}}).get("type"), (reply.get("error") or {{}}).get("message")])
+r, w = os.pipe()
+reply = door.request("exec", {key!r}, {{"name": "a1", "argv": ["id"]}}, fds=[r, w, w, w])
+out.append(["exec", reply.get("ok"), (reply.get("error") or {{}}).get("type"), (reply.get("error") or {{}}).get("message")])
+out.append(["list", [l["key"] for l in door.call("list")]])
+print(json.dumps(out))
+"""
+    r = bob.python(script)
+    assert r.returncode == 0, r.stderr
+    results = json.loads(r.stdout)
+    listed = results.pop()
+    assert listed == ["list", []]
+    assert len(results) == len(HOSTILE) + 1 >= 30
+    for verb, ok, kind, message in results:
+        assert not ok and kind == "AccessError", (verb, kind, message)
+        assert message == f"`{verb}` on lab '{key}' refused: you may use only your own labs"
+    # bob's own 'demo' is another lab: not up, so NotFoundError, and it names nothing of alice's
+    r = bob.labkit("--lab", "demo", "ct", "list", "node-a")
+    assert r.returncode == 1 and "not up" in r.stderr and str(alice.uid) not in r.stderr
+    assert _dump_maps(key) == before
+
+
+def test_a_pod_process_runs_as_its_user_with_exactly_two_capabilities(people):
+    """A command alice starts in her pod runs with her uid and gid, CapEff/CapPrm/CapAmb/CapBnd = NET_ADMIN|NET_RAW
+    (0x3000), no_new_privs, in the pod's namespace (its eth0 has a1's address); her notebook's own process has
+    CapEff 0."""
+    alice, _ = people
+    r = alice.python("import json\nfrom labkit.client import Lab\nlab = Lab.attach('demo')\n"
+                     "st = lab.pod('a1').exec('cat', '/proc/self/status').stdout\n"
+                     "addr = lab.pod('a1').exec('ip', '-4', '-o', 'addr', 'show', 'dev', 'eth0').stdout\n"
+                     "mine = open('/proc/self/status').read()\n"
+                     "print(json.dumps([st, addr, mine, lab.pod('a1').ip]))")
+    assert r.returncode == 0, r.stderr
+    st, addr, mine, ip = json.loads(r.stdout)
+    fields = dict(line.split(":", 1) for line in st.splitlines() if ":" in line)
+    assert fields["Uid"].split()[:3] == [str(alice.uid)] * 3 and fields["Gid"].split()[:3] == [str(alice.gid)] * 3
+    for cap in ("CapEff", "CapPrm", "CapAmb", "CapBnd", "CapInh"):
+        assert int(fields[cap], 16) == 0x3000, (cap, fields[cap])
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert f" {ip}/" in addr
+    assert int(dict(line.split(":", 1) for line in mine.splitlines() if ":" in line)["CapEff"], 16) == 0
+
+
+def test_bpftool_is_read_only_and_only_on_the_users_own_pins(people):
+    """alice's `bpftool map dump pinned` of her own CT map works (labkitd runs it as root); an update, another
+    lab's pin and a global listing are refused."""
+    alice, _ = people
+    key = lab_key(alice.uid, "demo")
+    r = alice.python("import json\nfrom labkit.client import Lab\nfrom labkit.errors import LabkitError\n"
+                     "lab = Lab.attach('demo')\nout = []\n"
+                     f"d = lab.node('node-a').exec('bpftool', '-j', 'map', 'dump', 'pinned', lab.pin_dir('node-a') + '/cilium_ct_any4_global')\n"
+                     "out.append(len(json.loads(d.stdout)))\n"
+                     "for args in (['map', 'update', 'pinned', lab.pin_dir('node-a') + '/cilium_ct_any4_global', 'key', '0'],\n"
+                     "             ['map', 'dump', 'pinned', '/sys/fs/bpf/labkit/' + 'x' + '/node-a/cilium_ct4_global'],\n"
+                     "             ['prog', 'list']):\n"
+                     "    try:\n        lab.bpftool(*args)\n        out.append('ran')\n"
+                     "    except LabkitError as exc:\n        out.append(type(exc).__name__)\n"
+                     "print(json.dumps(out))")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got[0] >= 2 and got[1:] == ["ConfigError"] * 3, got
+    assert key in _dump_maps(key).__repr__()
+
+
+# -- malformed requests ------------------------------------------------------------------------------
+def _raw_exchange(payloads: list[bytes]) -> list[dict | str]:
+    """Send each raw frame body on a fresh connection as root; labkitd's answer to each (or why none came)."""
+    out = []
+    for body in payloads:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(30)
+        sock.connect(str(api.socket_path()))
+        try:
+            sock.sendall(api.HEADER.pack(len(body)) + body)
+            head = sock.recv(4, socket.MSG_WAITALL)
+            (n,) = api.HEADER.unpack(head)
+            data = b""
+            while len(data) < n:
+                data += sock.recv(n - len(data))
+            out.append(json.loads(data))
+        finally:
+            sock.close()
+    return out
+
+
+def _req(verb: str, lab, args: dict | None = None, **top) -> bytes:
+    body = {"verb": verb, "args": args if args is not None else {}, **top}
+    if lab is not None:
+        body["lab"] = lab
+    return json.dumps(body).encode()
+
+
+def test_malformed_requests_get_one_clear_error_and_change_nothing(people):
+    """At least 30 malformed requests — bad JSON, an unknown verb, lab names with '/', '..', NUL or 200
+    characters, negative and huge numbers, another lab's pod, oversized fields — each answered with an error that
+    says what was expected, alice's maps byte-identical afterwards."""
+    alice, _ = people
+    key = lab_key(alice.uid, "demo")
+    before = _dump_maps(key)
+    cases = [
+        (b"{not json", "invalid JSON"), (b"\xff\xfe\x00", "undecodable"), (b"[]", "expected a JSON object"),
+        (b'{"lab": "demo"}', "'verb'"), (b'{"verb": ""}', "'verb'"), (b'{"verb": 12}', "'verb'"),
+        (_req("no-such-verb", key), "unknown verb"), (_req("ct", key, {"node": "node-a"}, extra=1), "unknown fields"),
+        (b'{"verb": "ct", "lab": "' + key.encode() + b'", "args": [1]}', "'args' to be an object"),
+        (_req("ct", "a/b", {"node": "node-a"}), "not a lab name"), (_req("ct", "..", {"node": "node-a"}), "not a lab name"),
+        (_req("ct", "de\x00mo", {"node": "node-a"}), "not a lab name"), (_req("ct", "x" * 200, {"node": "node-a"}), "not a lab name"),
+        (_req("ct", key, {}), "'node' is missing"), (_req("ct", key, {"node": "node-z"}), "node-z"),
+        (_req("ct", key, {"node": 7}), "must be a string"), (_req("ct", key, {"node": "node-a", "rm": True}), "unknown arguments"),
+        (_req("clock", key, {"advance": -5}), "from 0 to"), (_req("clock", key, {"advance": 10**15}), "from 0 to"),
+        (_req("step.ping", key, {"pod": "a1", "target": "b1", "count": 0}), "from 1 to 100"),
+        (_req("step.ping", key, {"pod": "a1", "target": "b1", "count": 10**9}), "from 1 to 100"),
+        (_req("step.ping", key, {"pod": "zz9", "target": "b1"}), "zz9"),
+        (_req("step.udp", key, {"pod": "a1", "target": "b1", "port": 70000}), "from 1 to 65535"),
+        (_req("step.udp", key, {"pod": "a1", "target": "b1", "port": -1}), "from 1 to 65535"),
+        (_req("step.raw", key, {"pod": "a1", "packet": "zz"}), "hex bytes"),
+        (_req("step.raw", key, {"pod": "a1", "packet": "00" * 70000}), "at most"),
+        (_req("step.raw", key, {"pod": "a1", "packet": "6000"}), "expected an IPv4 packet"),
+        (_req("step.ping", key, {"pod": "node-a", "target": "b1"}), "expected a pod"),
+        (_req("exec", key, {"name": "a1", "argv": ["id"]}), "4 file descriptors"),
+        (_req("conn.step", key, {"id": 999999, "op": "open"}), "no TCP connection"),
+        (_req("fault", key, {"name": "rm-rf"}), "expected one of"),
+        (_req("gc.fill", key, {"node": "node-a", "n": 10**9}), "from 1 to"),
+        (_req("agent", key, {"method": "GET", "path": "/etc/passwd"}), "under /v1/"),
+        (_req("agent", key, {"method": "TRACE", "path": "/v1/service"}), "expected one of"),
+        (_req("snapshot", key, {"title": "t" * 5000}), "at most 200"),
+        (_req("check", key, {"exercise": "01.1", "answer": {"$c": "Step", "v": {}}}), "plain data"),
+        (_req("up", key, {"options": {"ct_tcp_size": 16_000_000}}), "allows a learner at most"),
+        (_req("up", key, {"options": {"no_such_option": 1}}), "unknown"),
+        (_req("bpftool", key, {"args": ["map", "delete", "pinned", "/x"]}), "refused"),
+    ]
+    assert len(cases) >= 30
+    # as alice: these are her own lab's requests, so what refuses them is what they say, not who sends them
+    script = f"""
+import json, socket
+from labkit.door import api
+out = []
+for body in {[c[0] for c in cases]!r}:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(str(api.socket_path()))
+    s.sendall(api.HEADER.pack(len(body)) + body)
+    n = api.HEADER.unpack(s.recv(4, socket.MSG_WAITALL))[0]
+    data = b""
+    while len(data) < n:
+        data += s.recv(n - len(data))
+    out.append(json.loads(data)); s.close()
+print(json.dumps(out))
+"""
+    r = alice.python(script)
+    assert r.returncode == 0, r.stderr
+    replies = json.loads(r.stdout)
+    for (body, says), reply in zip(cases, replies):
+        assert reply["ok"] is False, (body[:80], reply)
+        assert says in reply["error"]["message"], (body[:80], reply["error"])
+        assert "\n" not in reply["error"]["message"].strip() or "Traceback" not in reply["error"]["message"]
+    assert _dump_maps(key) == before
+
+
+def test_a_16_mb_request_is_refused_before_it_is_read(people):
+    """A 16 MB body is answered with the size limit and the connection closed; labkitd still answers after."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(str(api.socket_path()))
+    try:
+        sock.sendall(api.HEADER.pack(16 * 1024 * 1024) + b"{" * 65536)
+        (n,) = api.HEADER.unpack(sock.recv(4, socket.MSG_WAITALL))
+        reply = json.loads(sock.recv(n, socket.MSG_WAITALL))
+    finally:
+        sock.close()
+    assert reply["ok"] is False and f"at most {api.MAX_REQUEST} bytes" in reply["error"]["message"]
+    assert _raw_exchange([_req("hello", None)])[0]["ok"]
+
+
+def test_too_many_descriptors_are_refused(people):
+    """A request carrying more descriptors than a verb takes is refused (and the descriptors closed)."""
+    from labkit.client.door import DoorClient
+
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+    try:
+        reply = DoorClient().request("hello", None, {}, fds=fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert reply["ok"] is False and "file descriptors" in reply["error"]["message"]
+
+
+# -- survival -----------------------------------------------------------------------------------------
+EXCHANGE = r"""
+import socket, sys, time
+dst, seconds = sys.argv[1], float(sys.argv[2])
+long = socket.create_connection((dst, 8080), timeout=5)
+ok = fail = echoes = 0
+end = time.monotonic() + seconds
+print("running", flush=True)
+while time.monotonic() < end:
+    try:
+        long.sendall(b"x"); assert long.recv(16)
+        echoes += 1
+    except Exception as exc:
+        fail += 1; print("long:", exc, flush=True)
+    try:
+        s = socket.create_connection((dst, 8080), timeout=5); s.sendall(b"hello"); assert s.recv(16); s.close()
+        ok += 1
+    except Exception as exc:
+        fail += 1; print("short:", exc, flush=True)
+    time.sleep(0.02)
+print(f"ok={ok} echoes={echoes} fail={fail}", flush=True)
+"""
+
+
+def test_kill_9_of_labkitd_under_traffic_loses_no_connection_and_the_lab_is_adopted(people, tmp_path):
+    """With a private labkitd, a process alice started in a1 exchanges with b1 over one long connection and a new
+    connection every 20 ms while labkitd is killed with SIGKILL and a new one starts: 0 failures; the new labkitd
+    lists the same labs, adopts alice's lab and a step works."""
+    from labkit.door import daemon
+
+    alice, _ = people
+    sock = tmp_path / "door" / "labkitd.sock"
+    started, pid = daemon.start(sock)
+    assert started
+    env = {"LABKIT_DOOR": str(sock)}
+    listing = ("import json\nfrom labkit.client import Lab\nprint(json.dumps(sorted((l['key'], l['status']) "
+               "for l in Lab.list())))")
+    before = alice.python(listing, **env)
+    assert before.returncode == 0, before.stderr
+    driver = subprocess.Popen(
+        ["runuser", "-u", alice.name, "--", "env", "-i", *(f"{k}={v}" for k, v in alice.env(**env).items()),
+         sys.executable, "-c",
+         "import subprocess, sys\nfrom labkit.client import Lab\nlab = Lab.attach('demo')\n"
+         f"p = lab.popen('a1', [sys.executable, '-c', {EXCHANGE!r}, lab.pod('b1').ip, '4'], stdout=subprocess.PIPE, text=True)\n"
+         "print(p.stdout.readline().strip(), flush=True)\nsys.stdin.readline()\n"
+         "print(p.stdout.read().strip(), flush=True)\nprint('exit', p.wait(), flush=True)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(alice.home))
+    try:
+        assert driver.stdout.readline().strip() == "running"
+        time.sleep(0.8)
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        assert daemon.status(sock) is None  # nobody answers meanwhile
+        again, pid2 = daemon.start(sock)
+        assert again and pid2 != pid
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        out, err = driver.communicate(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    lines = out.splitlines()
+    assert lines[-1] == "exit 0", (out, err)
+    summary = dict(kv.split("=") for kv in lines[-2].split())
+    assert int(summary["fail"]) == 0 and int(summary["ok"]) > 20 and int(summary["echoes"]) > 20, out
+    after = alice.python(listing, **env)
+    assert after.stdout == before.stdout
+    step = alice.python("from labkit.client import Lab\nlab = Lab.attach('demo')\nprint(lab.pod('a1').ping('b1').ok)", **env)
+    assert step.stdout.strip() == "True", step.stderr
+    daemon.stop(sock)
