@@ -220,7 +220,7 @@ class Lab:
 
     def _load(self, desc: dict) -> None:
         self.name: str = desc["name"]  #: as you name it (``demo``)
-        self.key: str = desc["key"]  #: as the kernel names it (``demo.u1000``: namespaces, pins, cgroups)
+        self.key: str = desc["key"]  #: as the kernel names it (``demo_u1000``: namespaces, pins, cgroups)
         self.owner: int = desc["owner"]
         self.topology = Topology.from_dict(desc["topology"])
         self.config = DatapathConfig.from_dict(desc["config"])

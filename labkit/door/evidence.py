@@ -10,7 +10,7 @@ root's and not listable (0711); each file is root's, readable by its lab owner's
 never writes either. A new labkitd reads them all back when it starts, so a check after a restart grades what
 the cells showed before it.
 
-    $ sudo tail -n1 /run/labkitd/evidence/demo.u1000.jsonl | jq .kind
+    $ sudo tail -n1 /run/labkitd/evidence/demo_u1000.jsonl | jq .kind
     "step"
 """
 from __future__ import annotations

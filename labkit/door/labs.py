@@ -171,10 +171,10 @@ class Labs:
 
     def check_count(self, caller: Caller, key: str) -> None:
         """LimitError when a new lab ``key`` would give ``caller`` more main labs than allowed."""
-        base = split_variant(key.split(".u")[0])[0]
-        mains = {split_variant(k.split(".u")[0])[0] for k in list_labs() if _owner(k) == caller.uid}
+        base = split_variant(key.split("_u")[0])[0]
+        mains = {split_variant(k.split("_u")[0])[0] for k in list_labs() if _owner(k) == caller.uid}
         if base not in mains and len(mains) >= self.limits.labs_per_user:
-            raise LimitError(f"`up` of lab '{key.split('.u')[0]}': you have {len(mains)} labs "
+            raise LimitError(f"`up` of lab '{key.split('_u')[0]}': you have {len(mains)} labs "
                              f"({', '.join(sorted(mains))}); labkitd allows {self.limits.labs_per_user} per user "
                              f"(`labkit down` one first)")
 

@@ -6,19 +6,20 @@ a :class:`Caller`. A lab belongs to the uid that brought it up. A user sees and 
 own labs; root and the members of the group ``labkit-instructors`` see and touch every lab.
 
 Two users may each have a lab called ``demo``: what the kernel sees (namespaces, pins, cgroups,
-the run directory) is named by the lab's *key*, the name with an owner part — ``demo.u1000`` for
-uid 1000, plain ``demo`` for root's labs. A user names their labs by name; an instructor may also
+the run directory) is named by the lab's *key*, the name with an owner part — ``demo_u1000`` for
+uid 1000, plain ``demo`` for root's labs. (An underscore, which a lab's name never has: bpffs refuses names
+with a dot.) A user names their labs by name; an instructor may also
 name anyone's lab by its key. Naming someone else's lab is refused whether or not it exists, so a
 refusal says nothing of other users' labs.
 
-    >>> lab_key(1000, "demo"), lab_key(0, "demo"), owner_of("demo.u1000"), owner_of("demo")
-    ('demo.u1000', 'demo', 1000, 0)
+    >>> lab_key(1000, "demo"), lab_key(0, "demo"), owner_of("demo_u1000"), owner_of("demo")
+    ('demo_u1000', 'demo', 1000, 0)
     >>> alice = Caller(uid=1000, gid=1000, pid=1, name="alice", groups=frozenset())
     >>> resolve(alice, "demo", "ct")
-    'demo.u1000'
-    >>> resolve(alice, "demo.u1001", "ct")
+    'demo_u1000'
+    >>> resolve(alice, "demo_u1001", "ct")
     Traceback (most recent call last):
-    labkit.errors.AccessError: `ct` on lab 'demo.u1001' refused: you may use only your own labs
+    labkit.errors.AccessError: `ct` on lab 'demo_u1001' refused: you may use only your own labs
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ __all__ = ["INSTRUCTORS", "Caller", "lab_key", "owner_of", "name_of", "variant_k
 
 #: The group whose members (and root) see and touch every lab, read answer keys and grade.
 INSTRUCTORS = "labkit-instructors"
-_KEY = re.compile(r"^(?P<name>[a-z0-9][a-z0-9-]{0,23})(?:\.u(?P<uid>[1-9][0-9]{0,9}))?$")  # LAB_KEY with its parts
+_KEY = re.compile(r"^(?P<name>[a-z0-9][a-z0-9-]{0,23})(?:_u(?P<uid>[1-9][0-9]{0,9}))?$")  # LAB_KEY with its parts
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 _UCRED = struct.Struct("3i")
 
@@ -93,28 +94,28 @@ def _login(uid: int) -> str:
 
 def lab_key(owner: int, name: str) -> str:
     """The key of ``owner``'s lab ``name``."""
-    return name if owner == 0 else f"{name}.u{owner}"
+    return name if owner == 0 else f"{name}_u{owner}"
 
 
 def owner_of(key: str) -> int:
     """The uid that owns the lab with this key."""
     m = _KEY.fullmatch(key)
     if not m:
-        raise RequestError(f"lab {key[:60]!r}: expected a lab name (1-24 of a-z, 0-9, '-') or a lab key (name.u<uid>)")
+        raise RequestError(f"lab {key[:60]!r}: expected a lab name (1-24 of a-z, 0-9, '-') or a lab key (name_u<uid>)")
     return int(m["uid"] or 0)
 
 
 def name_of(key: str) -> str:
-    """The name part of a key (``demo.u1000`` → ``demo``)."""
+    """The name part of a key (``demo_u1000`` → ``demo``)."""
     m = _KEY.fullmatch(key)
     return m["name"] if m else key
 
 
 def variant_key(key: str, variant: str) -> str:
-    """The key of lab ``key``'s second lab ``variant`` (``demo.u1000`` → ``demo-ipt.u1000``).
+    """The key of lab ``key``'s second lab ``variant`` (``demo_u1000`` → ``demo-ipt_u1000``).
 
-    >>> variant_key("demo.u1000", "ipt"), variant_key("demo", "ipt")
-    ('demo-ipt.u1000', 'demo-ipt')
+    >>> variant_key("demo_u1000", "ipt"), variant_key("demo", "ipt")
+    ('demo-ipt_u1000', 'demo-ipt')
     """
     return lab_key(owner_of(key), f"{name_of(key)}-{variant}")
 

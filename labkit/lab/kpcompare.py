@@ -279,7 +279,7 @@ class ServiceModes:
             raise ValueError(f"service mode comparison: expected sizes >= 2 and rounds >= 1, got {sizes}, {rounds}")
         self.sizes, self.rounds, self.connects, self.progress = sizes, rounds, connects, progress
         self.stall_sizes = tuple(sorted(set(sizes if stall_sizes is None else stall_sizes)))
-        #: the two labs (labkitd passes the names a user's variants get: ``demo-bipt.u1000``), owned by ``owner``
+        #: the two labs (labkitd passes the names a user's variants get: ``demo-bipt_u1000``), owned by ``owner``
         self.names = names or {"iptables": f"{prefix}-bipt", "ebpf": f"{prefix}-bebpf"}
         self.owner = owner
         self.labs: dict = {}

@@ -74,9 +74,9 @@ _PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "19
 _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 #: What a lab may be called (it prefixes namespaces and device names, so it stays short).
 LAB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
-#: What names a lab to the kernel: its name, then ``.u<uid>`` for a lab that another user than root owns
+#: What names a lab to the kernel: its name, then ``_u<uid>`` for a lab that another user than root owns
 #: (:mod:`labkit.door.owners`), so two users' labs called ``demo`` never share a namespace or a pin.
-LAB_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}(\.u[1-9][0-9]{0,9})?$")
+LAB_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}(_u[1-9][0-9]{0,9})?$")
 _RESERVED_NAMES = {"fabric"}
 
 #: The tc hooks on each kind of device, (ingress, egress), in Cilium's program names; ``lxc`` stands
@@ -303,7 +303,7 @@ class Topology:
         if not LAB_KEY.fullmatch(self.lab):
             raise TopologyError(
                 f"lab name '{self.lab}': expected 1-24 characters of a-z, 0-9 and '-', starting with a letter or digit"
-                f" (and labkitd's owner part, '.u<uid>')"
+                f" (and labkitd's owner part, '_u<uid>')"
             )
         seen: set[str] = set()
         for name in self.names():

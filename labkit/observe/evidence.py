@@ -207,9 +207,9 @@ class Evidence:
 
     def variant(self, name: str) -> "Evidence":
         """The evidence of the notebook's second lab ``<lab>-<name>`` (its key keeps the owner part:
-        ``demo.u1000`` → ``demo-small.u1000``), with that lab's facts when it is up."""
-        base, dot, owner = self.lab_name.partition(".u")
-        key = f"{base}-{name}" + (f".u{owner}" if dot else "")
+        ``demo_u1000`` → ``demo-small_u1000``), with that lab's facts when it is up."""
+        base, dot, owner = self.lab_name.partition("_u")
+        key = f"{base}-{name}" + (f"_u{owner}" if dot else "")
         facts = None
         if self._facts_of is not None:
             try:

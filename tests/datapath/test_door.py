@@ -62,7 +62,7 @@ def people(door_ready):
 
 
 def test_a_learners_lab_is_theirs_and_named_for_them(people):
-    """alice's 'demo' is keyed demo.u<uid>: its namespaces, pins and run directory carry the owner part."""
+    """alice's 'demo' is keyed demo_u<uid>: its namespaces, pins and run directory carry the owner part."""
     alice, _ = people
     key = lab_key(alice.uid, "demo")
     assert Path(f"/run/netns/lk-{key}-a1").exists() and Path(f"/sys/fs/bpf/labkit/{key}/node-a").is_dir()

@@ -44,7 +44,7 @@ def test_a_request_decodes_to_verb_lab_args():
 def test_errors_cross_with_their_class_message_and_errno():
     """A LabkitError answered by labkitd is raised in the client as the same class with the same message (and
     errno for the OSError family)."""
-    for exc in (errors.NotFoundError("pod 'a9' not found"), errors.AccessError("`ct` on lab 'x.u1' refused"),
+    for exc in (errors.NotFoundError("pod 'a9' not found"), errors.AccessError("`ct` on lab 'x_u1' refused"),
                 errors.LimitError("too many"), errors.ConfigError("bad port")):
         back = api.error_of(api.failure(exc)["error"])
         assert type(back) is type(exc) and str(back) == str(exc)
