@@ -61,15 +61,20 @@ class Learner:
         env.update(extra)
         return env
 
-    def run(self, argv: list[str], timeout: float = 600, **extra_env: str) -> subprocess.CompletedProcess:
+    def argv(self, argv: list[str], **extra_env: str) -> list[str]:
+        """The command line that runs ``argv`` as this user, in the environment :meth:`env` gives."""
+        return ["runuser", "-u", self.name, "--", "env", "-i", *(f"{k}={v}" for k, v in self.env(**extra_env).items()),
+                *argv]
+
+    def run(self, argv: list[str], timeout: float = 600, input: str | None = None,
+            **extra_env: str) -> subprocess.CompletedProcess:
         """``argv`` as this user (runuser), output captured as text."""
-        return subprocess.run(["runuser", "-u", self.name, "--", "env", "-i", *(f"{k}={v}" for k, v in
-                                                                          self.env(**extra_env).items()), *argv],
-                              capture_output=True, text=True, timeout=timeout, cwd=str(self.home))
+        return subprocess.run(self.argv(argv, **extra_env), capture_output=True, text=True, timeout=timeout,
+                              cwd=str(self.home), input=input)
 
     def python(self, code: str, timeout: float = 600, **extra_env: str) -> subprocess.CompletedProcess:
-        """Python ``code`` run as this user with the venv's interpreter."""
-        return self.run([sys.executable, "-c", code], timeout=timeout, **extra_env)
+        """Python ``code`` run as this user with the venv's interpreter (the code on its stdin)."""
+        return self.run([sys.executable, "-"], timeout=timeout, input=code, **extra_env)
 
     def labkit(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         """The ``labkit`` command as this user."""
