@@ -190,7 +190,7 @@ def _reap(held: Held) -> None:
     from labkit.net.ledger import process_start_time
 
     for pid, started in list(held.procs.items()):
-        if process_start_time(started.pid) != started.start:
+        if started.start is None or process_start_time(started.pid) != started.start:
             del held.procs[pid]
 
 

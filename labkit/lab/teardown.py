@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 import signal
 from pathlib import Path
 
@@ -103,6 +104,34 @@ def _detach_cgroup_prog(e: dict) -> None:
         os.close(cg)
 
 
+def _empty_cgroup(path: str, timeout: float = 10.0) -> None:
+    """Kill what still runs in the lab's cgroup ``path`` (the processes users started in a pod or node through
+    labkitd, which no ledger lists: they belong to the pod) and wait until it is empty, so that it can go."""
+    events = os.path.join(path, "cgroup.events")
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except FileNotFoundError:  # gone, or a kernel before 5.14: kill its processes one by one
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                for pid in f.read().split():
+                    try:
+                        os.kill(int(pid), 9)
+                    except ProcessLookupError:
+                        pass
+        except FileNotFoundError:
+            return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(events) as f:
+                if "populated 0" in f.read():
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+
+
 def _remove_path(path: str, rmdir: bool) -> None:
     try:
         os.rmdir(path) if rmdir else os.unlink(path)
@@ -138,6 +167,8 @@ def _undo(entries: list[dict], ledger: Ledger | None = None) -> list[str]:
                         _netns.remove(e["name"])
             else:
                 for e in items:
+                    if phase == "cgroup":
+                        _empty_cgroup(e["path"])
                     _remove_path(e["path"], rmdir=phase in ("pindir", "cgroup", "dir"))
         except OSError as exc:
             if exc.errno != errno.ENOENT:
