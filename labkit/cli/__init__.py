@@ -2,15 +2,19 @@
 
 Shape: ``labkit [--lab NAME] COMMAND …``; the lab is ``demo`` unless
 ``--lab`` or the environment variable ``LABKIT_LAB`` names another one.
+Your labs are yours: another user's ``demo`` is another lab. An instructor
+(root, or the group ``labkit-instructors``) may name anyone's lab by its key,
+``--lab demo_u1000`` (user 1000's ``demo``; ``labkit list`` shows the keys).
 
 Examples::
 
-    labkit doctor                                   # can this machine run a lab?
+    labkit doctor                                   # can this machine run a lab? (sudo: every check)
+    labkit daemon status                            # does labkitd answer? (sudo labkit daemon start)
     labkit up                                       # lab 'demo', tunnel routing
     labkit --lab native up --routing native --ct-timeout syn=5 --ct-timeout any=30
     labkit status                                   # nodes, pods, addresses, clock, faults
-    labkit list                                     # every lab here, its variants, what it holds
-    labkit exec a1 -- ping -c1 198.18.2.11          # run a command inside pod a1
+    labkit list                                     # your labs (an instructor's: every lab), owner, variants
+    labkit exec a1 -- ping -c1 198.18.2.11          # run a command inside pod a1, as you
     labkit exec node-a -- ip route                  # ... or inside a node
     labkit ct list node-a                           # like `cilium-dbg bpf ct list global`
     labkit ct list node-a -d                        # ... with the remaining lifetime
@@ -39,6 +43,7 @@ Examples::
     labkit clock advance 120                        # move the lab clock 2 minutes ahead
     labkit clock show --json
     labkit down                                     # remove everything the lab created
+    labkit --lab demo_u1000 status                  # an instructor looks at user 1000's lab 'demo'
     labkit grade handin/ --jobs 2 --csv             # re-run handed-in notebooks, one row per learner
     labkit answers 02                               # lab 02's answer key (for instructors)
     labkit work sync                                # make ~/work from labs/; updated labs arrive beside yours
@@ -48,40 +53,42 @@ Exit status: 0 on success, 1 when labkit reports an error (``labkit: error: …`
 on stderr), 2 for a usage error; ``exec`` passes the command's own status
 through (127 when the command does not exist).
 
-Run as another user than root, a command that needs root (all but ``work``, ``export`` and
-``answers``) runs itself again with ``sudo`` (the VM's ``vagrant`` user has it without a password), so
-the hints ``labkit up`` prints work as printed; without sudo it stops with one line saying so.
+Every lab command is a client of labkitd, the one root service of the machine
+(:mod:`labkit.door`; ``/run/labkitd/labkitd.sock``, or ``$LABKIT_DOOR``): it runs as you,
+each thing it asks of a lab is one request to labkitd (:mod:`labkit.client`), and
+labkitd does the privileged part — on your own labs only. ``labkit exec`` runs the
+command as you too, in the pod's namespace with CAP_NET_RAW and CAP_NET_ADMIN only.
+What needs sudo is the machine's: ``labkit daemon run|start|stop`` (labkitd itself) and
+the fixes ``labkit doctor`` prints (``sudo labkit doctor`` checks what only root can).
+When no labkitd answers, a lab command says so in one line, with how to start it.
 
-``ct list`` and ``nat list`` import :mod:`labkit.lab` only (no pyroute2, no
-BCC), so they stay quick enough to run in a loop.
+``ct list`` and ``nat list`` load the client only (no pyroute2, no BCC), so
+they stay quick enough to run in a loop.
+
+    >>> _command_of(["--lab", "demo_u1000", "ct", "list", "node-a"]), _command_of(["--version"])
+    ('ct', None)
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
-import shutil
 import sys
 import textwrap
 
-import importlib
-
 from labkit import __version__
-from labkit.cli.common import DEFAULT_LAB, CliError, lab_name
+from labkit.cli.common import DEFAULT_LAB, lab_name
 from labkit.errors import LabkitError
 
-__all__ = ["main", "build_parser", "COMMANDS", "ROOT_FREE", "sudo_argv", "cmd_nat_list"]
+__all__ = ["main", "build_parser", "COMMANDS", "cmd_nat_list"]
 
 #: Each command → the module of this package that adds it (one module per command group), in the order
 #: ``labkit --help`` lists them. A command line loads only its command's module, so a command that talks
-#: to the agent (``labkit service backend …``) does not pay for the lab, the grader or BCC.
+#: to the agent (``labkit service backend …``) does not pay for the grader or BCC.
 COMMANDS = {"up": "lab", "down": "lab", "cleanup": "lab", "status": "lab", "list": "lab", "doctor": "lab", "exec": "lab",
             "ct": "ct", "nat": "nat", "service": "service", "policy": "policy", "identity": "policy", "fqdn": "fqdn", "lb": "lb", "conntrack": "conntrack", "pod": "pod",
             "gc": "gc", "trace": "trace", "observe": "observe", "clock": "clock", "fault": "fault", "agent": "agent",
-            "grade": "grade", "answers": "grade", "work": "work", "export": "work"}
-
-#: The commands that need no root: they read the repo or the learner's own files. Every other one drives
-#: namespaces, BPF or a lab's root-only state.
-ROOT_FREE = frozenset({"work", "export", "answers"})
+            "grade": "grade", "answers": "grade", "work": "work", "export": "work", "daemon": "daemon"}
 
 
 def __getattr__(name: str):
@@ -110,7 +117,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         type=lab_name,
         default=os.environ.get("LABKIT_LAB") or DEFAULT_LAB,
         metavar="NAME",
-        help=f"the lab to work on (default: $LABKIT_LAB, else '{DEFAULT_LAB}'; now: %(default)s)",
+        help=f"the lab to work on: one of yours by name, or (instructors) anyone's by key NAME_u<UID> "
+             f"(default: $LABKIT_LAB, else '{DEFAULT_LAB}'; now: %(default)s)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -135,35 +143,6 @@ def _command_of(argv: list[str]) -> str | None:
 
 
 
-# -- root ----------------------------------------------------------------------
-def sudo_argv(command: str | None, argv: list[str], *, euid: int | None = None, which=None,
-              environ: dict | None = None, python: str | None = None, script: str | None = None) -> list[str] | None:
-    """The command line that runs ``labkit ARGV`` again as root through sudo, or None when this one may go on
-    (already root, or ``command`` needs no root). Keeps ``LABKIT_*`` and ``PYTHONPATH``, which sudo drops.
-    Runs the ``labkit`` script itself (``script``, default ``sys.argv[0]``), not ``python -m labkit``: ``-m``
-    puts the working directory first on sys.path, and in the VM's home ``~/labkit`` (the repo, no
-    ``__init__.py``) would then shadow the installed package. Raises :class:`CliError` when root is needed
-    and sudo is not installed.
-
-        >>> sudo_argv("ct", ["ct", "list", "node-a"], euid=1000, which=lambda name: "/usr/bin/sudo",
-        ...           environ={"LABKIT_LAB": "x", "HOME": "/home/vagrant"}, python="/opt/labkit/venv/bin/python",
-        ...           script="/opt/labkit/venv/bin/labkit")
-        ['/usr/bin/sudo', '--', '/usr/bin/env', 'LABKIT_LAB=x', '/opt/labkit/venv/bin/python', '/opt/labkit/venv/bin/labkit', 'ct', 'list', 'node-a']
-        >>> sudo_argv("work", ["work", "sync"], euid=1000, which=lambda name: None) is None
-        True
-    """
-    euid = os.geteuid() if euid is None else euid
-    if euid == 0 or command is None or command in ROOT_FREE:
-        return None
-    sudo = (which or shutil.which)("sudo")
-    if not sudo:
-        raise CliError(f"`labkit {command}` needs root (network namespaces and BPF) and sudo is not installed: "
-                       f"run it as root (su -c 'labkit {' '.join(argv)}')")
-    environ = os.environ if environ is None else environ
-    keep = [f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith("LABKIT_") or k == "PYTHONPATH"]
-    return [sudo, "--", "/usr/bin/env", *keep, python or sys.executable, os.path.abspath(script or sys.argv[0]), *argv]
-
-
 # -- entry point ---------------------------------------------------------------
 def _exit_code(exc: SystemExit) -> int:
     if exc.code is None:
@@ -172,9 +151,7 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``labkit`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status. From the command line
-    (``argv`` None) a command that needs root runs itself again with sudo (:func:`sudo_argv`)."""
-    from_command_line = argv is None
+    """Run ``labkit`` with ``argv`` (default ``sys.argv[1:]``) as the user it is; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command_of(argv))
     try:
@@ -188,10 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return _exit_code(exc)
     try:
-        again = sudo_argv(args.command, argv) if from_command_line else None
-        if again is not None:
-            sys.stdout.flush()
-            os.execv(again[0], again)
         return args.func(args)
     except LabkitError as exc:
         print(f"labkit: error: {exc}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""``labkit agent``: the lab's agent process — is it up, start it again, what it logged."""
+"""``labkit agent``: the lab's agent process — is it up, start it again, what it logged (each asked of labkitd,
+which reaches the agent's root-only socket for you)."""
 from __future__ import annotations
 
 import time
@@ -14,8 +15,8 @@ def add_commands(add) -> None:
     agent = add("agent", "the lab's agent: Services, trace monitor, GC timer and the API the CLI talks to"
                 ).add_subparsers(dest="agent_command", metavar="COMMAND", required=True)
     p = agent.add_parser("status", help="is the agent answering: pid, uptime, services, what it restored",
-                         description="Ask the agent's /v1/healthz on /run/labkit/<lab>/agent.sock (like "
-                                     "`cilium-dbg status`). Exit status 1 if it does not answer.")
+                         description="Ask the agent's /v1/healthz on /run/labkit/<lab>/agent.sock through labkitd "
+                                     "(like `cilium-dbg status`). Exit status 1 if it does not answer.")
     output_options(p, "the agent's answer as JSON")
     p.set_defaults(func=cmd_agent_status)
     p = agent.add_parser("restart", help="stop the agent (if it runs) and start a new one",
@@ -68,7 +69,8 @@ def cmd_agent_status(args) -> int:
         print_json(st)
     else:
         print("\n".join(_lines(st)))
-        print(f"# the API: curl --unix-socket /run/labkit/{lab.name}/agent.sock http://agent/v1/healthz")
+        print(f"# the API (root's socket; labkitd asks it for you): "
+              f"sudo curl --unix-socket /run/labkit/{lab.key}/agent.sock http://agent/v1/healthz")
     return 0 if st.get("status") == "ok" else 1
 
 
@@ -85,12 +87,9 @@ def cmd_agent_restart(args) -> int:
 
 
 def cmd_agent_logs(args) -> int:
-    from labkit.agent.api import log_path
-
     lab = common.attach(args)
-    path = log_path(lab.name)
-    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-    for line in lines[-args.tail:] if args.tail else lines:
+    got = lab.agent_logs(args.tail)
+    for line in got["lines"]:
         print(line)
-    print(f"# {path}")
+    print(f"# {got['path']}")
     return 0

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from labkit.cli import common
-from labkit.cli.common import output_options, print_json
+from labkit.cli.common import CliError, output_options, print_json
 from labkit import clock as lab_clock
 
 __all__ = ["add_commands", "cmd_clock_advance", "cmd_clock_show"]
@@ -23,6 +23,9 @@ def add_commands(add) -> None:
 
 
 def cmd_clock_advance(args) -> int:
+    if args.seconds < 0:
+        raise CliError(f"clock advance: expected whole seconds >= 0, got {args.seconds} (the lab clock only goes "
+                       f"forward)")
     lab = common.attach(args)
     now = lab.clock.advance(args.seconds)
     print(f"lab clock now {now} (offset {lab.clock.offset} s)")

@@ -1,5 +1,12 @@
-"""What every command group shares: the default lab, argument types, attaching to the lab,
-printing JSON and tables, and the --json / --show-command options."""
+"""What every command group shares: the default lab, argument types, attaching to the lab through labkitd,
+printing JSON and tables, and the --json / --show-command options.
+
+Every lab command is a client of labkitd (:mod:`labkit.client`): :func:`attach` is one request, and so is
+each thing a command then asks of the lab. Nothing here needs root.
+
+    >>> lab_name("demo"), lab_name("demo_u1000")
+    ('demo', 'demo_u1000')
+"""
 from __future__ import annotations
 
 from dataclasses import fields
@@ -7,10 +14,10 @@ import argparse
 import json
 
 from labkit.errors import LabkitError
-from labkit.net.topology import LAB_NAME
+from labkit.net.topology import LAB_KEY, LAB_NAME
 
-__all__ = ["ON_OFF", "DEFAULT_LAB", "LAB_NAME", "TIMEOUT_NAMES", "POLL", "CliError", "attach", "print_json",
-           "table", "lab_name", "ct_timeout", "count", "port", "output_options"]
+__all__ = ["ON_OFF", "DEFAULT_LAB", "LAB_NAME", "LAB_KEY", "TIMEOUT_NAMES", "POLL", "CliError", "attach",
+           "agent_services", "print_json", "table", "lab_name", "ct_timeout", "count", "port", "output_options"]
 
 #: The values of a switch on the command line.
 ON_OFF = ("on", "off")
@@ -29,9 +36,12 @@ def __getattr__(name: str):
 
 # -- argument types ------------------------------------------------------------
 def lab_name(value: str) -> str:
-    if not LAB_NAME.match(value):
+    """A lab as ``--lab`` names it: your lab's name (``demo``), or a lab's key (``demo_u1000``: user 1000's lab
+    ``demo``), which labkitd lets instructors use for anyone's lab and refuses otherwise."""
+    if not LAB_KEY.fullmatch(value):
         raise argparse.ArgumentTypeError(
-            f"lab name {value!r}: expected 1-24 characters of a-z, 0-9 and '-', starting with a letter or digit"
+            f"lab name {value!r}: expected 1-24 characters of a-z, 0-9 and '-', starting with a letter or digit "
+            f"(or a lab key NAME_u<UID>)"
         )
     return value
 
@@ -80,38 +90,24 @@ class CliError(LabkitError):
 
 
 def attach(args):
-    from labkit.lab import Lab
+    """Lab ``args.lab`` as labkitd holds it (:class:`labkit.client.Lab`): NotFoundError when it is not up,
+    AccessError when it is not yours, DoorDownError when no labkitd answers."""
+    from labkit.client import Lab
 
     try:
         return Lab.attach(args.lab)
     except LabkitError:
         raise
-    except (ValueError, KeyError, TypeError) as exc:  # lab.json unreadable (e.g. half-written)
+    except (ValueError, KeyError, TypeError) as exc:  # an answer this client cannot read (labkitd of another version)
         raise CliError(
-            f"lab '{args.lab}': its state file is unreadable ({type(exc).__name__}: {exc}); "
+            f"lab '{args.lab}': labkitd's description of it is unreadable ({type(exc).__name__}: {exc}); "
             f"`labkit --lab {args.lab} cleanup` removes what it created"
         ) from None
 
 
 def agent_services(args):
-    """``lab.services`` of lab ``args.lab`` without loading the lab: the agent's client, for the commands
-    that only talk to the agent (they stay quick: no pyroute2, no BCC, no lab module)."""
-    from labkit.agent.client import RemoteServices
-    from labkit.net.ledger import LabState, Ledger, lab_dir
-    from labkit.net.topology import Topology
-
-    if not Ledger(args.lab).exists():
-        raise CliError(f"lab '{args.lab}' is not up (no ledger in {lab_dir(args.lab)}); "
-                       f"start it with `labkit --lab {args.lab} up`")
-
-    class _Lab:  # what RemoteServices reads of a lab; the rest (maps views) loads the lab itself
-        name = args.lab
-
-        @property
-        def topology(self):
-            return Topology.from_dict(LabState.read(args.lab).topology)
-
-    return RemoteServices(_Lab())
+    """``lab.services`` of lab ``args.lab``: the agent's own client, its requests carried by labkitd."""
+    return attach(args).services
 
 
 def print_json(data) -> None:

@@ -1,9 +1,10 @@
 """``labkit fqdn cache list``: what the agent's DNS proxy learnt, as ``cilium-dbg fqdn cache list``
-prints it (one row per answer: endpoint, source, name, TTL, expiration, IPs)."""
+prints it (one row per answer: endpoint, source, name, TTL, expiration, IPs), asked of the lab's agent
+through labkitd."""
 from __future__ import annotations
 
+from labkit.cli import common
 from labkit.cli.common import output_options, print_json
-from labkit.cli.policy import agent_policies
 
 __all__ = ["add_commands", "cmd_fqdn_cache_list", "CILIUM_COMMAND"]
 
@@ -28,11 +29,17 @@ def add_commands(add) -> None:
 
 
 def cmd_fqdn_cache_list(args) -> int:
+    lab = common.attach(args)
+    if not (args.json or args.endpoint is not None or args.matchpattern):
+        print(f"# {' '.join(CILIUM_COMMAND)}")
+        for line in lab.fqdn.cache_list():
+            print(line)
+        return 0
     from labkit.agent.client import PREFIX
     from labkit.fqdn.cache import cache_list_lines
     from labkit.policy.matchpattern import matches
 
-    answer = agent_policies(args).client.get(f"{PREFIX}/fqdn/cache")
+    answer = lab.policy.client.get(f"{PREFIX}/fqdn/cache")  # the entries themselves, to filter here
     entries = [e for e in answer["entries"] if e["expires"] > answer["now"]
                and (args.endpoint is None or e["endpoint"] == args.endpoint)
                and (not args.matchpattern or matches(args.matchpattern, e["name"]))]

@@ -8,7 +8,8 @@
 
 ``grade`` shows its progress on stderr (``graded 3/6 …``) and writes the report to stdout; warnings
 (a notebook that stopped early, a duplicate hand-in) go to stderr. Exit status 1 when a grading lab
-could not be taken down.
+could not be taken down. ``answers`` is for instructors: root, or a member of the group
+``labkit-instructors``; anyone else is refused in one line.
 """
 from __future__ import annotations
 
@@ -17,7 +18,24 @@ import json
 import sys
 from typing import Callable, TextIO
 
-__all__ = ["add_commands", "cmd_grade", "cmd_answers", "progress_bar"]
+from labkit.door.owners import INSTRUCTORS
+
+__all__ = ["add_commands", "cmd_grade", "cmd_answers", "progress_bar", "is_instructor"]
+
+
+def is_instructor() -> bool:
+    """Whether this process is root or in the group ``labkit-instructors`` (its effective or a supplementary group),
+    as labkitd tells its instructors."""
+    import grp
+    import os
+
+    if os.geteuid() == 0:
+        return True
+    try:
+        gid = grp.getgrnam(INSTRUCTORS).gr_gid
+    except KeyError:  # no such group on this machine: only root
+        return False
+    return gid in os.getgroups() or gid == os.getegid()
 
 
 def _at_least(kind: type, low: float, what: str) -> Callable[[str], float]:
@@ -113,8 +131,11 @@ def cmd_grade(args) -> int:
 
 
 def cmd_answers(args) -> int:
+    from labkit.cli.common import CliError
     from labkit.grading.answers import format_key, key_json, lab_id
 
+    if not is_instructor():
+        raise CliError(f"answers are for instructors (root or the group {INSTRUCTORS})")
     lab = lab_id(args.lab_id)  # ConfigError: the CLI says what a lab number looks like
     if args.json:
         print(json.dumps(key_json(lab), indent=2))

@@ -1,13 +1,18 @@
-"""The life of a lab: ``up``, ``down``, ``cleanup``, ``status``, ``list``, ``doctor``, ``exec``."""
+"""The life of a lab: ``up``, ``down``, ``cleanup``, ``status``, ``list``, ``doctor``, ``exec``.
+
+Each is a client of labkitd (:class:`labkit.client.Lab`), run as you: ``up`` asks labkitd for your lab with
+these options, ``exec`` has labkitd start the command as you in the pod (its stdio this terminal's),
+``list`` shows the labs labkitd lets you see. ``doctor`` alone looks at this machine itself.
+"""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 import textwrap
 import time
-from collections import Counter
 
 from labkit.cli import common
 from labkit.cli.common import (
@@ -31,7 +36,8 @@ from labkit.config import (
 from labkit.policy.resolve import ENFORCEMENT_MODES
 from labkit.release import DEFAULT_RELEASE, RELEASES, profile
 
-__all__ = ["add_commands", "policy_options", "cmd_up", "cmd_down", "cmd_status", "cmd_list", "cmd_doctor", "cmd_exec"]
+__all__ = ["add_commands", "policy_options", "up_options", "pod_labels", "cmd_up", "cmd_down", "cmd_cleanup",
+           "cmd_status", "cmd_list", "cmd_doctor", "cmd_exec"]
 
 
 def add_commands(add) -> None:
@@ -86,24 +92,24 @@ def add_commands(add) -> None:
     p = add("down", "remove everything the lab created, then check that nothing is left")
     p.set_defaults(func=cmd_down)
 
-    p = add("cleanup", "tear down a lab whose process died (same as down; works with a broken lab.json)")
-    p.set_defaults(func=cmd_down)
+    p = add("cleanup", "remove what a broken or half-built lab recorded (works without a readable lab.json)")
+    p.set_defaults(func=cmd_cleanup)
 
     p = add("status", "nodes, pods and addresses, datapath options, clock, faults and health")
     output_options(p, "print Lab.status() as JSON")
     p.set_defaults(func=cmd_status)
 
-    p = add("list", "every lab on this machine: its variant labs, age, the process that started it, what it holds "
-                    "(orphaned variant labs named, with the command that removes them)")
+    p = add("list", "your labs (an instructor: every lab on this machine): owner, variant labs, age, the process "
+                    "that started it, what it holds (orphaned variant labs named, with the command that removes them)")
     output_options(p, "print the labs as a JSON list")
     p.set_defaults(func=cmd_list)
 
-    p = add("doctor", "check whether this machine can run a lab and, if the lab is up, that its services journal "
-                      "matches its maps (exit 1 if a check fails)")
+    p = add("doctor", "check whether this machine can run a lab (labkitd answering, kernel, BPF, tools) and, as root "
+                      "with the lab up, that its services journal matches its maps (exit 1 if a check fails)")
     output_options(p, "print the checks as a JSON list")
     p.set_defaults(func=cmd_doctor)
 
-    p = add("exec", "run a command inside a pod, node or external client: exec NAME -- CMD [ARG…]",
+    p = add("exec", "run a command as you inside a pod, node or external client: exec NAME -- CMD [ARG…]",
             usage="labkit exec [-h] NAME -- CMD [ARG ...]")
     p.add_argument("name", metavar="NAME", help="a pod (a1), node (node-a) or external client (ext)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments, after --")
@@ -119,16 +125,17 @@ def pod_label(value: str) -> tuple[str, str, str]:
     return pod, key, val
 
 
-def _topology_with_labels(lab: str, labels: list[tuple[str, str, str]]):
-    """The default topology with the ``--label`` labels (None when none were given)."""
-    if not labels:
-        return None
-    from labkit.net.topology import Topology
+def pod_labels(labels: list[tuple[str, str, str]]) -> dict[str, dict[str, str]] | None:
+    """The ``--label`` values as ``up``'s ``labels`` (None when none were given): the pods named get exactly
+    these labels, the others keep ``app=<name>``.
 
+        >>> pod_labels([("a2", "app", "a1"), ("a2", "tier", "db")]), pod_labels([])
+        ({'a2': {'app': 'a1', 'tier': 'db'}}, None)
+    """
     per_pod: dict[str, dict[str, str]] = {}
     for pod, key, val in labels:
         per_pod.setdefault(pod, {})[key] = val
-    return Topology.default(lab, labels=per_pod)
+    return per_pod or None
 
 
 def policy_options(args) -> dict:
@@ -147,10 +154,9 @@ def policy_options(args) -> dict:
     return wanted
 
 
-def cmd_up(args) -> int:
-    from labkit.config import DatapathConfig
-    from labkit.lab import Lab
-
+def up_options(args) -> dict:
+    """The options ``up`` was given, as :class:`~labkit.config.DatapathConfig` field names (what labkitd's ``up``
+    takes); options not given are left out, so the lab's defaults apply."""
     changes = {}
     if args.routing is not None:
         changes["routing"] = args.routing
@@ -177,10 +183,21 @@ def cmd_up(args) -> int:
         changes["monitor_aggregation"] = args.monitor_aggregation
     if args.hubble_buffer_size is not None:
         changes["hubble_buffer_size"] = args.hubble_buffer_size
-    config = DatapathConfig().with_options(**changes)
+    return changes
+
+
+def cmd_up(args) -> int:
+    from labkit.client import Lab
+    from labkit.client.door import default_door
+    from labkit.config import DatapathConfig
+
+    changes = up_options(args)
+    config = DatapathConfig().with_options(**changes)  # a bad combination is refused here, before labkitd is asked
+    door = default_door()
+    door.call("hello")  # no labkitd: its one line now, not after the progress line
     print(f"bringing up lab {args.lab} ({config.routing} routing) ...", flush=True)
     t0 = time.time()
-    lab = Lab.up(args.lab, config=config, topology=_topology_with_labels(args.lab, args.label))
+    lab = Lab.up(args.lab, labels=pod_labels(args.label), door=door, **changes)
     took = time.time() - t0
     reused = lab.state.created < t0
     topo = lab.topology
@@ -211,14 +228,25 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
-    from labkit.lab import Lab
+    from labkit.errors import LabStateError, NotFoundError
 
-    removed = Lab.cleanup(args.lab)
-    if removed:
-        counts = Counter(removed)
-        print(f"lab {args.lab}: removed " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())))
-    else:
-        print(f"lab {args.lab}: nothing was recorded to remove")
+    try:
+        lab = common.attach(args)
+    except NotFoundError:
+        print(f"lab {args.lab} is not up: nothing to take down")
+        return 0
+    except LabStateError as exc:  # recorded, but not a lab labkitd can open (half-built, lab.json unreadable)
+        raise CliError(f"{exc}; `labkit --lab {args.lab} cleanup` removes what it recorded") from None
+    lab.down()
+    print(f"lab {lab.name}: taken down by labkitd; nothing of it is left")
+    return 0
+
+
+def cmd_cleanup(args) -> int:
+    from labkit.client import Lab
+
+    removed = Lab.cleanup(args.lab).get("removed", 0)
+    print(f"lab {args.lab}: " + (f"removed {removed} recorded objects" if removed else "nothing was recorded to remove"))
     print(f"nothing of lab {args.lab} is left")
     return 0
 
@@ -239,7 +267,7 @@ def cmd_status(args) -> int:
                      f"({'kube-proxy nat table, Linux conntrack' if st['datapath'].get('service_mode') == 'iptables' else 'cilium_lb4_* maps'})"],
         ["LB mode", f"{st['datapath'].get('lb_mode', '-')} (Maglev tables of "
                     f"{st['datapath'].get('maglev_table_size', '-')} slots)"],
-        ["NodePort accel", _accel_text(st)],
+        ["NodePort accel", _accel_text(lab, st)],
         ["Cilium", f"{st['datapath'].get('cilium', DEFAULT_RELEASE)} behaviour and output"],
         ["CT accounting", "on (Packets/Bytes counted)" if st["datapath"].get("ct_accounting")
                           else "off (as on a node: Packets=0 Bytes=0)"],
@@ -288,26 +316,28 @@ def cmd_status(args) -> int:
     return 0
 
 
-def _accel_text(st: dict) -> str:
-    """The NodePort acceleration row: the mode, what is attached where, and the command that shows it."""
+#: bpftool net show's XDP modes as ``ip link`` names them.
+_XDP_MODES = {"driver": "xdpdrv", "generic": "xdpgeneric", "offload": "xdpoffload"}
+
+
+def _accel_text(lab, st: dict) -> str:
+    """The NodePort acceleration row: the mode, what is attached where (labkitd's read-only bpftool in each
+    node), and the command that shows it."""
     if st["datapath"].get("nodeport_accel", "none") != "xdp":
         return "none (tc from-netdev load-balances outside traffic)"
-    from labkit.datapath import xdp
-    from labkit.net import netns as _netns
+    from labkit.errors import LabkitError
 
     seen = []
     for n in st["nodes"]:
         try:
-            with _netns.entered(n["netns"]):
-                from pyroute2 import IPRoute
-
-                with IPRoute() as ipr:
-                    prog = xdp.attached(ipr, ipr.link_lookup(ifname="eth0")[0])
-        except (OSError, IndexError):
-            prog = None
-        seen.append(f"{n['name']} eth0 {prog['mode']} id {prog['prog_id']}" if prog
-                    else f"{n['name']} eth0 NOT attached")
-    return f"xdp ({'; '.join(seen)}; see `{xdp.show_commands(st['nodes'][0]['netns'])[0]}`)"
+            done = lab.bpftool("-j", "net", "show", "dev", "eth0", node=n["name"])
+            progs = [x for d in json.loads(done.stdout or "[]") for x in d.get("xdp", [])]
+        except (LabkitError, ValueError, AttributeError) as exc:
+            seen.append(f"{n['name']} eth0 not known ({exc})")
+            continue
+        seen.append(f"{n['name']} eth0 {_XDP_MODES.get(progs[0].get('mode'), progs[0].get('mode'))} id "
+                    f"{progs[0].get('id')}" if progs else f"{n['name']} eth0 NOT attached")
+    return f"xdp ({'; '.join(seen)}; see `labkit exec {st['nodes'][0]['name']} -- ip -d link show eth0`)"
 
 
 def _variant_text(v: dict) -> str:
@@ -316,24 +346,59 @@ def _variant_text(v: dict) -> str:
     return f"{v['name']} ({how}, {v['age']})"
 
 
-def cmd_list(args) -> int:
-    from labkit.lab.inventory import inventory
+def _summary(d: dict):
+    """A lab as labkitd's ``list`` answers it (:meth:`LabSummary.to_dict` with ``name``, ``key``, ``owner_uid``),
+    as a :class:`~labkit.lab.inventory.LabSummary` named as you name it; its variant is read from the key's name
+    part (``demo-snat_u1000`` is a variant of ``demo``, shown to others as ``demo_u1000``)."""
+    from labkit.door.owners import lab_key, name_of, owner_of
+    from labkit.lab.inventory import LabSummary, split_variant
 
-    labs = inventory()
+    base, variant = split_variant(name_of(d["key"]))
+    if d["name"] == d["key"]:  # named by its key (root's, or another's lab an instructor sees): its main lab's key
+        base = lab_key(owner_of(d["key"]), base)
+    return LabSummary(d["name"], base, variant, d.get("status", "broken"), d.get("created"),
+                      int(d.get("owner_pid") or 0), bool(d.get("owner_alive")), dict(d.get("holds") or {}),
+                      int(d.get("running") or 0))
+
+
+def owner_name(uid: int | None) -> str:
+    """A lab owner's login name, or the uid when it has no passwd entry.
+
+        >>> owner_name(0), owner_name(None)
+        ('root', '-')
+    """
+    import pwd
+
+    if uid is None:
+        return "-"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def cmd_list(args) -> int:
+    from labkit.client import Lab
+
+    got = Lab.list()
+    labs = [(_summary(d), d) for d in got]
+    labs.sort(key=lambda sd: (sd[0].base, sd[0].variant is not None, sd[0].variant or ""))
     now = time.time()
     if args.json:
-        print_json([s.to_dict(now) for s in labs])
+        print_json([{**d, **{k: v for k, v in s.to_dict(now).items() if k in ("base", "variant", "orphaned", "age")},
+                     "owner": owner_name(d.get("owner_uid"))} for s, d in labs])
         return 0
     if not labs:
-        print("no labs on this machine (`labkit up` starts one)")
+        print("no labs of yours on this machine (`labkit up` starts one)")
         return 0
-    rows = [["LAB", "VARIANT OF", "STATUS", "AGE", "STARTED BY", "HOLDS"]]
-    for s in labs:
+    rows = [["LAB", "VARIANT OF", "STATUS", "AGE", "OWNER", "STARTED BY", "HOLDS"]]
+    for s, d in labs:
         status = "orphaned" if s.orphaned else s.status
-        rows.append([s.name, s.base if s.variant else "-", status, s.age(now), s.owner_text(), s.holds_text()])
+        rows.append([s.name, s.base if s.variant else "-", status, s.age(now), owner_name(d.get("owner_uid")),
+                     s.owner_text(), s.holds_text()])
     for row in table(rows):
         print(row)
-    notes = [n for n in (s.note() for s in labs) if n]
+    notes = [n for n in (s.note() for s, _ in labs) if n]
     if notes:
         print()
         for n in notes:
@@ -342,11 +407,12 @@ def cmd_list(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from labkit.cli.doctor import running_lab, services_journal
-    from labkit.datapath.doctor import format_checks, run_checks
+    from labkit.cli.doctor import machine_checks, root_only_note, running_lab, services_journal
+    from labkit.datapath.doctor import format_checks
 
-    checks = run_checks()
-    lab = running_lab(args.lab)
+    root = os.geteuid() == 0
+    checks = machine_checks(root)
+    lab = running_lab(args.lab) if root else None
     lines, journal_ok = services_journal(lab) if lab is not None else ([], True)
     if args.json:
         out = [c.to_json() for c in checks]
@@ -354,42 +420,78 @@ def cmd_doctor(args) -> int:
             out.append({"name": "services journal", "ok": journal_ok, "detail": lines[-1], "fix": None,
                         "problems": [line[4:] for line in lines[:-1]]})
         print_json(out)
+        if not root:
+            print(root_only_note(os.geteuid()), file=sys.stderr)
     else:
         print(format_checks(checks))
         if lab is not None:
             print(f"\nlab {lab.name}:")
             print("\n".join(lines))
+        if not root:
+            print(f"\n{root_only_note(os.geteuid())}")
     return 0 if all(c.ok for c in checks) and journal_ok else 1
 
 
-def cmd_exec(args) -> int:
-    from labkit.net import netns as _netns
+def _stdio(fd: int) -> int | None:
+    """``fd`` for the command when this process has it open, else DEVNULL (labkitd needs a real descriptor)."""
+    import subprocess
 
-    lab = common.attach(args)
-    netns = lab.topology.netns(args.name)  # NotFoundError lists the names
-    cgroup = lab.cgroup(args.name) if lab.topology.kind_of(args.name) == "pod" else None
-    cmd = args.cmd
     try:
-        _netns.enter_process(netns, cgroup)
-    except FileNotFoundError as exc:
-        raise CliError(f"{args.name}: network namespace {netns} or its cgroup is gone ({exc.filename}); "
-                     f"`labkit --lab {lab.name} up` rebuilds the lab")
-    except PermissionError as exc:
-        raise CliError(f"{args.name}: cannot enter {netns} ({exc.strerror}); run labkit as root")
+        os.fstat(fd)
+    except OSError:
+        return subprocess.DEVNULL
+    return None
+
+
+def cmd_exec(args) -> int:
+    lab = common.attach(args)
+    lab.topology.kind_of(args.name)  # NotFoundError lists the names
+    cmd = args.cmd
+    if cmd[0] == "bpftool":  # bpf(2) is root's: labkitd runs bpftool read-only on this lab's own objects
+        done = lab.bpftool(*cmd[1:], node=args.name)
+        sys.stdout.write(done.stdout or "")
+        sys.stderr.write(done.stderr or "")
+        return done.returncode
     sys.stdout.flush()
     sys.stderr.flush()
-    # Python ignores SIGPIPE and SIGXFSZ; the command should get the defaults back.
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
+    # labkitd starts the command as you in the pod (labkit.door.sandbox), on this terminal's stdin, stdout and
+    # stderr; its exit status comes back on a pipe of ours ("command not found" is its 127)
+    proc = lab.popen(args.name, cmd, stdin=_stdio(0), stdout=_stdio(1), stderr=_stdio(2))
+    previous = {}
     try:
-        os.execvp(cmd[0], cmd)
-    except FileNotFoundError:
-        print(f"labkit: error: {cmd[0]}: command not found in {args.name}", file=sys.stderr)
-        return 127
-    except PermissionError as exc:
-        print(f"labkit: error: {cmd[0]}: cannot run ({exc.strerror})", file=sys.stderr)
-        return 126
-    except OSError as exc:
-        print(f"labkit: error: {cmd[0]}: {exc.strerror}", file=sys.stderr)
-        return 126
-    return 0  # not reached
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _signalled)
+        while True:  # the command is not in this process's group: the signals this process gets are passed on
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:  # Ctrl-C
+                _pass_on(proc, signal.SIGINT)
+            except _Signalled as exc:
+                _pass_on(proc, exc.signum)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    return code if code >= 0 else 128 - code
+
+
+class _Signalled(Exception):
+    """SIGTERM or SIGHUP came while ``exec`` waited (raised, so the wait lets go of its lock first)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _signalled(signum, frame) -> None:
+    raise _Signalled(signum)
+
+
+def _pass_on(proc, signum: int) -> None:
+    """Send ``signum`` on to the command labkitd started (nothing when it has ended or labkitd is gone)."""
+    from labkit.errors import LabkitError
+
+    try:
+        proc.send_signal(signum)
+    except (LabkitError, OSError):
+        pass

@@ -1,4 +1,5 @@
-"""``labkit observe``: the flows Hubble would hold, with ``hubble observe``'s filters and output."""
+"""``labkit observe``: the flows Hubble would hold, with ``hubble observe``'s filters and output. labkitd reads
+the lab's Hubble ring (``lab.hubble(seq)``: GetFlowsResponse dicts from ``seq`` on); the filters run here."""
 from __future__ import annotations
 
 import json
@@ -40,9 +41,8 @@ def add_commands(add) -> None:
 
 
 def cmd_observe(args) -> int:
-    from labkit.net.ledger import lab_dir
-    from labkit.observe.hubble import FlowFilter, Names, compact, response, ring_lost
-    from labkit.observe.ring import HubbleRing
+    from labkit.errors import NotFoundError
+    from labkit.observe.hubble import FlowFilter, compact
 
     lab = common.attach(args)
     for node in args.nodes:
@@ -59,14 +59,6 @@ def cmd_observe(args) -> int:
     if bad:
         raise CliError(f"verdict {sorted(bad)[0]!r}: expected FORWARDED, DROPPED, ERROR, AUDIT, REDIRECTED, TRACED "
                        f"or TRANSLATED")
-    names = Names.from_topology(lab.topology)
-    devices = {node: {int(k): v for k, v in devs.items()} for node, devs in lab.state.devices.items()}
-    path = lab_dir(lab.name) / "hubble.ring"
-    try:
-        ring = HubbleRing.open(path)
-    except FileNotFoundError:
-        raise CliError(f"lab '{lab.name}': no Hubble ring at {path} (is the lab's agent running? "
-                       f"`labkit agent status`)") from None
 
     def emit(resps) -> None:
         for r in resps:
@@ -74,22 +66,21 @@ def cmd_observe(args) -> int:
         sys.stdout.flush()
 
     last = args.last if args.last is not None else (0 if args.follow else DEFAULT_LAST)
-    slots, _ = ring.read(0)
-    seq = ring.written  # --follow goes on exactly after what was read
-    matching = flt.select(response(s, names, devices) for s in slots)
+    got = lab.hubble()  # the whole ring as GetFlowsResponses (labkitd reads it); filtered here
+    seq = got["seq"]  # --follow goes on exactly after what was read
+    matching = flt.select(got["responses"])
     emit(matching[-last:] if last else [])
     if not args.follow:
         return 0
     try:
         while True:
-            slots, skipped = ring.read(seq)
-            seq = ring.written
-            if skipped:  # the ring overwrote what this reader had not read yet
-                emit([ring_lost(skipped)])
-            emit(flt.select(response(s, names, devices) for s in slots))
-            if not slots:
-                if not path.parent.exists():
-                    raise CliError(f"lab '{lab.name}' went down while following its flows")
+            try:
+                got = lab.hubble(seq)  # from seq on; a lost-events entry first when the ring overwrote some
+            except NotFoundError:
+                raise CliError(f"lab '{lab.name}' went down while following its flows") from None
+            seq = got["seq"]
+            emit(flt.select(got["responses"]))
+            if not got["responses"]:
                 time.sleep(POLL)
     except KeyboardInterrupt:
         return 0

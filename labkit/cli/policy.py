@@ -1,7 +1,11 @@
 """``labkit policy``: apply, delete, list CiliumNetworkPolicies and show a pod's policy map (the agent
-writes the maps); ``labkit identity list``: the identities, as ``cilium-dbg identity list``."""
+writes the maps); ``labkit identity list``: the identities, as ``cilium-dbg identity list``.
+
+Every request goes through labkitd: to the lab's agent (``lab.policy``), and for a pod's map to labkitd, which
+reads it (and, for ``-n`` and ``--json``, dumps it with its read-only bpftool)."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -9,7 +13,7 @@ from labkit.cli import common
 from labkit.cli.common import output_options, print_json, table
 
 __all__ = ["add_commands", "cmd_policy_apply", "cmd_policy_delete", "cmd_policy_list", "cmd_policy_get",
-           "cmd_identity_list", "agent_policies"]
+           "cmd_identity_list", "agent_policies", "map_rows"]
 
 
 def add_commands(add) -> None:
@@ -55,18 +59,25 @@ def add_commands(add) -> None:
 
 
 def agent_policies(args):
-    """``lab.policy`` of lab ``args.lab`` without loading the lab (only its name is needed)."""
-    from labkit.agent.client import RemotePolicies
-    from labkit.net.ledger import Ledger, lab_dir
+    """``lab.policy`` of lab ``args.lab``: the agent's client, its requests carried by labkitd."""
+    return common.attach(args).policy
 
-    if not Ledger(args.lab).exists():
-        raise common.CliError(f"lab '{args.lab}' is not up (no ledger in {lab_dir(args.lab)}); "
-                              f"start it with `labkit --lab {args.lab} up`")
 
-    class _Lab:
-        name = args.lab
+def map_rows(lab, path: str) -> list:
+    """The rows of the pinned policy map ``path`` as typed :class:`~labkit.maps.policy.PolicyRow` (labkitd's
+    read-only ``bpftool -j map dump pinned PATH``, decoded here: the raw key and value bytes it always prints)."""
+    from labkit.maps.policy import PolicyEntry, PolicyKey, PolicyRow
 
-    return RemotePolicies(_Lab())
+    done = lab.bpftool("-j", "map", "dump", "pinned", path)
+    if done.returncode != 0:
+        last = ((done.stderr or "").strip().splitlines() or ["no output"])[-1]
+        raise common.CliError(f"bpftool could not dump {path} ({last})")
+
+    def raw(hexes) -> bytes:
+        return bytes(int(b, 16) for b in hexes)
+
+    return [PolicyRow(PolicyKey.from_bytes(raw(item["key"])), PolicyEntry.from_bytes(raw(item["value"])))
+            for item in json.loads(done.stdout or "[]")]
 
 
 def _read(path: str, what: str) -> tuple[str, str]:
@@ -145,13 +156,15 @@ def cmd_policy_list(args) -> int:
 
 
 def cmd_policy_get(args) -> int:
-    view = agent_policies(args).get(args.pod)
+    lab = common.attach(args)
+    view = lab.policy.get(args.pod)
     info = view.info
     if args.json:
+        rows = map_rows(lab, view.path) if view.pinned else []
         print_json({"pod": view.pod, "path": view.path, "endpoint_id": info["endpoint_id"],
                     "command": view.command, "lines": view.lines,
                     "rows": [{"key": str(r.key), "entry": str(r.entry.flags), "packets": r.entry.packets,
-                              "bytes": r.entry.bytes, "prefix": r.key.l4_prefix} for r in view.rows]})
+                              "bytes": r.entry.bytes, "prefix": r.key.l4_prefix} for r in rows]})
         return 0
     if not view.pinned:
         print(f"pod {view.pod} (endpoint {info['endpoint_id']} on {info['node']}): no policy map at {view.path}: "
@@ -161,7 +174,7 @@ def cmd_policy_get(args) -> int:
     if args.numeric:
         from labkit.maps.policy import policy_get_lines
 
-        lines = policy_get_lines(view.rows, numeric=True)
+        lines = policy_get_lines(map_rows(lab, view.path), numeric=True)
     else:
         lines = view.lines
     for line in lines:

@@ -1,14 +1,14 @@
-"""``labkit trace``: flows seen by the datapath hooks, Hubble style."""
+"""``labkit trace``: flows seen by the datapath hooks, Hubble style, read through labkitd
+(``lab.events()``: from where the last read stopped)."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
 from labkit.cli import common
 from labkit.cli.common import CliError, POLL, count, output_options
-from labkit.observe.trace import EVENT_SIZE
+from labkit.errors import NotFoundError
 
 __all__ = ["add_commands", "cmd_trace"]
 
@@ -27,29 +27,6 @@ def add_commands(add) -> None:
     p.set_defaults(func=cmd_trace)
 
 
-def _last_flows(log, n: int, node: str | None) -> list:
-    """The last ``n`` flows (of ``node``) in time order, reading only the end of a long log."""
-
-    if n == 0:
-        log.seek_end()
-        return []
-    try:
-        size = os.stat(log.path).st_size
-    except FileNotFoundError:
-        return []
-    size -= size % EVENT_SIZE
-    window = max(4 * n, 1024)
-    while True:
-        start = max(0, size - window * EVENT_SIZE)
-        log.offset = start
-        flows = [f for f in log.read() if node is None or f.node == node]
-        if start == 0 or len(flows) >= 2 * n:  # margin: two rings interleave slightly out of order
-            break
-        window *= 4
-    flows.sort(key=lambda f: f.event.ts_ns)
-    return flows[-n:]
-
-
 def cmd_trace(args) -> int:
     lab = common.attach(args)
     if args.node is not None:
@@ -62,20 +39,21 @@ def cmd_trace(args) -> int:
             print(json.dumps(flow.to_json()) if args.json else flow.line())
         sys.stdout.flush()
 
-    emit(_last_flows(log, last, args.node))
+    emit(log.last(last, args.node))  # labkitd reads only the end of a long log; in time order
     if not args.follow:
         return 0
-    idle = 0
+    gone = CliError(f"lab '{lab.name}' went down while following its trace")
     try:
         while True:
-            flows = [f for f in log.read() if args.node is None or f.node == args.node]
+            try:
+                flows = log.read(args.node)
+            except NotFoundError:
+                raise gone from None
             if flows:
-                idle = 0
                 emit(sorted(flows, key=lambda f: f.event.ts_ns))
                 continue
-            idle += 1
-            if idle % 20 == 0 and not log.path.parent.exists():
-                raise CliError(f"lab '{lab.name}' went down while following its trace")
+            if not log.up:
+                raise gone
             time.sleep(POLL)
     except KeyboardInterrupt:
         return 0

@@ -1,16 +1,43 @@
-"""The ``labkit`` command line against a real lab (the shared ``dptest`` lab, reset per test)."""
+"""The ``labkit`` command line against a real lab through a real labkitd: the shared ``dptest`` lab (root's,
+made in-process and reset per test; labkitd adopts it by name), and a lab an unprivileged user brings up
+with the command alone.
+
+A labkitd must answer on the default socket: :func:`labkitd` starts one for this module when none does (and
+stops it after), or uses the one that runs (and leaves it running).
+"""
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import subprocess
 import sys
 import time
+
+import pytest
 
 from labtag import tagged
 
 LABKIT = [sys.executable, "-m", "labkit", "cli"]
 CT_JSON_KEYS = {"proto", "dir", "src", "dst", "flags", "rev_nat", "backend_id", "packets", "bytes", "expires",
                 "related", "remaining", "expired"}
+#: The unprivileged user the module makes for itself (and removes).
+LEARNER = "labkit-clitest"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def labkitd(_require_datapath):
+    """A labkitd answering on the default socket for the whole module: the running one, or one started here
+    (and stopped after the module)."""
+    from labkit.door import api, daemon
+
+    path = api.socket_path()
+    started = False
+    if daemon.status(path) is None:
+        started, _ = daemon.start(path)
+    yield path
+    if started:
+        daemon.stop(path)
 
 
 def labkit(lab, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -102,6 +129,23 @@ def test_ct_list_remaining(lab):
     assert lines and all("(remaining: " in line for line in lines)
 
 
+def test_ct_list_is_lab_ct(lab):
+    """`labkit ct list node-a` (through labkitd) prints exactly the rows lab.ct('node-a') reads in-process, in
+    cilium-dbg's grammar, and --json the same rows."""
+    from labkit.maps.ct import CT_MAPS, list_text
+
+    assert ping(lab).returncode == 0
+    proc = labkit(lab, "ct", "list", "node-a")
+    assert proc.returncode == 0, proc.stderr
+    rows = lab.ct("node-a")
+    assert rows, "the ping left rows"
+    assert proc.stdout == list_text([[r for r in rows if r.map == m] for m in CT_MAPS], None)
+    proc = labkit(lab, "ct", "list", "node-a", "--json")
+    drop = ("remaining", "expired")  # measured on the clock at each read
+    assert [{k: v for k, v in r.items() if k not in drop} for r in json.loads(proc.stdout)] == \
+        [{k: v for k, v in r.to_json(0).items() if k not in drop} for r in rows]
+
+
 def test_ct_list_show_command(lab):
     """ct list --show-command starts with the bpftool commands as '# ' lines."""
     proc = labkit(lab, "ct", "list", "node-a", "--show-command")
@@ -110,10 +154,12 @@ def test_ct_list_show_command(lab):
 
 
 def test_ct_list_imports_no_pyroute2_or_bcc(lab):
-    """ct list loads neither pyroute2 nor bcc (its speed is measured in `make bench`)."""
+    """ct list and nat list, clients of labkitd, load neither pyroute2 nor bcc (their speed is measured in
+    `make bench`)."""
     code = (
         "import sys; from labkit.cli import main\n"
         f"rc = main(['--lab', {lab.name!r}, 'ct', 'list', 'node-a'])\n"
+        f"rc = rc or main(['--lab', {lab.name!r}, 'nat', 'list', 'node-a'])\n"
         "heavy = [m for m in ('pyroute2', 'bcc', 'networkx') if m in sys.modules]\n"
         "print('HEAVY', heavy); sys.exit(rc)\n"
     )
@@ -194,3 +240,111 @@ def test_lab_not_up(lab):
     proc = subprocess.run(LABKIT + ["--lab", tagged("dpnotup"), "status"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
     assert f"labkit --lab {tagged('dpnotup')} up" in proc.stderr
+
+
+def test_no_labkitd_is_one_line(lab, tmp_path):
+    """With LABKIT_DOOR where no labkitd listens, a lab command prints one line saying how to start it (exit 1)."""
+    sock = tmp_path / "none.sock"
+    proc = subprocess.run(LABKIT + ["--lab", lab.name, "ct", "list", "node-a"], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "LABKIT_DOOR": str(sock)})
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith(f"labkit: error: no labkitd answers on {sock} (") and proc.stderr.count("\n") == 1
+
+
+# -- an unprivileged user --------------------------------------------------------------------
+class Learner:
+    """The module's unprivileged user; :meth:`labkit` runs the command as them."""
+
+    def __init__(self, name: str, door):
+        entry = pwd.getpwnam(name)
+        self.name, self.uid, self.home, self.door = name, entry.pw_uid, entry.pw_dir, door
+
+    def key(self, lab: str) -> str:
+        return f"{lab}_u{self.uid}"
+
+    def labkit(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """``labkit ARGS`` run as this user (runuser), on the module's labkitd, in their home."""
+        argv = ["runuser", "-u", self.name, "--", "env", "-u", "LABKIT_LAB", f"LABKIT_DOOR={self.door}",
+                sys.executable, "-m", "labkit", "cli", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.home,
+                              stdin=subprocess.DEVNULL)
+
+
+def _root_cleanup(key: str) -> None:
+    """Root (an instructor) removes what user lab ``key`` recorded, if anything."""
+    subprocess.run(LABKIT + ["--lab", key, "cleanup"], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def learner(labkitd):
+    """A user made for this module (useradd -m), neither root nor an instructor; removed with their home and
+    labs at the end."""
+    subprocess.run(["userdel", "-r", "-f", LEARNER], capture_output=True)  # a previous run's, if it was left
+    subprocess.run(["useradd", "-m", "-s", "/bin/bash", LEARNER], check=True, capture_output=True)
+    user = Learner(LEARNER, labkitd)
+    _root_cleanup(user.key("demo"))
+    try:
+        yield user
+    finally:
+        _root_cleanup(user.key("demo"))
+        subprocess.run(["userdel", "-r", "-f", LEARNER], capture_output=True)
+
+
+def test_a_user_runs_their_own_lab(lab, learner):
+    """As an unprivileged user: `labkit up` brings up their lab demo (key demo_u<uid>), `labkit list` shows it
+    and not root's, `labkit exec a1 -- id -u` runs as them, naming another's lab is refused or not theirs, an
+    instructor (root) reaches it by key, and `labkit down` removes it."""
+    key = learner.key("demo")
+    up = learner.labkit("up", timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "lab demo is up" in up.stdout and "labkit --lab demo exec a1 -- ping -c1 198.18.2.11" in up.stdout
+
+    listed = learner.labkit("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    labs = json.loads(listed.stdout)
+    assert [(d["name"], d["key"], d["owner_uid"], d["owner"]) for d in labs] == [("demo", key, learner.uid, LEARNER)]
+    assert lab.name not in {d["key"] for d in labs} | {d["name"] for d in labs}
+    table = learner.labkit("list").stdout.splitlines()
+    owner = table[0].index("OWNER")
+    assert table[1].split()[0] == "demo" and table[1][owner:].split()[0] == LEARNER
+
+    me = learner.labkit("exec", "a1", "--", "id", "-u")
+    assert me.returncode == 0, me.stderr
+    assert me.stdout.strip() == str(learner.uid)
+    ping = learner.labkit("exec", "a1", "--", "ping", "-c", "1", "-W", "2", "198.18.2.11")
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    ct = learner.labkit("ct", "list", "node-a")
+    assert ct.returncode == 0 and "ICMP OUT 198.18.1.11:" in ct.stdout, ct.stdout + ct.stderr
+
+    # root's lab by its name is the user's own lab of that name, which is not up
+    theirs = learner.labkit("--lab", lab.name, "ct", "list", "node-a")
+    assert theirs.returncode == 1 and theirs.stdout == ""
+    assert theirs.stderr == f"labkit: error: lab '{lab.name}' is not up; start it with `labkit --lab {lab.name} up`\n"
+    # another user's lab by key is refused, whether or not it exists
+    other = learner.labkit("--lab", f"demo_u{learner.uid + 1}", "ct", "list", "node-a")
+    assert other.returncode == 1 and other.stderr.count("\n") == 1
+    assert other.stderr.startswith("labkit: error: ") and "refused" in other.stderr
+
+    st = subprocess.run(LABKIT + ["--lab", key, "status", "--json"], capture_output=True, text=True, timeout=60)
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["key"] == key
+
+    down = learner.labkit("down", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert down.stdout == "lab demo: taken down by labkitd; nothing of it is left\n"
+    assert json.loads(learner.labkit("list", "--json").stdout) == []
+    again = learner.labkit("down")
+    assert again.returncode == 0 and again.stdout == "lab demo is not up: nothing to take down\n"
+
+
+def test_a_user_runs_doctor_and_not_answers(learner):
+    """As an unprivileged user, `labkit doctor` reports what it can see and leaves the rest to sudo; `labkit
+    answers` is refused in one line."""
+    doc = learner.labkit("doctor", timeout=120)
+    assert doc.returncode in (0, 1) and "Traceback" not in doc.stderr, doc.stderr
+    lines = doc.stdout.splitlines()
+    assert lines[0].split()[:2] == ["ok", "labkitd"]
+    assert lines[-1].endswith("`sudo labkit doctor` checks the rest")
+    ans = learner.labkit("answers", "02")
+    assert ans.returncode == 1 and ans.stdout == ""
+    assert ans.stderr == "labkit: error: answers are for instructors (root or the group labkit-instructors)\n"

@@ -1,7 +1,8 @@
 """The ``labkit`` command line without a kernel: parsing, exit codes, output shapes.
 
-Nothing here touches a real lab: every ``Lab`` entry point a command uses is
-replaced with a fake through monkeypatch.
+Nothing here touches a real lab or a real labkitd: every :class:`labkit.client.Lab` entry point a command
+uses (``attach``, ``up``, ``cleanup``, ``list``) is replaced with a fake through monkeypatch, and
+``LABKIT_DOOR`` points at a socket in the test's own directory where nothing listens.
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import time
 import pytest
 
 from labkit import __version__, cli
+from labkit.client import Lab
+from labkit.client.door import DoorClient
 from labkit.config import CtTimeouts, DatapathConfig
 from labkit.constants import Hook, Verdict
-from labkit.errors import CleanupError, NotFoundError
-from labkit.lab import Lab
+from labkit.errors import CleanupError, LabStateError, NotFoundError
 from labkit.maps.ct import CtEntry, CtFlags, CtKey4, CtResult, CtRow, TupleFlags
 from labkit.net.ledger import LabState
 from labkit.net.topology import Topology
@@ -24,9 +26,10 @@ from labkit.observe.trace import EventLog, TraceEvent, TraceTuple
 
 
 @pytest.fixture(autouse=True)
-def _no_env_lab(monkeypatch):
-    """Every test starts without LABKIT_LAB set."""
+def _no_env_lab(monkeypatch, tmp_path):
+    """Every test starts without LABKIT_LAB set, and with LABKIT_DOOR at a socket nothing listens on."""
     monkeypatch.delenv("LABKIT_LAB", raising=False)
+    monkeypatch.setenv("LABKIT_DOOR", str(tmp_path / "labkitd.sock"))
 
 
 def parse(*argv: str):
@@ -42,8 +45,6 @@ class FakeClock:
         return self._now
 
     def advance(self, seconds: int) -> int:
-        if not isinstance(seconds, int) or seconds < 0:
-            raise ValueError(f"clock advance: expected whole seconds >= 0, got {seconds!r}")
         self.offset += seconds
         self._now += seconds
         return self._now
@@ -58,17 +59,56 @@ def _rows() -> list[CtRow]:
     ]
 
 
+class FakeEventLog:
+    """What ``lab.events()`` gives (labkit.client.lab.RemoteEventLog), over a real events file: ``last`` the last
+    n flows in time order, ``read`` what came since; ``up`` False once the lab is gone."""
+
+    def __init__(self, path, topology):
+        nodes = {n.node_id: n.name for n in topology.nodes}
+        self.log = EventLog(path, nodes, {"node-a": {6: "lxc-a1"}, "node-b": {6: "lxc-b1"}})
+        self.up = True
+
+    def last(self, n: int, node=None) -> list:
+        self.log.offset = 0
+        flows = sorted((f for f in self.log.read() if node is None or f.node == node), key=lambda f: f.event.ts_ns)
+        return flows[-n:] if n else []
+
+    def read(self, node=None) -> list:
+        return [f for f in self.log.read() if node is None or f.node == node]
+
+
+class FakeProc:
+    """What ``lab.popen`` gives: ``wait`` returns the codes (or raises the exceptions) given, in turn."""
+
+    def __init__(self, *waits):
+        self.waits = list(waits)
+        self.signals: list[int] = []
+
+    def wait(self):
+        got = self.waits.pop(0)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def send_signal(self, sig) -> None:
+        self.signals.append(sig)
+
+
 class FakeLab:
-    """Just enough of Lab for the commands; records what was asked of it."""
+    """Just enough of labkit.client.Lab for the commands; records what was asked of it."""
 
     def __init__(self, name: str = "demo", events_path=None):
-        self.name = name
+        self.name = self.key = name
+        self.owner = 0
         self.topology = Topology.default(name)
         self.config = DatapathConfig()
         self.clock = FakeClock()
         self.state = LabState(name, self.topology.to_dict(), self.config.to_dict(), pin_dirs={}, created=0.0)
         self._events_path = events_path
         self.ct_nodes: list[str] = []
+        self.procs: list[FakeProc] = [FakeProc(0)]
+        self.started: list[tuple] = []
+        self.downed = False
 
     def ct(self, node: str) -> list[CtRow]:
         self.topology.node(node)
@@ -76,16 +116,31 @@ class FakeLab:
         return _rows()
 
     def ct_command(self, node: str) -> list[str]:
-        return [f"bpftool map dump pinned /sys/fs/bpf/labkit/{self.name}/{node}/{m}"
+        return [f"bpftool map dump pinned /sys/fs/bpf/labkit/{self.key}/{node}/{m}"
                 for m in ("cilium_ct4_global", "cilium_ct_any4_global")]
 
-    def cgroup(self, pod: str):
-        self.topology.pod(pod)
-        return f"/sys/fs/cgroup/labkit/{self.name}/{pod}"
+    def events(self) -> FakeEventLog:
+        if not hasattr(self, "_log"):
+            self._log = FakeEventLog(self._events_path, self.topology)
+        return self._log
 
-    def events(self) -> EventLog:
-        nodes = {n.node_id: n.name for n in self.topology.nodes}
-        return EventLog(self._events_path, nodes, {"node-a": {6: "lxc-a1"}, "node-b": {6: "lxc-b1"}})
+    def popen(self, name, argv, stdin=None, stdout=None, stderr=None):
+        self.topology.kind_of(name)
+        self.started.append((name, list(argv), stdin, stdout, stderr))
+        return self.procs.pop(0)
+
+    def bpftool(self, *args, node=None):
+        import subprocess
+
+        self.started.append(("bpftool", list(args), node))
+        return subprocess.CompletedProcess(["bpftool", *args], 0, "bpftool says\n", "")
+
+    def down(self) -> None:
+        self.downed = True
+
+    def agent_logs(self, tail: int = 0) -> dict:
+        lines = [f"line {i}" for i in range(10)]
+        return {"lines": lines[-tail:] if tail else lines, "path": f"/run/labkit/{self.key}/agent.log"}
 
     def status(self) -> dict:
         t = self.topology
@@ -103,11 +158,11 @@ class FakeLab:
 
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
-    """Lab.attach returns a FakeLab (and remembers which lab was asked for)."""
+    """labkit.client.Lab.attach returns a FakeLab (and remembers which lab was asked for)."""
     lab = FakeLab(events_path=tmp_path / "events.bin")
     asked = []
 
-    def attach(name="demo"):
+    def attach(name="demo", door=None):
         asked.append(name)
         lab.name = name
         return lab
@@ -115,6 +170,16 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(Lab, "attach", staticmethod(attach))
     lab.asked = asked
     return lab
+
+
+@pytest.fixture
+def door_up(monkeypatch):
+    """A labkitd that answers ``hello`` (the only request a faked command still makes itself)."""
+    def call(self, verb, lab=None, **kw):
+        assert verb == "hello", f"unexpected request {verb!r} to the fake labkitd"
+        return {"version": 1, "uid": 0, "user": "root", "instructor": True, "limits": {}}
+
+    monkeypatch.setattr(DoorClient, "call", call)
 
 
 def _event(ts: int, node_id: int, hook: Hook = Hook.FROM_CONTAINER) -> bytes:
@@ -140,6 +205,14 @@ def test_bad_lab_name_is_usage_error(capsys):
     """A lab name the topology would reject is refused at parse time with exit 2."""
     assert cli.main(["--lab", "Bad_Name", "status"]) == 2
     assert "lab name" in capsys.readouterr().err
+
+
+def test_lab_key_is_a_lab_name():
+    """--lab takes a lab's key too (demo_u1000, for instructors; labkitd decides), and no other form."""
+    assert parse("--lab", "demo_u1000", "status").lab == "demo_u1000"
+    for bad in ("demo_u0", "demo_x1000", "demo_u", "_u1000", "demo.u1000"):
+        with pytest.raises(SystemExit):
+            parse("--lab", bad, "status")
 
 
 def test_version(capsys):
@@ -248,11 +321,37 @@ def test_parse_clock():
     assert cli.main(["clock", "advance", "abc"]) == 2
 
 
+def test_parse_daemon():
+    """daemon run|start|stop|status parse, each with --socket; run takes --quiet, status --json."""
+    args = parse("daemon", "run", "--quiet", "--socket", "/tmp/x.sock")
+    assert (args.command, args.daemon_command, args.quiet, args.socket) == ("daemon", "run", True, "/tmp/x.sock")
+    assert parse("daemon", "start").daemon_command == "start" and parse("daemon", "stop").socket is None
+    assert parse("daemon", "status", "--json").json is True
+    assert cli.main(["daemon"]) == 2
+    assert cli.main(["daemon", "restart"]) == 2
+
+
 # -- errors --------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["status"], ["ct", "list", "node-a"], ["nat", "list", "node-a"], ["up"], ["down"],
+                                  ["cleanup"], ["list"], ["exec", "a1", "--", "true"], ["service", "list"],
+                                  ["trace"], ["clock", "show"], ["agent", "logs"]])
+def test_no_labkitd_is_one_line(argv, tmp_path, capsys):
+    """With no labkitd on $LABKIT_DOOR every lab command prints exactly one line, the DoorDownError saying where it
+    knocked and how to start labkitd, and exits 1."""
+    sock = tmp_path / "labkitd.sock"
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith(f"labkit: error: no labkitd answers on {sock} (No such file or directory): "
+                                   f"start it with ")
+    assert "sudo labkit daemon start" in captured.err
+
+
 def test_labkit_error_prints_and_returns_1(monkeypatch, capsys):
     """A LabkitError inside a command becomes 'labkit: error: …' on stderr and exit 1."""
-    def attach(name="demo"):
-        raise NotFoundError(f"lab '{name}' is not up (no ledger); start it with `labkit --lab {name} up`")
+    def attach(name="demo", door=None):
+        raise NotFoundError(f"lab '{name}' is not up; start it with `labkit --lab {name} up`")
 
     monkeypatch.setattr(Lab, "attach", staticmethod(attach))
     assert cli.main(["--lab", "x", "status"]) == 1
@@ -261,9 +360,9 @@ def test_labkit_error_prints_and_returns_1(monkeypatch, capsys):
     assert captured.out == ""
 
 
-def test_unreadable_state_is_an_error(monkeypatch, capsys):
-    """A lab.json that does not parse is reported (exit 1) with the cleanup hint, not a traceback."""
-    def attach(name="demo"):
+def test_unreadable_answer_is_an_error(monkeypatch, capsys):
+    """A description of the lab the client cannot read is reported (exit 1) with the cleanup hint, not a traceback."""
+    def attach(name="demo", door=None):
         return json.loads("{broken")
 
     monkeypatch.setattr(Lab, "attach", staticmethod(attach))
@@ -272,9 +371,10 @@ def test_unreadable_state_is_an_error(monkeypatch, capsys):
 
 
 def test_negative_clock_advance_is_error(fake, capsys):
-    """clock advance -5 reaches Lab.clock.advance, whose ValueError becomes exit 1."""
+    """clock advance -5 is refused (exit 1) before labkitd is asked; the clock stays."""
     assert cli.main(["clock", "advance", "-5"]) == 1
-    assert capsys.readouterr().err.startswith("labkit: error: clock advance")
+    assert capsys.readouterr().err.startswith("labkit: error: clock advance: expected whole seconds >= 0, got -5")
+    assert fake.clock.offset == 0 and fake.asked == []
 
 
 def test_unknown_node_lists_nodes(fake, capsys):
@@ -284,35 +384,77 @@ def test_unknown_node_lists_nodes(fake, capsys):
 
 
 # -- commands against a fake lab --------------------------------------------------
-def test_up_builds_config(monkeypatch, capsys):
-    """up passes routing and CT timeouts as a DatapathConfig and prints nodes, pods and next commands."""
+def test_up_passes_options(monkeypatch, door_up, capsys):
+    """up asks labkitd for the lab with the options given as DatapathConfig field names (only those given) and
+    prints nodes, pods and next commands."""
     seen = {}
 
-    def up(name="demo", *, routing=None, config=None, topology=None):
-        seen.update(name=name, config=config)
+    def up(name="demo", *, labels=None, door=None, **options):
+        seen.update(name=name, labels=labels, options=options)
         return FakeLab(name)
 
     monkeypatch.setattr(Lab, "up", staticmethod(up))
-    assert cli.main(["--lab", "uplab", "up", "--routing", "native", "--ct-timeout", "syn=5"]) == 0
-    assert seen["name"] == "uplab"
-    assert seen["config"] == DatapathConfig().with_options(routing="native", timeouts={"syn": 5})
+    assert cli.main(["--lab", "uplab", "up", "--routing", "native", "--ct-timeout", "syn=5",
+                     "--ct-accounting", "on"]) == 0
+    assert seen == {"name": "uplab", "labels": None,
+                    "options": {"routing": "native", "timeouts": {"syn": 5}, "ct_accounting": True}}
     out = capsys.readouterr().out
+    assert out.startswith("bringing up lab uplab (native routing) ...")
     assert "node-a" in out and "198.18.1.0/24" in out and "198.18.2.11" in out
     assert "labkit --lab uplab exec a1 -- ping -c1 198.18.2.11" in out
     assert "labkit --lab uplab ct list node-a" in out
 
 
-def test_down_reports_removed_kinds(monkeypatch, capsys):
-    """down calls Lab.cleanup and prints counts by kind and 'nothing of lab X is left'."""
-    monkeypatch.setattr(Lab, "cleanup", staticmethod(lambda name: ["netns", "netns", "pin"]))
+def test_up_bad_combination_refused_before_labkitd(monkeypatch, capsys):
+    """A combination DatapathConfig refuses (XDP acceleration with tunnel routing) is an error before any request."""
+    monkeypatch.setattr(Lab, "up", staticmethod(lambda *a, **kw: pytest.fail("labkitd asked")))
+    assert cli.main(["up", "--nodeport-accel", "xdp"]) == 1
+    assert "no labkitd" not in capsys.readouterr().err
+
+
+def test_down_takes_the_lab_down(fake, capsys):
+    """down attaches to the lab and asks labkitd to take it down, then says nothing of it is left."""
     assert cli.main(["--lab", "gone", "down"]) == 0
-    out = capsys.readouterr().out
-    assert "2 netns" in out and "1 pin" in out and "nothing of lab gone is left" in out
+    assert fake.downed and fake.asked == ["gone"]
+    assert capsys.readouterr().out == "lab gone: taken down by labkitd; nothing of it is left\n"
+
+
+def test_down_of_a_lab_not_up(monkeypatch, capsys):
+    """down of a lab that is not up says so and exits 0; a lab labkitd cannot open points at cleanup (exit 1)."""
+    def attach(name="demo", door=None):
+        raise NotFoundError(f"lab '{name}' is not up; start it with `labkit --lab {name} up`")
+
+    monkeypatch.setattr(Lab, "attach", staticmethod(attach))
+    assert cli.main(["--lab", "gone", "down"]) == 0
+    assert capsys.readouterr().out == "lab gone is not up: nothing to take down\n"
+
+    def broken(name="demo", door=None):
+        raise LabStateError(f"lab '{name}': lab.json is unreadable")
+
+    monkeypatch.setattr(Lab, "attach", staticmethod(broken))
+    assert cli.main(["--lab", "gone", "down"]) == 1
+    assert "`labkit --lab gone cleanup` removes what it recorded" in capsys.readouterr().err
+
+
+def test_cleanup_reports_what_was_removed(monkeypatch, capsys):
+    """cleanup asks labkitd to remove what the lab recorded and prints how many, then 'nothing of lab X is left'."""
+    asked = []
+
+    def cleanup(name, door=None):
+        asked.append(name)
+        return {"removed": 3 if name == "gone" else 0}
+
+    monkeypatch.setattr(Lab, "cleanup", staticmethod(cleanup))
+    assert cli.main(["--lab", "gone", "cleanup"]) == 0
+    assert capsys.readouterr().out == "lab gone: removed 3 recorded objects\nnothing of lab gone is left\n"
+    assert cli.main(["--lab", "other", "cleanup"]) == 0
+    assert "nothing was recorded to remove" in capsys.readouterr().out
+    assert asked == ["gone", "other"]
 
 
 def test_cleanup_failure_is_error(monkeypatch, capsys):
     """cleanup reports a CleanupError (something left) with exit 1."""
-    def cleanup(name):
+    def cleanup(name, door=None):
         raise CleanupError(f"lab '{name}': still present after teardown: netns lk-{name}-a1")
 
     monkeypatch.setattr(Lab, "cleanup", staticmethod(cleanup))
@@ -328,6 +470,22 @@ def test_status_human_and_json(fake, capsys):
         assert needle in out
     assert cli.main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == fake.status()
+
+
+def test_status_xdp_row_reads_bpftool_through_labkitd(fake, monkeypatch, capsys):
+    """With XDP acceleration the NodePort row names each node's program, read by labkitd's bpftool (no root here)."""
+    import subprocess
+
+    st = fake.status()
+    st["datapath"]["nodeport_accel"] = "xdp"
+    monkeypatch.setattr(fake, "status", lambda: st)
+    answers = {"node-a": [{"xdp": [{"devname": "eth0", "ifindex": 2, "mode": "generic", "id": 41}], "tc": []}],
+               "node-b": [{"xdp": [], "tc": []}]}
+    monkeypatch.setattr(fake, "bpftool", lambda *args, node=None: subprocess.CompletedProcess(
+        ["bpftool", *args], 0, json.dumps(answers[node]), ""))
+    assert cli.main(["status"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("NodePort accel"))
+    assert "node-a eth0 xdpgeneric id 41" in row and "node-b eth0 NOT attached" in row
 
 
 def test_ct_list_prints_only_rows(fake, capsys):
@@ -359,27 +517,80 @@ def test_ct_list_json(fake, capsys):
     assert fake.ct_nodes == ["node-b"]
 
 
+def _labkitd_ok():
+    from labkit.datapath.doctor import Check
+
+    return Check("labkitd", True, "answers on /run/labkitd/labkitd.sock")
+
+
 def test_doctor_exit_status(monkeypatch, capsys):
-    """doctor exits 0 when every check passes and 1 otherwise; --json lists the checks."""
+    """doctor (as root) exits 0 when every check passes and 1 otherwise; --json lists the checks, labkitd's first."""
+    from labkit.cli import doctor as cli_doctor
     from labkit.datapath import doctor
 
     checks = [doctor.Check("kernel", True, "6.1"), doctor.Check("bpffs", False, "missing", "mount it")]
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(doctor, "run_checks", lambda full=True: checks)
-    monkeypatch.setattr("labkit.cli.doctor.running_lab", lambda name: None)  # no lab up: the machine only
+    monkeypatch.setattr(cli_doctor, "labkitd_check", _labkitd_ok)
+    monkeypatch.setattr(cli_doctor, "running_lab", lambda name: None)  # no lab up: the machine only
     assert cli.main(["doctor"]) == 1
     assert "FAIL" in capsys.readouterr().out
     assert cli.main(["doctor", "--json"]) == 1
-    assert json.loads(capsys.readouterr().out) == [c.to_json() for c in checks]
+    assert json.loads(capsys.readouterr().out) == [_labkitd_ok().to_json()] + [c.to_json() for c in checks]
     monkeypatch.setattr(doctor, "run_checks", lambda full=True: checks[:1])
     assert cli.main(["doctor"]) == 0
 
 
-def test_doctor_checks_a_running_labs_services_journal(monkeypatch, capsys):
-    """With a lab up, doctor prints its services journal's problems and verdict, and exits 1 if it is damaged."""
+def test_doctor_says_when_labkitd_is_down(monkeypatch, capsys):
+    """doctor's labkitd check fails when nothing answers on $LABKIT_DOOR, with the commands that start it."""
     from labkit.cli import doctor as cli_doctor
     from labkit.datapath import doctor
 
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(doctor, "run_checks", lambda full=True: [doctor.Check("kernel", True, "6.1")])
+    monkeypatch.setattr(cli_doctor, "running_lab", lambda name: None)
+    assert cli.main(["doctor"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["FAIL", "labkitd"] and "no labkitd answers on" in out[0]
+    assert "sudo labkit daemon start" in out[1]
+
+
+def test_doctor_as_a_user_checks_what_it_can(monkeypatch, capsys):
+    """As a user other than root doctor drops the privileges check and the compile probe (labkitd holds the
+    privileges), looks at no lab's state, and says `sudo labkit doctor` checks the rest."""
+    from labkit.cli import doctor as cli_doctor
+    from labkit.datapath import doctor
+
+    fulls = []
+
+    def run_checks(full=True):
+        fulls.append(full)
+        return [doctor.Check("privileges", False, "euid 1000", "run as root"), doctor.Check("kernel", True, "6.1")]
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(doctor, "run_checks", run_checks)
+    monkeypatch.setattr(cli_doctor, "labkitd_check", _labkitd_ok)
+    monkeypatch.setattr(cli_doctor, "running_lab", lambda name: pytest.fail("a user's doctor read a lab's state"))
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "privileges" not in out.split("\n\n")[0] and "kernel" in out and fulls == [False]
+    assert out.splitlines()[-1] == ("not checked as uid 1000: privileges, the compile-and-attach probe, the lab's "
+                                    "services journal; `sudo labkit doctor` checks the rest")
+    assert cli.main(["doctor", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [c["name"] for c in json.loads(captured.out)] == ["labkitd", "kernel"]
+    assert "`sudo labkit doctor` checks the rest" in captured.err
+
+
+def test_doctor_checks_a_running_labs_services_journal(monkeypatch, capsys):
+    """As root with a lab up, doctor prints its services journal's problems and verdict, and exits 1 if it is
+    damaged."""
+    from labkit.cli import doctor as cli_doctor
+    from labkit.datapath import doctor
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(doctor, "run_checks", lambda full=True: [doctor.Check("kernel", True, "6.1")])
+    monkeypatch.setattr(cli_doctor, "labkitd_check", _labkitd_ok)
 
     class Up:
         name = "demo"
@@ -403,43 +614,49 @@ def test_doctor_checks_a_running_labs_services_journal(monkeypatch, capsys):
     assert "services journal" not in capsys.readouterr().out
 
 
-def test_exec_enters_namespace_and_execs(fake, monkeypatch):
-    """exec enters the pod's netns and cgroup (nodes: no cgroup), then execvp's the command."""
-    calls = []
-    monkeypatch.setattr("labkit.net.netns.enter_process", lambda netns, cgroup=None: calls.append((netns, cgroup)))
-
-    def execvp(file, argv):
-        calls.append((file, argv))
-        raise SystemExit(0)
-
-    monkeypatch.setattr(os, "execvp", execvp)
-    monkeypatch.setattr(signal, "signal", lambda *a: None)
-    with pytest.raises(SystemExit):
-        cli.main(["exec", "a1", "--", "ping", "-c1", "198.18.2.11"])
-    assert calls == [("lk-demo-a1", "/sys/fs/cgroup/labkit/demo/a1"), ("ping", ["ping", "-c1", "198.18.2.11"])]
-    calls.clear()
-    with pytest.raises(SystemExit):
-        cli.main(["exec", "node-b", "--", "ip", "route"])
-    assert calls[0] == ("lk-demo-node-b", None)
+def test_exec_has_labkitd_start_the_command(fake, capsys):
+    """exec asks labkitd to start the command in the member (its stdio this process's own) and passes its exit
+    status through."""
+    fake.procs = [FakeProc(0), FakeProc(7)]
+    assert cli.main(["exec", "a1", "--", "ping", "-c1", "198.18.2.11"]) == 0
+    assert fake.started == [("a1", ["ping", "-c1", "198.18.2.11"], None, None, None)]
+    assert cli.main(["exec", "node-b", "--", "sh", "-c", "exit 7"]) == 7
+    assert fake.started[1][:2] == ("node-b", ["sh", "-c", "exit 7"])
 
 
-def test_exec_missing_command_is_127(fake, monkeypatch, capsys):
-    """exec of a command that does not exist prints an error and returns 127."""
-    monkeypatch.setattr("labkit.net.netns.enter_process", lambda netns, cgroup=None: None)
-    monkeypatch.setattr(signal, "signal", lambda *a: None)
-
-    def execvp(file, argv):
-        raise FileNotFoundError(2, "No such file or directory")
-
-    monkeypatch.setattr(os, "execvp", execvp)
+def test_exec_missing_command_is_127(fake, capsys):
+    """exec of a command that does not exist returns the sandbox's 127 (it prints the error on our stderr)."""
+    fake.procs = [FakeProc(127)]
     assert cli.main(["exec", "a1", "--", "no-such-command"]) == 127
-    assert "no-such-command: command not found" in capsys.readouterr().err
+
+
+def test_exec_death_by_signal_is_128_plus(fake):
+    """A command killed before it could report (returncode -9) exits 137, as a shell says it."""
+    fake.procs = [FakeProc(-signal.SIGKILL)]
+    assert cli.main(["exec", "a1", "--", "sleep", "9"]) == 137
+
+
+def test_exec_passes_ctrl_c_on(fake):
+    """Ctrl-C while exec waits is sent on to the command (it is not in this terminal's process group); exec then
+    waits for it and exits with its status."""
+    proc = FakeProc(KeyboardInterrupt(), 130)
+    fake.procs = [proc]
+    assert cli.main(["exec", "a1", "--", "ping", "198.18.2.11"]) == 130
+    assert proc.signals == [signal.SIGINT]
+
+
+def test_exec_bpftool_goes_to_labkitd(fake, capsys):
+    """exec NODE -- bpftool ... is labkitd's read-only bpftool on the lab's own objects (bpf(2) is root's)."""
+    assert cli.main(["exec", "node-a", "--", "bpftool", "net", "show"]) == 0
+    assert fake.started == [("bpftool", ["net", "show"], "node-a")]
+    assert capsys.readouterr().out == "bpftool says\n"
 
 
 def test_exec_unknown_name_lists_names(fake, capsys):
     """exec of a name that is not in the lab fails with exit 1 and lists the names."""
     assert cli.main(["exec", "zz", "--", "true"]) == 1
     assert "a1, a2, b1, b2" in capsys.readouterr().err
+    assert fake.started == []
 
 
 def test_trace_last_sorted_filtered(fake, capsys):
@@ -462,7 +679,8 @@ def test_trace_unknown_node(fake, capsys):
 
 
 def test_trace_follow_prints_new_flows_until_ctrl_c(fake, monkeypatch, capsys):
-    """trace --follow prints only flows written after it started, then stops cleanly on Ctrl-C."""
+    """trace --follow prints only flows written after it started, polling every common.POLL s, then stops cleanly
+    on Ctrl-C."""
     path = fake._events_path
     path.write_bytes(_event(5, 1))
     sleeps = []
@@ -479,6 +697,54 @@ def test_trace_follow_prints_new_flows_until_ctrl_c(fake, monkeypatch, capsys):
     assert cli.main(["trace", "--follow", "--json"]) == 0
     assert [json.loads(line)["ts_ns"] for line in capsys.readouterr().out.splitlines()] == [6, 7]
     assert sleeps[0] == pytest.approx(0.05)
+
+
+def test_trace_follow_stops_when_the_lab_goes_down(fake, monkeypatch, capsys):
+    """trace --follow ends with one error line (exit 1) once labkitd says the lab's log is gone."""
+    fake._events_path.write_bytes(b"")
+    log = fake.events()
+
+    def sleep(seconds):
+        log.up = False
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    assert cli.main(["trace", "--follow"]) == 1
+    assert capsys.readouterr().err == "labkit: error: lab 'demo' went down while following its trace\n"
+
+
+def _hubble(pod: str, dst: str, verdict: str = "FORWARDED") -> dict:
+    return {"flow": {"verdict": verdict, "node_name": "node-a",
+                     "source": {"namespace": "default", "pod_name": pod},
+                     "destination": {"namespace": "default", "pod_name": dst}}}
+
+
+def test_observe_filters_here_and_follows_by_seq(fake, monkeypatch, capsys):
+    """observe reads the Hubble ring through labkitd (lab.hubble), filters it here, prints the last N; --follow
+    asks again from the seq labkitd answered."""
+    ring = [_hubble("a1", "b1"), _hubble("b1", "a1"), _hubble("a2", "b1", "DROPPED"), _hubble("a1", "b2")]
+    asked = []
+
+    def hubble(seq=None):
+        asked.append(seq)
+        if seq is None:
+            return {"responses": ring, "seq": 4, "capacity": 4095}
+        if seq == 4:
+            return {"responses": [_hubble("a1", "b1", "DROPPED")], "seq": 5, "capacity": 4095}
+        raise KeyboardInterrupt
+
+    fake.hubble = hubble
+    assert cli.main(["observe", "-o", "json", "--from-pod", "a1", "--last", "1"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [ring[3]]
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    assert cli.main(["observe", "-o", "json", "--verdict", "DROPPED", "--follow"]) == 0
+    assert [json.loads(line)["flow"]["source"]["pod_name"] for line in capsys.readouterr().out.splitlines()] == ["a1"]
+    assert asked == [None, None, 4, 5]
+
+
+def test_agent_logs(fake, capsys):
+    """agent logs prints the last N lines labkitd read of the agent's log, then the log's path."""
+    assert cli.main(["agent", "logs", "--tail", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["line 8", "line 9", "# /run/labkit/demo/agent.log"]
 
 
 def test_clock_advance_and_show(fake, capsys):
@@ -498,66 +764,127 @@ def test_clock_show_json(fake, monkeypatch, capsys):
 
 
 def test_lab_option_reaches_attach(fake):
-    """--lab names the lab every command attaches to."""
+    """--lab names the lab every command attaches to, a key as it is."""
     cli.main(["--lab", "mylab", "ct", "list", "node-a"])
-    assert fake.asked == ["mylab"]
+    cli.main(["--lab", "demo_u1000", "ct", "list", "node-a"])
+    assert fake.asked == ["mylab", "demo_u1000"]
 
 
-# -- root: sudo_argv ------------------------------------------------------------
-def test_sudo_argv_not_root_runs_again_with_sudo():
-    """As a user other than root, a lab command becomes sudo → env (LABKIT_* and PYTHONPATH kept) → python running
-    the labkit script itself (not -m, which would put the working directory first on sys.path) with the same
-    arguments."""
-    argv = ["--lab", "demo", "exec", "a1", "--", "ping", "-c1", "198.18.2.11"]
-    got = cli.sudo_argv("exec", argv, euid=1000, which={"sudo": "/usr/bin/sudo"}.get, python="/venv/bin/python",
-                        script="/venv/bin/labkit",
-                        environ={"LABKIT_LAB": "x", "PYTHONPATH": "/src", "HOME": "/home/vagrant", "PATH": "/bin"})
-    assert got == ["/usr/bin/sudo", "--", "/usr/bin/env", "LABKIT_LAB=x", "PYTHONPATH=/src",
-                   "/venv/bin/python", "/venv/bin/labkit", *argv]
+def _listed(name, key, owner_uid, **kw) -> dict:
+    return {"name": name, "key": key, "owner_uid": owner_uid, "base": key, "variant": None, "status": "up",
+            "created": time.time() - 185, "owner_pid": 42, "owner_alive": True,
+            "holds": {"netns": 8, "process": 5, "pin": 34}, "running": 5, "orphaned": False, "age": "3 min", **kw}
 
 
-def test_sudo_argv_root_or_root_free_commands_go_on():
-    """Root goes on as it is; so do work, export and answers for any user, and a line without a command."""
-    sudo = {"sudo": "/usr/bin/sudo"}.get
-    assert cli.sudo_argv("up", ["up"], euid=0, which=sudo) is None
-    for command in ("work", "export", "answers"):
-        assert cli.sudo_argv(command, [command], euid=1000, which=sudo) is None
-    assert cli.sudo_argv(None, ["--version"], euid=1000, which=sudo) is None
+def test_list_table_has_an_owner_column(monkeypatch, capsys):
+    """list prints every lab labkitd lets you see with its OWNER (the user's name, else the uid); a variant of a
+    user's lab is named by its key's name (demo-snat_u1000 is a variant of demo)."""
+    import pwd
+
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: {0: pwd.struct_passwd(("root", "x", 0, 0, "", "/root", "/bin/sh")),
+                                                      1000: pwd.struct_passwd(("ada", "x", 1000, 1000, "", "/home/ada",
+                                                                               "/bin/sh"))}[uid])
+    labs = [_listed("demo", "demo", 0), _listed("demo_u1000", "demo_u1000", 1000),
+            _listed("demo-snat_u1000", "demo-snat_u1000", 1000, owner_alive=False),
+            _listed("x_u4242", "x_u4242", 4242)]
+    monkeypatch.setattr(Lab, "list", staticmethod(lambda door=None: labs))
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["LAB", "VARIANT", "OF", "STATUS", "AGE", "OWNER", "STARTED", "BY", "HOLDS"]
+    rows = {line.split()[0]: line.split() for line in lines[1:5]}  # LAB VARIANT-OF STATUS AGE(2 words) OWNER ...
+    assert rows["demo"][5] == "root" and rows["demo_u1000"][5] == "ada" and rows["x_u4242"][5] == "4242"
+    assert rows["demo-snat_u1000"][1:3] == ["demo_u1000", "orphaned"] and rows["demo-snat_u1000"][5] == "ada"
+    assert "labkit --lab demo-snat_u1000 down" in " ".join(lines[5:])
+    assert cli.main(["list", "--json"]) == 0
+    got = {d["key"]: d for d in json.loads(capsys.readouterr().out)}
+    assert got["demo-snat_u1000"]["owner"] == "ada" and got["demo-snat_u1000"]["variant"] == "snat"
 
 
-def test_sudo_argv_without_sudo_says_so_in_one_line():
-    """Without sudo a command that needs root raises a CliError: one line naming the command and what to do."""
-    with pytest.raises(cli.CliError) as exc:
-        cli.sudo_argv("up", ["up", "--routing", "native"], euid=1000, which=lambda name: None)
-    msg = str(exc.value)
-    assert "\n" not in msg
-    assert msg.startswith("`labkit up` needs root") and "sudo is not installed" in msg
-    assert "su -c 'labkit up --routing native'" in msg
+def test_list_of_nothing(monkeypatch, capsys):
+    """list with no lab to show says how to start one."""
+    monkeypatch.setattr(Lab, "list", staticmethod(lambda door=None: []))
+    assert cli.main(["list"]) == 0
+    assert capsys.readouterr().out == "no labs of yours on this machine (`labkit up` starts one)\n"
 
 
-def test_main_with_explicit_argv_never_runs_sudo(monkeypatch):
-    """main() given argv (tests, python -m labkit cli) runs the command itself: sudo only for the real command line."""
+# -- daemon ------------------------------------------------------------------------
+@pytest.mark.parametrize("action", ["run", "start"])
+def test_daemon_run_and_start_need_root(action, monkeypatch, capsys):
+    """daemon run and start as another user than root say in one line that they need root (exit 1)."""
+    from labkit.door import daemon
+
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    monkeypatch.setattr(os, "execv", lambda *a: pytest.fail(f"execv {a}"))
-    monkeypatch.setattr(cli.common, "attach", lambda args: (_ for _ in ()).throw(NotFoundError("no lab")))
-    assert cli.main(["status"]) == 1
+    monkeypatch.setattr(daemon, action, lambda *a, **kw: pytest.fail(f"daemon.{action} called"))
+    assert cli.main(["daemon", action]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"labkit: error: `labkit daemon {action}` needs root (labkitd builds namespaces and loads BPF): "
+                   f"run `sudo labkit daemon {action}`\n")
 
 
-def test_main_from_command_line_runs_sudo(monkeypatch, capsys):
-    """From the command line (argv None) as a non-root user, main() replaces itself with the sudo line."""
+def test_daemon_status(tmp_path, monkeypatch, capsys):
+    """daemon status says where nothing answers (exit 1), or what labkitd answered (exit 0)."""
+    from labkit.door import daemon
+
+    assert cli.main(["daemon", "status"]) == 1
+    assert capsys.readouterr().out.startswith(f"no labkitd answers on {tmp_path / 'labkitd.sock'}; start it with")
+    monkeypatch.setattr(daemon, "status", lambda path: {"version": 1, "uid": 1000, "user": "ada", "instructor": False,
+                                                        "limits": {"labs_per_user": 3}})
+    assert cli.main(["daemon", "status", "--socket", "/tmp/other.sock"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "labkitd answers on /tmp/other.sock: protocol version 1, you are ada (uid 1000)", "limits: labs per user 3"]
+
+
+def test_daemon_start_and_stop(monkeypatch, capsys):
+    """daemon start (root) starts labkitd or says one runs; stop stops the one start started."""
+    from labkit.door import daemon
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(daemon, "start", lambda path: (True, 4242))
+    assert cli.main(["daemon", "start"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("labkitd started (pid 4242) on ")
+    monkeypatch.setattr(daemon, "stop", lambda path: True)
+    assert cli.main(["daemon", "stop"]) == 0
+    assert capsys.readouterr().out == "labkitd stopped; the labs keep running\n"
+
+    def refused(path):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(daemon, "stop", refused)
+    assert cli.main(["daemon", "stop"]) == 1
+    assert "needs root" in capsys.readouterr().err
+
+
+# -- answers -----------------------------------------------------------------------
+def _group(gid: int):
+    import grp
+
+    return grp.struct_group(("labkit-instructors", "x", gid, []))
+
+
+def test_answers_refused_for_a_learner(monkeypatch, capsys):
+    """answers as a user neither root nor in labkit-instructors is refused in one line, exit 1."""
+    import grp
+
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    monkeypatch.setattr("sys.argv", ["/usr/local/bin/labkit", "--lab", "demo", "status"])
-    seen = []
+    monkeypatch.setattr(os, "getegid", lambda: 1000)
+    monkeypatch.setattr(os, "getgroups", lambda: [1000, 27])
+    monkeypatch.setattr(grp, "getgrnam", lambda name: _group(4242))
+    assert cli.main(["answers", "02"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "labkit: error: answers are for instructors (root or the group labkit-instructors)\n"
+    assert captured.out == ""
 
-    def fake_execv(path, args):
-        seen.append(args)
-        raise SystemExit(0)
 
-    monkeypatch.setattr(os, "execv", fake_execv)
-    monkeypatch.setattr(cli.shutil, "which", lambda name: "/usr/bin/sudo" if name == "sudo" else None)
-    with pytest.raises(SystemExit):
-        cli.main()
-    assert seen and seen[0][0] == "/usr/bin/sudo" and seen[0][-4:] == ["/usr/local/bin/labkit", "--lab", "demo", "status"]
+def test_answers_for_an_instructor(monkeypatch, capsys):
+    """answers as a member of labkit-instructors (not root) prints the key."""
+    import grp
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "getegid", lambda: 1000)
+    monkeypatch.setattr(os, "getgroups", lambda: [1000, 4242])
+    monkeypatch.setattr(grp, "getgrnam", lambda name: _group(4242))
+    assert cli.main(["answers", "02"]) == 0
+    assert capsys.readouterr().out.startswith("Lab 02: answer key")
 
 
 # -- work sync / export ------------------------------------------------------------
@@ -644,53 +971,82 @@ def test_policy_mode_choices():
     assert cli.main(["up", "--policy-mode", "sometimes"]) == 2
 
 
-def test_policy_get_prints_the_bpftool_command_first(monkeypatch, capsys):
+def test_policy_get_prints_the_bpftool_command_first(fake, capsys):
     """`policy get POD` prints the bpftool command that dumps the pinned map, then the bpf policy get lines."""
     from labkit.agent.client import PolicyMapView
-    from labkit.cli import policy as policy_cli
 
     path = "/sys/fs/bpf/labkit/demo/node-a/cilium_policy_00001"
 
     class Remote:
         def get(self, pod):
             return PolicyMapView(pod, path, ["row"], ["POLICY   DIRECTION", "Allow    Ingress"], [],
-                                 {"endpoint_id": 1, "node": "node-a"})
+                                 {"endpoint_id": 1, "node": "node-a", "pinned": True})
 
-    monkeypatch.setattr(policy_cli, "agent_policies", lambda args: Remote())
+    fake.policy = Remote()
     assert cli.main(["policy", "get", "a1"]) == 0
     assert capsys.readouterr().out.splitlines() == [f"# bpftool map dump pinned {path}", "POLICY   DIRECTION",
                                                     "Allow    Ingress"]
 
 
-def test_policy_get_without_map_says_allow_all(monkeypatch, capsys):
-    """A pod with no pinned policy map is reported as such: no policy enforces on it, every packet allowed."""
+def test_policy_get_numeric_decodes_labkitds_bpftool_dump(fake, monkeypatch, capsys):
+    """`policy get POD -n` and `--json` read the map's rows through labkitd's bpftool and decode its raw bytes."""
+    import subprocess
+
     from labkit.agent.client import PolicyMapView
-    from labkit.cli import policy as policy_cli
+    from labkit.maps.policy import Direction, PolicyEntry, PolicyKey
+
+    path = "/sys/fs/bpf/labkit/demo/node-a/cilium_policy_00001"
+    key = PolicyKey.make(258, Direction.INGRESS)
+    dump = [{"key": [f"0x{b:02x}" for b in bytes(key)], "value": [f"0x{b:02x}" for b in bytes(PolicyEntry.allow(key))]}]
 
     class Remote:
         def get(self, pod):
-            return PolicyMapView(pod, "/x/cilium_policy_00002", [], [], [], {"endpoint_id": 2, "node": "node-a"})
+            return PolicyMapView(pod, path, ["row"], ["labelled lines"], [], {"endpoint_id": 1, "node": "node-a",
+                                                                               "pinned": True})
 
-    monkeypatch.setattr(policy_cli, "agent_policies", lambda args: Remote())
+    fake.policy = Remote()
+    asked = []
+
+    def bpftool(*args, node=None):
+        asked.append(args)
+        return subprocess.CompletedProcess(["bpftool", *args], 0, json.dumps(dump), "")
+
+    monkeypatch.setattr(fake, "bpftool", bpftool)
+    assert cli.main(["policy", "get", "a1", "-n"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[:3] == ["POLICY", "DIRECTION", "IDENTITY"] and out[2].split()[:3] == ["Allow", "Ingress", "258"]
+    assert asked == [("-j", "map", "dump", "pinned", path)]
+    assert cli.main(["policy", "get", "a1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["key"] == str(key)
+
+
+def test_policy_get_without_map_says_allow_all(fake, capsys):
+    """A pod with no pinned policy map is reported as such: no policy enforces on it, every packet allowed."""
+    from labkit.agent.client import PolicyMapView
+
+    class Remote:
+        def get(self, pod):
+            return PolicyMapView(pod, "/x/cilium_policy_00002", [], [], [], {"endpoint_id": 2, "node": "node-a",
+                                                                              "pinned": False})
+
+    fake.policy = Remote()
     assert cli.main(["policy", "get", "a2"]) == 0
     assert "no policy enforces on it" in capsys.readouterr().out
 
 
-def test_up_labels_reach_the_topology(monkeypatch, capsys):
-    """up --label POD:KEY=VALUE builds the default topology with those labels (others keep app=<name>);
-    without --label no topology is passed (Lab.up's default)."""
+def test_up_labels_reach_labkitd(monkeypatch, door_up, capsys):
+    """up --label POD:KEY=VALUE becomes up's labels, per pod (others keep app=<name>); without --label none are
+    passed (labkitd's default)."""
     seen = []
 
-    def up(name="demo", *, routing=None, config=None, topology=None):
-        seen.append(topology)
+    def up(name="demo", *, labels=None, door=None, **options):
+        seen.append(labels)
         return FakeLab(name)
 
     monkeypatch.setattr(Lab, "up", staticmethod(up))
     assert cli.main(["--lab", "lbl", "up", "--label", "a2:app=a1", "--label", "a2:tier=db"]) == 0
     assert cli.main(["--lab", "lbl", "up"]) == 0
-    assert {p.name: p.labels for p in seen[0].pods} == {"a1": {"app": "a1"}, "a2": {"app": "a1", "tier": "db"},
-                                                        "b1": {"app": "b1"}, "b2": {"app": "b2"}}
-    assert seen[1] is None
+    assert seen == [{"a2": {"app": "a1", "tier": "db"}}, None]
 
 
 def test_up_label_syntax(capsys):
