@@ -93,12 +93,18 @@ def _cleanup(ctx: Ctx):
 @verb("list", lab=False)
 def _list(ctx: Ctx):
     """Every lab the caller may see, as ``labkit list`` prints them (its own by name, others' by key)."""
-    from labkit.lab.inventory import summarize
+    from dataclasses import replace
+
+    from labkit.door.owners import lab_key, name_of
+    from labkit.lab.inventory import split_variant, summarize
 
     ctx.args.done()
     out = []
     for key in ctx.labs.visible(ctx.caller):
-        s = summarize(key).to_dict()
+        summary = summarize(key)
+        base, variant = split_variant(name_of(key))  # a user's variant: demo-snat_u1000 is demo's 'snat'
+        summary = replace(summary, base=lab_key(owner_of(key), base), variant=variant)
+        s = summary.to_dict()
         s.update(name=name_in(ctx, key), key=key, owner_uid=owner_of(key))
         out.append(s)
     return out
