@@ -4,6 +4,22 @@
 VENV ?= /opt/labkit/venv
 PY = $(VENV)/bin/python
 
+# labkitd (labkit/door/) must answer for any lab to run: every privileged act of a lab goes through it.
+# Who starts it:
+#   test, lab, bench  each starts one (`labkitd start`: in the background, pid and log in /run/labkitd/)
+#                     when none answers, and stops it when it ends only if it started it; a labkitd that
+#                     was running already (systemd's unit labkitd, or `sudo labkit daemon start`) is left
+#                     running.  .ci/run runs `make test`: CI's labkitd is make test's.
+#   the VM            systemd (vagrant/labkitd.service, installed and started by provision.sh).
+# $(call with_labkitd,COMMAND) is COMMAND run that way; it exits with COMMAND's status.  An interrupt
+# (Ctrl-C) ends COMMAND, and the shell (its trap) still stops the labkitd it started.
+LABKITD = $(PY) -m labkit labkitd
+with_labkitd = started=0; trap : INT TERM; \
+	if ! $(LABKITD) status >/dev/null 2>&1; then $(LABKITD) start || exit 1; started=1; fi; \
+	$(1); rc=$$?; \
+	if [ $$started = 1 ]; then $(LABKITD) stop; fi; \
+	exit $$rc
+
 .PHONY: provision provision-dev test unit lab bench vm-test arm64-test box clean
 
 # Install system packages, kernel headers, bpffs, the venv and labkit itself.
@@ -16,7 +32,7 @@ provision-dev:
 
 # THE test command (CI runs it through .ci/run); pytest options live in pyproject.toml.
 test: provision-dev
-	$(PY) -m pytest tests -ra -n auto --dist loadfile
+	$(call with_labkitd,$(PY) -m pytest tests -ra -n auto --dist loadfile)
 
 # Unit tests only, without provisioning.
 unit:
@@ -24,10 +40,10 @@ unit:
 
 # JupyterLab in the foreground; it prints its URL with a fresh token.
 lab: provision
-	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=8888 --no-browser --allow-root --ServerApp.root_dir=$(CURDIR)/labs
+	$(call with_labkitd,$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=8888 --no-browser --allow-root --ServerApp.root_dir=$(CURDIR)/labs)
 
 bench: provision-dev
-	$(PY) -m labkit bench --readme README.md
+	$(call with_labkitd,$(PY) -m labkit bench --readme README.md)
 
 # The VM end to end with the libvirt provider (a locally built Debian 12 box, qemu emulation without
 # vmx/svm): vagrant up, labkit inside, JupyterLab's forward, lab 01 graded (LABKIT_VMTEST_LABS for more), the learner's work surviving

@@ -135,3 +135,123 @@ apt_install() {
     [ -n "$APT_NET_ERROR" ] && die_cause network apt-get "$APT_NET_ERROR"
     return 1
 }
+
+# -- services, the instructors' group, the answer keys ----------------------------------------
+# The parts of provision.sh's service and permission steps that decide something; sourced by
+# tests/unit/test_vagrant.py with fake systemctl/getent/groupadd on PATH.
+
+#: Where a running systemd leaves its mark (a VM has it; a container or a CI host does not).
+SYSTEMD_RUN_DIR=${SYSTEMD_RUN_DIR:-/run/systemd/system}
+#: The group whose members (and root) see and touch every user's labs and read the answer keys
+#: (labkit/door/owners.py INSTRUCTORS).
+INSTRUCTORS_GROUP=${INSTRUCTORS_GROUP:-labkit-instructors}
+
+systemd_running() { [ -d "$SYSTEMD_RUN_DIR" ] && command -v systemctl >/dev/null; }
+
+# Write TEXT and a newline to FILE (mode 0644) unless FILE holds exactly that; true when it wrote.
+write_if_changed() {
+    local file="$1" text="$2"
+    if [ -f "$file" ] && [ "$(cat "$file")" = "$text" ]; then
+        return 1
+    fi
+    mkdir -p "$(dirname "$file")"
+    printf '%s\n' "$text" >"$file.new"
+    chmod 644 "$file.new"
+    mv -f "$file.new" "$file"
+}
+
+# labkitd's unit: the template TEMPLATE (vagrant/labkitd.service) for the venv VENV, without the
+# CRs a Windows checkout may have given it.
+labkitd_unit() { sed -e "s|@VENV@|$2|g" -e 's/\r$//' "$1"; }
+
+# A digest of the Python code under DIR: it changes when any module does, so a service running
+# that code (labkitd) is restarted by provisioning after an update and only then.
+source_digest() {
+    (cd "$1" && find . -name '*.py' -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum) | sha256sum | cut -c1-16
+}
+
+# Bring the systemd service NAME up to date and print what that took: "done" when CHANGED=1 (its
+# unit or what it runs changed: reload systemd, enable, restart) or when it was not enabled or not
+# running (enable, start); "ok" when it was running as it should (nothing is restarted).
+service_up() {
+    local name="$1" changed="$2"
+    # (&&: in a command substitution set -e does not hold, and a failure must be the function's.)
+    if [ "$changed" = 1 ]; then
+        systemctl daemon-reload && systemctl enable -q "$name" && systemctl restart "$name" || return 1
+        echo done
+    elif ! systemctl is-enabled -q "$name" || ! systemctl is-active -q "$name"; then
+        systemctl enable -q --now "$name" || return 1
+        echo done
+    else
+        echo ok
+    fi
+}
+
+# The JupyterLab service's unit: run as USER (primary group GROUP, home HOME), serving ROOT on
+# IP:$JUPYTER_PORT from $VENV, its token from $JUPYTER_ENV_FILE, after labkitd.  Only a root server
+# (a bare host's service) gets --allow-root; the VM's runs as its learner, and so do its kernels,
+# with no capabilities: every privileged act of theirs goes through labkitd.
+jupyter_unit() {
+    local user="$1" group="$2" home="$3" ip="$4" root="$5" allow=""
+    [ "$user" = root ] && allow=" --allow-root"
+    cat <<EOF
+# Written by labkit's vagrant/provision.sh --jupyter-service; edits are overwritten.
+[Unit]
+Description=labkit JupyterLab (URL: sudo $REPO/vagrant/provision.sh --print-url)
+After=network-online.target labkitd.service
+Wants=network-online.target labkitd.service
+
+[Service]
+Type=simple
+User=$user
+Group=$group
+WorkingDirectory=$root
+Environment="HOME=$home"
+Environment="PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+EnvironmentFile=$JUPYTER_ENV_FILE
+ExecStart="$VENV/bin/jupyter" lab --ip=$ip --port=$JUPYTER_PORT --no-browser$allow "--ServerApp.root_dir=$root"
+Restart=on-failure
+RestartSec=3
+
+[Install]
+WantedBy=multi-user.target
+EOF
+}
+
+# Make the instructors' group (a system group) unless it exists; print done or ok.  No one is
+# added to it: the VM's vagrant user is a learner.
+ensure_group() {
+    local name="${1:-$INSTRUCTORS_GROUP}"
+    if getent group "$name" >/dev/null; then
+        echo ok
+    else
+        groupadd --system "$name" || return 1
+        echo done
+    fi
+}
+
+# Print the paths under DIR that are not root:GROUP with directories 0750 and files 0640.
+keys_unlocked() {
+    local dir="$1" group="$2"
+    find "$dir" \( ! -user root -o ! -group "$group" -o \( -type d ! -perm 0750 \) -o \( -type f ! -perm 0640 \) \) -print
+}
+
+# Keep the answer keys in DIR (instructor/) from the learner: root:GROUP, directories 0750, files
+# 0640 (root and the instructors read them; labkitd, as root, does).  Prints done or ok; fails,
+# printing what is still open, when the file system would not take it (a vboxsf share).
+lock_answer_keys() {
+    local dir="$1" group="${2:-$INSTRUCTORS_GROUP}" open
+    if [ -z "$(keys_unlocked "$dir" "$group" | head -n 1)" ]; then
+        echo ok
+        return 0
+    fi
+    chown -R "root:$group" "$dir" 2>/dev/null || true
+    find "$dir" -type d -exec chmod 0750 {} + 2>/dev/null || true
+    find "$dir" -type f -exec chmod 0640 {} + 2>/dev/null || true
+    open="$(keys_unlocked "$dir" "$group" | head -n 3)"
+    if [ -n "$open" ]; then
+        echo "$open" | tr '\n' ' '
+        return 1
+    fi
+    echo done
+}

@@ -11,6 +11,10 @@
 #
 # Every step prints one line:  labkit-provision: <step>: ok|done|skipped (reason)
 #
+# labkitd (labkit/door/), the root service every lab's privileged acts go through, is
+# installed as the systemd unit labkitd (vagrant/labkitd.service) and kept running where
+# systemd runs; elsewhere start it with: sudo labkit daemon start.
+#
 # Environment:
 #   LABKIT_VENV        venv location (default /opt/labkit/venv)
 #   LABKIT_JUPYTER_IP  address the JupyterLab service binds (default 127.0.0.1;
@@ -18,7 +22,9 @@
 #   LABKIT_WORKDIR     the learner's work folder JupyterLab serves, made and kept
 #                      in step by `labkit work sync` (the Vagrantfile sets
 #                      /home/vagrant/work; unset: JupyterLab serves labs/)
-#   LABKIT_WORK_USER   who owns the work folder (the Vagrantfile: vagrant)
+#   LABKIT_WORK_USER   who owns the work folder (the Vagrantfile: vagrant): the learner.
+#                      The JupyterLab service runs as them (root when unset), and the
+#                      answer keys in instructor/ are kept from them
 #   LABKIT_DEV_OPTIONAL=0  --dev without the optional vagrant and chromium (the
 #                      browser tests and nested VMs need them; vagrant/arm64-test.sh
 #                      runs neither)
@@ -81,12 +87,18 @@ JUPYTER_ENV_FILE=$TOKEN_DIR/jupyter.env
 UNIT_NAME=labkit-jupyter
 UNIT_FILE=/etc/systemd/system/$UNIT_NAME.service
 JUPYTER_PORT=8888
+WORKDIR="${LABKIT_WORKDIR:-}"
+WORK_USER="${LABKIT_WORK_USER:-}" # the learner
+LABKITD_UNIT_FILE=/etc/systemd/system/labkitd.service
+#: The digest of the labkit code the running labkitd was (re)started with (source_digest).
+LABKITD_STAMP=/var/lib/labkit/labkitd-source
 
 export DEBIAN_FRONTEND=noninteractive
 export NEEDRESTART_SUSPEND=1 # Ubuntu: no needrestart dialog during apt-get
 
 # step, warn, die, die_cause (one line for a known cause), run, check_disk,
-# apt_update, apt_install, apt_candidate:
+# apt_update, apt_install, apt_candidate; systemd_running, write_if_changed, service_up,
+# labkitd_unit, source_digest, jupyter_unit, ensure_group, lock_answer_keys:
 # shellcheck source=vagrant/provision-lib.sh
 . "$REPO/vagrant/provision-lib.sh"
 
@@ -440,18 +452,100 @@ else
     die "'labkit --version' failed: $(printf '%s' "$out" | tail -n 5)"
 fi
 
+# ---------------------------------------------------------------- the instructors' group
+# Root and the members of labkit-instructors see and touch every user's labs and read the
+# answer keys (labkit/door/owners.py).  Provisioning adds no one: the VM's vagrant is a learner.
+out="$(ensure_group "$INSTRUCTORS_GROUP")" || die "could not make the group $INSTRUCTORS_GROUP (groupadd --system $INSTRUCTORS_GROUP)"
+if [ "$out" = ok ]; then
+    step instructors "ok (group $INSTRUCTORS_GROUP exists; add an instructor with: sudo adduser NAME $INSTRUCTORS_GROUP)"
+else
+    step instructors "done (made the system group $INSTRUCTORS_GROUP; add an instructor with: sudo adduser NAME $INSTRUCTORS_GROUP)"
+fi
+
+# ---------------------------------------------------------------- answer keys
+# The answer keys (instructor/, beside labs/ in the checkout the VM was given) are not the
+# learner's to read: root:labkit-instructors, 0750/0640.  Only where a learner account is named
+# (the VM): a developer's own checkout is left as it is.  The Vagrantfile's rsync share keeps
+# instructor/ out of its chown to vagrant and syncs it root's, 0750/0640, itself.
+step_answer_keys() {
+    local dir="$REPO/instructor" out
+    if [ -z "$WORK_USER" ]; then
+        step answer-keys "skipped (LABKIT_WORK_USER is not set: no learner to keep $dir from)"
+    elif [ ! -d "$dir" ]; then
+        step answer-keys "skipped ($dir does not exist)"
+    elif out="$(lock_answer_keys "$dir" "$INSTRUCTORS_GROUP")"; then
+        step answer-keys "$out ($dir is root:$INSTRUCTORS_GROUP, 0750, files 0640: not readable by $WORK_USER)"
+    else
+        warn "the answer keys stay readable by $WORK_USER: this file system would not take root:$INSTRUCTORS_GROUP 0750/0640 (a shared folder?); still open: $out"
+        step answer-keys "skipped (the file system of $dir keeps its own owners and modes)"
+    fi
+}
+step_answer_keys
+
+# ---------------------------------------------------------------- labkitd
+# labkitd (labkit/door/) is the one root service through which every privileged act of a lab
+# passes; kernels and the labkit command reach it on /run/labkitd/labkitd.sock.  With systemd
+# it is the unit labkitd (vagrant/labkitd.service), restarted only when its unit or labkit's code
+# changed (labs keep running across a restart: KillMode=process).  Without systemd (a container,
+# a CI host) it is started by hand, or by make test/lab/bench for their run.
+LABKITD_SOCK="${LABKIT_DOOR:-/run/labkitd/labkitd.sock}"
+labkitd_answers() { "$VENV/bin/python" -m labkit labkitd status >/dev/null 2>&1; }
+step_labkitd() {
+    if [ "$IMAGE" = 1 ]; then
+        step labkitd "skipped (--image: the VM installs and starts it when it provisions)"
+        return
+    fi
+    local template="$REPO/vagrant/labkitd.service" changed=0 digest state i
+    [ -f "$template" ] || die "$template is missing"
+    if write_if_changed "$LABKITD_UNIT_FILE" "$(labkitd_unit "$template" "$VENV")"; then
+        changed=1
+    fi
+    if ! systemd_running; then
+        if labkitd_answers; then
+            step labkitd "ok (systemd is not running here; a labkitd answers on $LABKITD_SOCK; unit written to $LABKITD_UNIT_FILE)"
+        else
+            step labkitd "skipped (systemd is not running here; unit written to $LABKITD_UNIT_FILE; start labkitd with: sudo labkit daemon start)"
+        fi
+        return
+    fi
+    digest="$(source_digest "$REPO/labkit")"
+    if [ ! -f "$LABKITD_STAMP" ] || [ "$(cat "$LABKITD_STAMP")" != "$digest" ]; then
+        changed=1
+    fi
+    state="$(service_up labkitd "$changed")" || die "systemd could not start labkitd; see: journalctl -u labkitd"
+    mkdir -p "$(dirname "$LABKITD_STAMP")"
+    printf '%s\n' "$digest" >"$LABKITD_STAMP"
+    # It answers once it has imported labkit and bound its socket: seconds, longer under emulation.
+    for i in $(seq 1 120); do
+        LABKIT_DOOR='' labkitd_answers && break # the unit's socket, whatever LABKIT_DOOR says
+        [ "$i" = 120 ] && die "labkitd did not answer on /run/labkitd/labkitd.sock within 120 s; see: journalctl -u labkitd"
+        sleep 1
+    done
+    if [ "$state" = ok ]; then
+        step labkitd "ok (labkitd.service running, answering on /run/labkitd/labkitd.sock)"
+    else
+        step labkitd "done (labkitd.service enabled and (re)started, answering on /run/labkitd/labkitd.sock)"
+    fi
+}
+step_labkitd
+
 # ---------------------------------------------------------------- work folder
 # JupyterLab serves the learner's own copies of the labs, made from labs/ and
 # never overwritten: the repo itself is re-copied by every sync (labkit/workdir.py).
-WORKDIR="${LABKIT_WORKDIR:-}"
-WORK_USER="${LABKIT_WORK_USER:-}"
 step_work() {
     if [ -z "$WORKDIR" ]; then
         step work "skipped (LABKIT_WORKDIR is not set; JupyterLab serves $REPO/labs)"
         return
     fi
+    local given=0
     if [ -n "$WORK_USER" ]; then
-        install -d -o "$WORK_USER" -g "$(id -gn "$WORK_USER")" "$WORKDIR" || die "could not make the work folder $WORKDIR for $WORK_USER"
+        local group
+        group="$(id -gn "$WORK_USER")" || die "LABKIT_WORK_USER=$WORK_USER: no such user"
+        install -d -o "$WORK_USER" -g "$group" "$WORKDIR" || die "could not make the work folder $WORKDIR for $WORK_USER"
+        # Everything in it is the learner's: what a JupyterLab running as root saved there (a VM
+        # provisioned before JupyterLab ran as $WORK_USER) is given back, or their server could not save it.
+        given="$(find "$WORKDIR" \( ! -user "$WORK_USER" -o ! -group "$group" \) -print | wc -l)"
+        [ "$given" = 0 ] || find "$WORKDIR" \( ! -user "$WORK_USER" -o ! -group "$group" \) -exec chown -h "$WORK_USER:$group" {} +
     else
         mkdir -p "$WORKDIR"
     fi
@@ -460,9 +554,11 @@ step_work() {
         die "labkit work sync --dir $WORKDIR failed: $(printf '%s' "$out" | tail -n 1)"
     local changes
     changes="$(printf '%s\n' "$out" | sed '$d')"
-    if [ -n "$changes" ]; then
-        printf '%s\n' "$changes"
-        step work "done ($(printf '%s' "$out" | tail -n 1))"
+    if [ -n "$changes" ] || [ "$given" != 0 ]; then
+        [ -z "$changes" ] || printf '%s\n' "$changes"
+        local note=""
+        [ "$given" = 0 ] || note="; $given files given back to $WORK_USER"
+        step work "done ($(printf '%s' "$out" | tail -n 1)$note)"
     else
         step work "ok ($(printf '%s' "$out" | tail -n 1))"
     fi
@@ -473,6 +569,13 @@ step_work
 step_jupyter_service() {
     local jupyter="$VENV/bin/jupyter"
     [ -x "$jupyter" ] || die "$jupyter is missing (the [notebook] extra installs JupyterLab)"
+
+    # The server runs as the learner (LABKIT_WORK_USER; root on a host that names none), and so do
+    # its kernels, with no capabilities: their labs' privileged acts go through labkitd.
+    local user="${WORK_USER:-root}" group home
+    group="$(id -gn "$user")" || die "LABKIT_WORK_USER=$user: no such user"
+    home="$(getent passwd "$user" | cut -d: -f6)"
+    [ -n "$home" ] || die "$user has no home directory in the passwd database"
 
     local token token_note=""
     if ! token="$(read_token)"; then
@@ -486,15 +589,20 @@ step_jupyter_service() {
         token_note="; new token in $TOKEN_FILE"
     fi
 
-    # The token reaches Jupyter as JUPYTER_TOKEN from a root-only file, not
-    # on the command line: unit files and /proc/*/cmdline are world-readable,
-    # and the server runs as root.
+    # The token reaches Jupyter as JUPYTER_TOKEN from an environment file, not on the command line:
+    # unit files and /proc/*/cmdline are world-readable.  systemd reads that file itself, as root,
+    # before it starts the server as $user: it stays root's (0600), so the learner cannot change
+    # their server's environment.  The token file is the server's user's, 0600: theirs to read
+    # (cat $TOKEN_FILE), no one else's.
     local changed=0 new
     new="JUPYTER_TOKEN=$token"
     if [ ! -f "$JUPYTER_ENV_FILE" ] || [ "$(cat "$JUPYTER_ENV_FILE")" != "$new" ]; then
         (umask 077 && printf '%s\n' "$new" >"$JUPYTER_ENV_FILE")
         changed=1
     fi
+    chmod 755 "$TOKEN_DIR"
+    chown root:root "$JUPYTER_ENV_FILE"
+    chown "$user:$group" "$TOKEN_FILE"
     chmod 600 "$TOKEN_FILE" "$JUPYTER_ENV_FILE"
 
     local ip="${LABKIT_JUPYTER_IP:-127.0.0.1}" root="${WORKDIR:-$REPO/labs}" root_note=""
@@ -502,46 +610,15 @@ step_jupyter_service() {
         root="$REPO"
         root_note="; $REPO/labs does not exist yet, serving $REPO"
     fi
-    new="$(cat <<EOF
-# Written by labkit's vagrant/provision.sh --jupyter-service; edits are overwritten.
-[Unit]
-Description=labkit JupyterLab (URL: sudo $REPO/vagrant/provision.sh --print-url)
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=simple
-User=root
-WorkingDirectory=$root
-Environment="PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-EnvironmentFile=$JUPYTER_ENV_FILE
-ExecStart="$VENV/bin/jupyter" lab --ip=$ip --port=$JUPYTER_PORT --no-browser --allow-root "--ServerApp.root_dir=$root"
-Restart=on-failure
-RestartSec=3
-
-[Install]
-WantedBy=multi-user.target
-EOF
-)"
-    if [ ! -f "$UNIT_FILE" ] || [ "$(cat "$UNIT_FILE")" != "$new" ]; then
-        mkdir -p "$(dirname "$UNIT_FILE")"
-        printf '%s\n' "$new" >"$UNIT_FILE"
+    if write_if_changed "$UNIT_FILE" "$(jupyter_unit "$user" "$group" "$home" "$ip" "$root")"; then
         changed=1
     fi
 
-    if [ ! -d /run/systemd/system ] || ! command -v systemctl >/dev/null; then
+    if ! systemd_running; then
         step jupyter-service "skipped (systemd is not running here; unit written to $UNIT_FILE; run 'make lab' to start JupyterLab in the foreground${root_note})"
     else
-        local state=ok
-        if [ "$changed" = 1 ]; then
-            systemctl daemon-reload
-            systemctl enable -q "$UNIT_NAME"
-            systemctl restart "$UNIT_NAME"
-            state="done"
-        elif ! systemctl is-enabled -q "$UNIT_NAME" || ! systemctl is-active -q "$UNIT_NAME"; then
-            systemctl enable -q --now "$UNIT_NAME"
-            state="done"
-        fi
+        local state
+        state="$(service_up "$UNIT_NAME" "$changed")" || die "systemd could not start $UNIT_NAME; see: journalctl -u $UNIT_NAME"
         # Wait until the server answers (a fresh start takes a few seconds).
         local probe_ip="$ip" i
         [ "$probe_ip" = 0.0.0.0 ] && probe_ip=127.0.0.1
@@ -555,9 +632,9 @@ EOF
             sleep 1
         done
         if [ "$state" = ok ]; then
-            step jupyter-service "ok ($UNIT_NAME running on $ip:$JUPYTER_PORT${root_note})"
+            step jupyter-service "ok ($UNIT_NAME running as $user on $ip:$JUPYTER_PORT${root_note})"
         else
-            step jupyter-service "done ($UNIT_NAME (re)started on $ip:$JUPYTER_PORT${token_note}${root_note})"
+            step jupyter-service "done ($UNIT_NAME (re)started as $user on $ip:$JUPYTER_PORT${token_note}${root_note})"
         fi
     fi
 

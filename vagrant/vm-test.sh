@@ -21,13 +21,19 @@
 #                  machine-local settings (qemu driver, serial log, a management
 #                  network of its own on 100.64.121.0/24) live in $VAGRANT_HOME/Vagrantfile
 #   provisioned    provisioning finished, the JupyterLab URL line printed
-#   doctor, lab    as the vagrant user: `labkit doctor`, `labkit up`, the hint it
-#                  prints run as printed (pod ping), a CT row in Cilium's grammar
+#   doctor, lab    `sudo labkit doctor` (every check) and, as the vagrant user, `labkit doctor`
+#                  with nothing failed; as vagrant: `labkit up` (the lab is vagrant's
+#                  own, demo_u<uid>, made through labkitd, not root's through sudo), the hint
+#                  it prints run as printed (pod ping), a CT row in Cilium's grammar
 #   jupyter        the host's forwarded port: 200 with the token, 403 without; the
 #                  VM's own address does not answer on 8888
+#   privileges     labkitd's unit is active; JupyterLab's server runs as vagrant, and a
+#                  kernel it starts runs as vagrant with no capabilities (CapEff 0); the
+#                  answer keys are root's and labkit-instructors', not vagrant's to read
 #   labs           lab 01 (LABKIT_VMTEST_LABS: others too, by number, e.g. "01 07 10"
 #                  for Maglev and policy) run headless in the VM with its reference
-#                  answers filled in: `labkit grade --jobs 1` passes every exercise
+#                  answers filled in (read as root: the keys are not vagrant's), then
+#                  `labkit grade --jobs 1` as vagrant passes every exercise
 #   work           a notebook saved through JupyterLab's API and an edited lab
 #                  survive `vagrant reload` and `vagrant provision`; `labkit export`
 #                  brings them to the host
@@ -234,7 +240,7 @@ up() {
 
 provisioned() {
     grep -q "labkit-provision: finished: ok" "$LOGS/up.log" || { fail "provisioning did not finish (see $LOGS/up.log)"; return 1; }
-    grep -E "labkit-provision: (work|jupyter-service|finished)" "$LOGS/up.log" | sed 's/^ *default: //'
+    grep -E "labkit-provision: (instructors|answer-keys|labkitd|work|jupyter-service|finished)" "$LOGS/up.log" | sed 's/^ *default: //'
     URL_LINE="$(grep -Eo 'labkit: JupyterLab: http://127\.0\.0\.1:[0-9]+/lab\?token=[0-9a-f]{32}' "$LOGS/up.log" | tail -n 1)"
     [ -n "$URL_LINE" ] || { fail "no 'labkit: JupyterLab: http://127.0.0.1:PORT/lab?token=…' line after vagrant up"; return 1; }
     PORT="$(sed -E 's/.*:([0-9]+)\/lab.*/\1/' <<<"$URL_LINE")"
@@ -257,15 +263,22 @@ offline() {
 }
 
 doctor() {
-    in_vm 'labkit doctor' | tee "$LOGS/doctor.log"
-    grep -q "^ok    compile+attach" "$LOGS/doctor.log" || { fail "labkit doctor in the VM (see $LOGS/doctor.log)"; return 1; }
-    grep -q "^FAIL" "$LOGS/doctor.log" && { fail "labkit doctor reports a failed check"; return 1; }
+    # Root's doctor runs every check (the compile-and-attach probe among them); vagrant's runs what a user can
+    # see, labkitd answering first, and must find nothing failed either.
+    in_vm 'sudo labkit doctor' | tee "$LOGS/doctor.log"
+    grep -q "^ok    compile+attach" "$LOGS/doctor.log" || { fail "sudo labkit doctor in the VM (see $LOGS/doctor.log)"; return 1; }
+    grep -q "^FAIL" "$LOGS/doctor.log" && { fail "sudo labkit doctor reports a failed check"; return 1; }
+    in_vm 'labkit doctor' >"$LOGS/doctor-vagrant.log" 2>&1 || true
+    grep -q "^FAIL" "$LOGS/doctor-vagrant.log" && { fail "labkit doctor as vagrant reports a failed check (see $LOGS/doctor-vagrant.log)"; return 1; }
     return 0
 }
 
 lab() {
     in_vm 'labkit up' | tee "$LOGS/labkit-up.log"
     grep -q "^lab demo is up" "$LOGS/labkit-up.log" || { fail "labkit up as the vagrant user"; return 1; }
+    # labkitd names a user's lab by its key, demo_u<uid>; a lab made by root (through sudo) would be plain demo.
+    in_vm 'test -d "/run/labkit/demo_u$(id -u)"' ||
+        { fail "labkit up as vagrant did not make vagrant's own lab (/run/labkit/demo_u<uid>) through labkitd"; return 1; }
     local hint ct
     hint="$(grep -m1 -E '^  labkit --lab demo exec [a-z0-9]+ -- ping -c1 ' "$LOGS/labkit-up.log" | sed 's/^  //')"
     [ -n "$hint" ] || { fail "labkit up printed no ping hint"; return 1; }
@@ -292,11 +305,45 @@ jupyter() {
     [ "${far:-000}" = 000 ] || { fail "JupyterLab answers on the VM's address $vmip:8888"; return 1; }
 }
 
+# Who runs what: labkitd as root under systemd, JupyterLab and its kernels as vagrant with no capabilities,
+# the answer keys out of vagrant's reach.
+privileges() {
+    local active user kid probe out
+    active="$(in_vm 'systemctl is-active labkitd' | tr -d ' \r' || true)"
+    say "labkitd.service: ${active:-?}"
+    [ "$active" = active ] || { fail "systemctl is-active labkitd: ${active:-no answer} (want active)"; return 1; }
+    user="$(in_vm 'ps -o user= -p "$(systemctl show -p MainPID --value labkit-jupyter)"' | tr -d ' \r' || true)"
+    say "JupyterLab's server runs as: ${user:-?}"
+    [ "$user" = vagrant ] || { fail "JupyterLab's server runs as '${user:-?}' (want vagrant)"; return 1; }
+    # A kernel as a notebook gets one: started by the server through its API, found by its connection file.
+    kid="$(curl -sf -m 120 -X POST "http://127.0.0.1:$PORT/api/kernels?token=$TOKEN" -H 'Content-Type: application/json' \
+        --data '{"name": "python3"}' | python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])' || true)"
+    [ -n "$kid" ] || { fail "JupyterLab did not start a kernel (POST /api/kernels)"; return 1; }
+    probe='pid=""; for i in $(seq 1 90); do pid="$(pgrep -f "kernel-KID[.]json" | head -n 1)"; [ -n "$pid" ] && break; sleep 1; done
+        [ -n "$pid" ] || { echo "no kernel process"; exit 1; }
+        echo "user $(ps -o user= -p "$pid" | tr -d " ")"; grep "^CapEff:" "/proc/$pid/status"'
+    out="$(in_vm "${probe//KID/$kid}" || true)"
+    curl -s -o /dev/null -m 30 -X DELETE "http://127.0.0.1:$PORT/api/kernels/$kid?token=$TOKEN" || true
+    printf '%s\n' "$out" | while read -r line; do say "the kernel: $line"; done
+    grep -qx "user vagrant" <<<"$out" && grep -qE '^CapEff:[[:space:]]+0{16}$' <<<"$out" ||
+        { fail "a notebook kernel is not vagrant's without capabilities: $(tr '\n' ' ' <<<"$out")"; return 1; }
+    out="$(in_vm 'k=/home/vagrant/labkit/instructor/answers/01.json
+        sudo test -r "$k" && echo "root reads the key"
+        cat "$k" >/dev/null 2>&1 || ls /home/vagrant/labkit/instructor >/dev/null 2>&1 || echo "vagrant cannot read the keys"
+        stat -c "%U:%G %a" /home/vagrant/labkit/instructor
+        id -nG | grep -qw labkit-instructors || echo "vagrant is not an instructor"' || true)"
+    printf '%s\n' "$out" | while read -r line; do say "answer keys: $line"; done
+    [ "$(printf '%s\n' "$out" | grep -c -e "^root reads the key$" -e "^vagrant cannot read the keys$" \
+        -e "^root:labkit-instructors 750$" -e "^vagrant is not an instructor$")" = 4 ] ||
+        { fail "the answer keys are not kept from vagrant: $(tr '\n' ' ' <<<"$out")"; return 1; }
+}
+
 labs() {
     local out
-    # The learner's notebooks with the reference answers in their answer cells, graded as an instructor would.
+    # The learner's notebooks with the reference answers in their answer cells (filled in as root: the keys are not
+    # vagrant's to read), graded by vagrant: their kernels, their labs, through labkitd.
     in_vm 'set -e; rm -rf /tmp/vmtest-handin && mkdir -p /tmp/vmtest-handin/ref &&
-        /opt/labkit/venv/bin/python - '"$LABS"' <<EOF
+        sudo /opt/labkit/venv/bin/python - '"$LABS"' <<EOF
 import glob, json, os, sys
 import nbformat
 from labkit.grading.grade import answer_cells
@@ -309,6 +356,7 @@ for lab in sys.argv[1:]:
         nb.cells[cells[ex]].source = entry["answer"]
     nbformat.write(nb, "/tmp/vmtest-handin/ref/" + os.path.basename(path))
 EOF
+        sudo chown -R vagrant: /tmp/vmtest-handin
         labkit grade /tmp/vmtest-handin --jobs 1 --cell-timeout '"$CELL_TIMEOUT"' --json --quiet \
             --keep-executed /tmp/vmtest-handin/executed > /tmp/vmtest-handin/grade.json
         cat /tmp/vmtest-handin/grade.json' >"$LOGS/labs.json" || true
@@ -483,10 +531,12 @@ if [ "$OFFLINE" = 1 ]; then
     step doctor doctor || true
     step lab lab || true
     step jupyter jupyter || true
+    step privileges privileges || true
     exit 0
 fi
 step doctor doctor || true
 step lab lab || true
 step jupyter jupyter || true
+step privileges privileges || true
 step labs labs || true
 step work work || true

@@ -1,4 +1,5 @@
-"""The VM's files: line endings on any checkout, the Vagrantfile's Ruby, and provision.sh's failure lines."""
+"""The VM's files: line endings on any checkout, the Vagrantfile's Ruby, provision.sh's failure lines, its services
+(labkitd as root, JupyterLab as the learner) and answer keys, and the Makefile's labkitd for make test/lab/bench."""
 from __future__ import annotations
 
 import shutil
@@ -100,8 +101,23 @@ def test_vagrantfile_shares_with_rsync_when_it_is_on_path(tmp_path):
     shares = [c for c in calls if c["call"] == "synced_folder" and c["args"][0] == ".."]
     assert len(shares) == 1 and shares[0]["args"][1] == "/home/vagrant/labkit"
     assert shares[0]["kw"]["type"] == "rsync" and ".git/" in shares[0]["kw"]["rsync__exclude"]
+    assert "/instructor" in shares[0]["kw"]["rsync__exclude"]  # the answer keys: a share of their own
     assert not any(c["call"] == "provision" and c["args"][0] == "labkit-source" for c in calls)
     assert not (tmp_path / "repo" / "vagrant" / ".vagrant").exists()
+
+
+def test_vagrantfile_keeps_the_answer_keys_from_vagrant(tmp_path):
+    """instructor/ is an rsync share of its own, out of the repo share's chown to vagrant (Vagrant's chown skips
+    excluded paths), synced root's with directories 0750 and files 0640 and not chowned afterwards, so a
+    `vagrant reload` or `vagrant rsync` does not hand the answer keys back to vagrant."""
+    calls = _configured(tmp_path, "up")
+    [keys] = [c for c in calls if c["call"] == "synced_folder" and c["args"][0] == "../instructor"]
+    assert keys["args"][1] == "/home/vagrant/labkit/instructor"
+    assert keys["kw"]["type"] == "rsync" and keys["kw"]["rsync__chown"] is False
+    args = keys["kw"]["rsync__args"]
+    assert "--chmod=D0750,F0640" in args and "--delete" in args and "--archive" in args
+    no_rsync = _configured(tmp_path / "upload", "up", no_rsync=True)
+    assert not [c for c in no_rsync if c["call"] == "synced_folder" and c["args"][0] == "../instructor"]
 
 
 def test_vagrantfile_uploads_a_tarball_without_rsync(tmp_path):
@@ -181,7 +197,8 @@ def test_build_box_refuses_an_unknown_arch(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("script", ["build-box.sh", "arm64-test.sh", "arm64-rootfs.sh", "arm64-init.sh", "chroot-lib.sh", "vm-test.sh"])
+@pytest.mark.parametrize("script", ["build-box.sh", "arm64-test.sh", "arm64-rootfs.sh", "arm64-init.sh", "chroot-lib.sh", "vm-test.sh",
+                                    "provision.sh", "provision-lib.sh"])
 def test_vm_scripts_parse(script):
     """The box and VM scripts are valid bash (`bash -n`)."""
     out = subprocess.run(["bash", "-n", str(ROOT / "vagrant" / script)], capture_output=True, text=True)
@@ -483,3 +500,317 @@ def test_provision_sets_the_lab_defaults_in_the_venv():
     for defaults, target in (("jupyterlab-overrides.json", "$LAB_OVERRIDES"), ("jupyter-server-labkit.json", "$SERVER_CONFIG")):
         call = f'{script} "$REPO/vagrant/{defaults}" "{target}"'
         assert call in text and text.index("\nstep_pip\n") < text.index(call)
+
+
+# -- services: labkitd as root, JupyterLab as the learner ------------------------------------
+LABKITD_UNIT = ROOT / "vagrant" / "labkitd.service"
+PROVISION = ROOT / "vagrant" / "provision.sh"
+
+
+def _unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """A systemd unit's settings: section → key → every value given (Environment= may repeat)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    section = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = out.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        section.setdefault(key, []).append(value)
+    return out
+
+
+def _rendered_labkitd(tmp_path: Path, venv: str) -> str:
+    proc = _lib(tmp_path, f'labkitd_unit "{LABKITD_UNIT}" "{venv}"', _fake_bin(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_labkitd_unit_runs_labkitd_as_root_and_spares_the_labs(tmp_path):
+    """labkitd's unit, rendered for a venv: root runs `python -m labkit labkitd run` (per-request lines kept for
+    journald), restarted on failure; /run/labkitd is made 0755 and kept when it stops (the evidence lives there);
+    stopping it stops labkitd alone (KillMode=process: the labs' agents and pod processes go on); after the
+    network, wanted by multi-user.target."""
+    import sys
+
+    from labkit.__main__ import PROGRAMS
+
+    text = _rendered_labkitd(tmp_path, "/opt/labkit/venv")
+    assert "@VENV@" not in text
+    unit = _unit(text)
+    svc = unit["Service"]
+    assert svc["User"] == ["root"] and svc["Type"] == ["simple"]
+    assert svc["ExecStart"] == ["/opt/labkit/venv/bin/python -m labkit labkitd run"]
+    argv = svc["ExecStart"][0].split()
+    assert argv[1:3] == ["-m", "labkit"] and PROGRAMS[argv[3]] == "labkit.door.daemon:main" and argv[4:] == ["run"]
+    assert svc["KillMode"] == ["process"] and svc["Restart"] == ["on-failure"]
+    assert svc["RuntimeDirectory"] == ["labkitd"] and svc["RuntimeDirectoryMode"] == ["0755"]
+    assert svc["RuntimeDirectoryPreserve"] == ["yes"]
+    assert svc["WorkingDirectory"] == ["/"]
+    assert "network.target" in unit["Unit"]["After"][0].split()
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+    analyze = shutil.which("systemd-analyze")
+    if analyze:  # systemd's own reading of it (works without systemd running)
+        f = tmp_path / "unit" / "labkitd.service"
+        f.parent.mkdir()
+        f.write_text(_rendered_labkitd(tmp_path, sys.prefix))
+        out = subprocess.run([analyze, "verify", str(f)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr  # (newer systemd warns of KillMode=process: that is chosen)
+
+
+def test_labkitd_unit_drops_a_windows_checkouts_crs(tmp_path):
+    """A template checked out with CRLF renders with LF alone (systemd would keep the CR in each value)."""
+    crlf = tmp_path / "labkitd.service"
+    crlf.write_bytes(LABKITD_UNIT.read_bytes().replace(b"\n", b"\r\n"))
+    proc = _lib(tmp_path, f'labkitd_unit "{crlf}" /v', _fake_bin(tmp_path))
+    assert "\r" not in proc.stdout and "ExecStart=/v/bin/python -m labkit labkitd run\n" in proc.stdout
+
+
+def _jupyter_unit(tmp_path: Path, user: str, group: str, home: str) -> dict:
+    script = ('REPO=/home/vagrant/labkit VENV=/opt/labkit/venv JUPYTER_PORT=8888 JUPYTER_ENV_FILE=/etc/labkit/jupyter.env; '
+              f'jupyter_unit {user} {group} {home} 127.0.0.1 /home/vagrant/work')
+    proc = _lib(tmp_path, script, _fake_bin(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    return _unit(proc.stdout)
+
+
+def test_jupyter_unit_runs_as_the_learner(tmp_path):
+    """JupyterLab's unit for the VM's learner: User=vagrant, Group= their group, HOME theirs, no --allow-root; it
+    starts after labkitd and pulls it in; the token comes from the environment file, not the command line."""
+    unit = _jupyter_unit(tmp_path, "vagrant", "vagrant", "/home/vagrant")
+    svc = unit["Service"]
+    assert svc["User"] == ["vagrant"] and svc["Group"] == ["vagrant"]
+    assert '"HOME=/home/vagrant"' in svc["Environment"]
+    assert svc["EnvironmentFile"] == ["/etc/labkit/jupyter.env"]
+    [start] = svc["ExecStart"]
+    assert start.startswith('"/opt/labkit/venv/bin/jupyter" lab --ip=127.0.0.1 --port=8888 --no-browser ')
+    assert "--allow-root" not in start and "token" not in start.lower()
+    assert "labkitd.service" in unit["Unit"]["After"][0].split()
+    assert "labkitd.service" in unit["Unit"]["Wants"][0].split()
+
+
+def test_jupyter_unit_allows_root_only_for_root(tmp_path):
+    """A bare host's service (no learner named) runs as root, and only then with --allow-root."""
+    svc = _jupyter_unit(tmp_path, "root", "root", "/root")["Service"]
+    assert svc["User"] == ["root"] and " --allow-root " in svc["ExecStart"][0]
+
+
+def test_provision_runs_jupyter_as_the_work_user_and_keeps_the_token_theirs():
+    """provision.sh renders JupyterLab's unit for LABKIT_WORK_USER (root when unset) with that user's group and
+    home, gives them the token file (0600) and keeps the environment file systemd reads root's (0600)."""
+    text = PROVISION.read_text()
+    assert 'local user="${WORK_USER:-root}" group home' in text
+    assert 'group="$(id -gn "$user")"' in text and 'getent passwd "$user" | cut -d: -f6' in text
+    assert 'write_if_changed "$UNIT_FILE" "$(jupyter_unit "$user" "$group" "$home" "$ip" "$root")"' in text
+    assert 'chown "$user:$group" "$TOKEN_FILE"' in text and 'chown root:root "$JUPYTER_ENV_FILE"' in text
+    assert 'chmod 600 "$TOKEN_FILE" "$JUPYTER_ENV_FILE"' in text
+    assert "--allow-root" not in text  # only jupyter_unit (provision-lib.sh) decides it
+
+
+def test_provision_step_order():
+    """The instructors' group is made before the answer keys are given to it, labkitd is installed after labkit
+    itself and before the work folder and JupyterLab, which wants it."""
+    text = PROVISION.read_text()
+    order = ["\nstep_pip\n", "step check ", 'out="$(ensure_group "$INSTRUCTORS_GROUP")"', "\nstep_answer_keys\n",
+             "\nstep_labkitd\n", "\nstep_work\n", "    step_jupyter_service\n", "provision_ok\nstep finished"]
+    at = [text.index(s) for s in order]
+    assert at == sorted(at)
+    assert "start labkitd with: sudo labkit daemon start" in text  # the step line without systemd
+
+
+def _systemctl(tmp_path: Path, *, enabled: bool, active: bool) -> Path:
+    log = tmp_path / "systemctl.log"
+    return _fake_bin(tmp_path, systemctl=f'echo "$*" >> "{log}"\n'
+                                         f'case "$1" in is-enabled) exit {0 if enabled else 1};; '
+                                         f'is-active) exit {0 if active else 1};; esac\nexit 0')
+
+
+@pytest.mark.parametrize("changed, enabled, active, want, calls", [
+    (1, True, True, "done", ["daemon-reload", "enable -q labkitd", "restart labkitd"]),
+    (0, True, True, "ok", ["is-enabled -q labkitd", "is-active -q labkitd"]),
+    (0, True, False, "done", ["is-enabled -q labkitd", "is-active -q labkitd", "enable -q --now labkitd"]),
+    (0, False, False, "done", ["is-enabled -q labkitd", "enable -q --now labkitd"]),
+])
+def test_service_up_restarts_only_on_change(tmp_path, changed, enabled, active, want, calls):
+    """service_up restarts a service only when its unit or code changed; a service running as it should is left
+    alone ("ok"); one not enabled or not running is enabled and started."""
+    fake = _systemctl(tmp_path, enabled=enabled, active=active)
+    proc = _lib(tmp_path, f"service_up labkitd {changed}", fake)
+    assert proc.returncode == 0 and proc.stdout.strip() == want, proc.stderr
+    assert (tmp_path / "systemctl.log").read_text().splitlines() == calls
+
+
+def test_service_up_fails_when_systemd_does(tmp_path):
+    """A failed restart is service_up's failure, though it runs in a command substitution (no set -e there)."""
+    fake = _fake_bin(tmp_path, systemctl='[ "$1" = restart ] && exit 1; exit 0')
+    proc = _lib(tmp_path, 'state="$(service_up labkitd 1)" || echo "failed: $state"', fake)
+    assert proc.stdout.strip() == "failed:"
+
+
+def test_source_digest_follows_the_code(tmp_path):
+    """The digest labkitd's restart follows changes when a module changes and not when nothing did."""
+    pkg = tmp_path / "labkit"
+    (pkg / "door").mkdir(parents=True)
+    (pkg / "door" / "daemon.py").write_text("x = 1\n")
+
+    def digest() -> str:
+        proc = _lib(tmp_path, f'source_digest "{pkg}"', _fake_bin(tmp_path))
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    first = digest()
+    assert len(first) == 16 and digest() == first
+    (pkg / "door" / "daemon.py").write_text("x = 2\n")
+    assert digest() != first
+
+
+# -- the instructors' group and the answer keys ----------------------------------------------
+def test_instructors_group_made_once(tmp_path):
+    """ensure_group makes labkit-instructors as a system group when getent does not know it, and does nothing
+    when it exists; no one is added to it."""
+    log = tmp_path / "groupadd.log"
+    fake = _fake_bin(tmp_path, getent="exit 2", groupadd=f'echo "$*" >> "{log}"')
+    proc = _lib(tmp_path, "ensure_group", fake)
+    assert proc.stdout.strip() == "done" and log.read_text().splitlines() == ["--system labkit-instructors"]
+    log.unlink()
+    fake = _fake_bin(tmp_path, getent='echo "labkit-instructors:x:998:"', groupadd=f'echo "$*" >> "{log}"')
+    proc = _lib(tmp_path, "ensure_group", fake)
+    assert proc.stdout.strip() == "ok" and not log.exists()
+
+
+def test_answer_keys_locked_from_the_learner(tmp_path):
+    """lock_answer_keys makes instructor/ root:GROUP, directories 0750 and files 0640 ("done"), and a second run
+    finds nothing to do ("ok")."""
+    import grp
+    import os
+    import stat
+
+    if os.geteuid() != 0:
+        pytest.skip("chown to root needs root")
+    group = grp.getgrgid(os.getgid()).gr_name if os.getgid() != 0 else "nogroup"
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        pytest.skip(f"no group {group} here")
+    keys = tmp_path / "instructor"
+    (keys / "answers").mkdir(parents=True)
+    (keys / "GRADING.md").write_text("x")
+    (keys / "answers" / "01.json").write_text("{}")
+    for p in (keys, keys / "answers"):
+        p.chmod(0o755)
+    proc = _lib(tmp_path, f'lock_answer_keys "{keys}" {group}', _fake_bin(tmp_path))
+    assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr
+    for p in (keys, keys / "answers", keys / "GRADING.md", keys / "answers" / "01.json"):
+        st = p.stat()
+        assert (st.st_uid, st.st_gid) == (0, gid)
+        assert stat.S_IMODE(st.st_mode) == (0o750 if p.is_dir() else 0o640), p
+    proc = _lib(tmp_path, f'lock_answer_keys "{keys}" {group}', _fake_bin(tmp_path))
+    assert proc.stdout.strip() == "ok"
+
+
+def test_provision_locks_the_keys_only_for_a_learner():
+    """provision.sh locks instructor/ only where a learner is named (the VM); a developer's checkout is left as it
+    is."""
+    text = PROVISION.read_text()
+    body = text[text.index("step_answer_keys() {"):text.index("\nstep_answer_keys\n")]
+    assert 'if [ -z "$WORK_USER" ]; then' in body and 'lock_answer_keys "$dir" "$INSTRUCTORS_GROUP"' in body
+
+
+# -- the Makefile: make test, lab and bench with a labkitd --------------------------------------
+MAKEFILE = ROOT / "Makefile"
+TEST_LINE = "$(PY) -m pytest tests -ra -n auto --dist loadfile"
+
+
+def _fake_venv(tmp_path: Path) -> Path:
+    """A venv whose python logs each call and plays labkitd (status answers while 'running' exists; start makes
+    it, or fails when 'start-fails' exists; stop removes it), and whose other commands (pytest, bench, jupyter)
+    log whether labkitd answered while they ran and exit $FAKE_RC."""
+    bin_ = tmp_path / "venv" / "bin"
+    bin_.mkdir(parents=True)
+    state = tmp_path / "state"
+    state.mkdir()
+    body = f"""#!/bin/sh
+echo "$(basename "$0") $*" >> "{state}/calls"
+case "$*" in
+    "-m labkit labkitd status") [ -e "{state}/running" ]; exit $? ;;
+    "-m labkit labkitd start") [ -e "{state}/start-fails" ] && exit 1; touch "{state}/running"; exit 0 ;;
+    "-m labkit labkitd stop") rm -f "{state}/running"; exit 0 ;;
+esac
+[ -e "{state}/running" ] && echo "  (labkitd answering)" >> "{state}/calls"
+exit "${{FAKE_RC:-0}}"
+"""
+    for name in ("python", "jupyter"):
+        (bin_ / name).write_text(body)
+        (bin_ / name).chmod(0o755)
+    return state
+
+
+def _make(tmp_path: Path, target: str, rc: int = 0) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``make TARGET`` of the repo's Makefile with the fake venv, its provisioning taken as done."""
+    import os
+
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env["FAKE_RC"] = str(rc)
+    proc = subprocess.run([make, "-s", "-C", str(ROOT), "-o", "provision", "-o", "provision-dev",
+                           f"VENV={tmp_path / 'venv'}", target], env=env, capture_output=True, text=True, timeout=60)
+    calls = (tmp_path / "state" / "calls").read_text().splitlines()
+    return proc, calls
+
+
+def test_make_test_keeps_its_pytest_line():
+    """make test still runs THE pytest command line, wrapped, after provision-dev."""
+    text = MAKEFILE.read_text()
+    assert f"test: provision-dev\n\t$(call with_labkitd,{TEST_LINE})\n" in text
+
+
+def test_make_test_starts_labkitd_and_stops_it_after(tmp_path):
+    """With no labkitd answering, make test starts one, runs pytest with it answering, and stops it afterwards,
+    also when pytest fails (make then fails)."""
+    state = _fake_venv(tmp_path)
+    proc, calls = _make(tmp_path, "test", rc=3)
+    assert proc.returncode != 0
+    assert calls == ["python -m labkit labkitd status", "python -m labkit labkitd start",
+                     "python -m pytest tests -ra -n auto --dist loadfile", "  (labkitd answering)",
+                     "python -m labkit labkitd stop"]
+    assert not (state / "running").exists()
+
+
+def test_make_test_leaves_a_running_labkitd_running(tmp_path):
+    """With a labkitd answering already (systemd's, or `labkit daemon start`), make test uses it and neither
+    starts nor stops one."""
+    state = _fake_venv(tmp_path)
+    (state / "running").touch()
+    proc, calls = _make(tmp_path, "test")
+    assert proc.returncode == 0, proc.stderr
+    assert calls == ["python -m labkit labkitd status", "python -m pytest tests -ra -n auto --dist loadfile",
+                     "  (labkitd answering)"]
+    assert (state / "running").exists()
+
+
+def test_make_test_stops_when_labkitd_will_not_start(tmp_path):
+    """When labkitd cannot be started, make test fails without running pytest (and stops nothing)."""
+    state = _fake_venv(tmp_path)
+    (state / "start-fails").touch()
+    proc, calls = _make(tmp_path, "test")
+    assert proc.returncode != 0
+    assert calls == ["python -m labkit labkitd status", "python -m labkit labkitd start"]
+
+
+@pytest.mark.parametrize("target, command", [
+    ("lab", "jupyter lab --ip=127.0.0.1 --port=8888 --no-browser --allow-root --ServerApp.root_dir="),
+    ("bench", "python -m labkit bench --readme README.md"),
+])
+def test_make_lab_and_bench_run_with_labkitd(tmp_path, target, command):
+    """make lab (JupyterLab in the foreground, as root) and make bench start labkitd when none answers, run with
+    it, and stop it afterwards."""
+    _fake_venv(tmp_path)
+    proc, calls = _make(tmp_path, target)
+    assert proc.returncode == 0, proc.stderr
+    assert calls[:2] == ["python -m labkit labkitd status", "python -m labkit labkitd start"]
+    assert calls[2].startswith(command) and calls[3:] == ["  (labkitd answering)", "python -m labkit labkitd stop"]
