@@ -42,7 +42,7 @@ import traceback
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
 
-from labkit.agent.api import PREFIX, socket_path, status_of
+from labkit.agent.api import PREFIX, log_path, socket_path, status_of
 from labkit.agent.gc import LabGc
 from labkit.agent.policies import Policies
 from labkit.agent.services import Services
@@ -451,12 +451,20 @@ def serve(agent: Agent, path) -> _Server:
 def main(argv: list[str] | None = None) -> int:
     """Run lab ``--lab``'s agent until SIGTERM; print ``agent ready`` once it serves."""
     ap = argparse.ArgumentParser(prog="labkit.agent", description="a lab's agent: services, monitor, GC, API")
-    ap.add_argument("--lab", required=True)
+    ap.add_argument("--lab", required=True, help="the lab; '-': the first line of stdin names it (an agent started "
+                                                  "ahead of its lab's build, labkit.lab.standby)")
     ap.add_argument("--gc-poll", type=float, default=1.0, help="how often the GC timer looks at the lab clock (s)")
     ap.add_argument("--tofqdns-proxy-response-max-delay", type=float, default=None, metavar="SECONDS",
                     help="longest the DNS proxy holds an answer while the maps are written (Cilium: 100ms; "
                          "default $LABKIT_TOFQDNS_PROXY_RESPONSE_MAX_DELAY, else 0.1)")
     args = ap.parse_args(argv)
+    if args.lab == "-":
+        line = sys.stdin.readline()
+        if not line.strip():  # started ahead and never used
+            return 0
+        args.lab = line.strip()
+        with open(log_path(args.lab), "ab") as log:
+            os.dup2(log.fileno(), 2)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     agent = Agent(args.lab)

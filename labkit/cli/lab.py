@@ -28,12 +28,12 @@ from labkit.config import (
     LB_MODES,
     MAGLEV_TABLE_SIZES,
     NODEPORT_ACCEL_MODES,
+    POLICY_MODES,
     ROUTING_MODES,
     SERVICE_MODES,
     SOCKET_LB_MODES,
     CtTimeouts,
 )
-from labkit.policy.resolve import ENFORCEMENT_MODES
 from labkit.release import DEFAULT_RELEASE, RELEASES, profile
 
 __all__ = ["add_commands", "policy_options", "up_options", "pod_labels", "cmd_up", "cmd_down", "cmd_cleanup",
@@ -73,7 +73,7 @@ def add_commands(add) -> None:
     p.add_argument("--maglev-table-size", type=int, choices=MAGLEV_TABLE_SIZES, default=None, metavar="M",
                    help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (fits on a screen) to "
                         f"{MAGLEV_TABLE_SIZES[-1]}; default 16381, Cilium's")
-    p.add_argument("--policy-mode", choices=ENFORCEMENT_MODES, default=None,
+    p.add_argument("--policy-mode", choices=POLICY_MODES, default=None,
                    help="network policy enforcement (Cilium's --policy-enforcement): default (an endpoint is "
                         "enforced in a direction once a policy selects it there), always (every endpoint, "
                         "default deny) or never")

@@ -31,7 +31,7 @@ from labkit.errors import DatapathError
 from labkit.net import netns as _netns
 from labkit.net.topology import Topology
 
-__all__ = ["main", "start", "NodeLoader"]
+__all__ = ["main", "start", "NodeLoader", "PendingLoader"]
 
 
 def _say(**msg) -> None:
@@ -164,6 +164,64 @@ class NodeLoader:
         return self.process.wait(timeout)
 
 
+class PendingLoader:
+    """A loader process started ahead, for ``n`` nodes: it has imported what it needs and waits for their specs
+    (:meth:`go`). ``labkit up`` starts it before it builds the network, so the imports cost nothing on the way;
+    labkitd keeps one ready between labs (:mod:`labkit.lab.standby`)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        nodes, passed, self._ends = [], [], []
+        for _ in range(n):
+            child_in, lab_in = os.pipe()
+            lab_out, child_out = os.pipe()
+            # stderr to a file, not a pipe: a verifier log can be far larger than a pipe holds,
+            # and a loader blocked writing it would never report its error.
+            errfile = tempfile.TemporaryFile("w+")
+            nodes.append({"stdin": child_in, "stdout": child_out, "stderr": errfile.fileno()})
+            passed += [child_in, child_out, errfile.fileno()]
+            self._ends.append((lab_in, lab_out, errfile))
+        self._nodes = nodes
+        try:
+            self.process = subprocess.Popen([sys.executable, "-m", "labkit", "loader"], stdin=subprocess.PIPE,
+                                            stdout=subprocess.DEVNULL, stderr=self._ends[0][2], pass_fds=passed,
+                                            text=True)
+        finally:
+            for n_ in nodes:  # the children's ends: only theirs, so that a child's exit is the lab's end of file
+                os.close(n_["stdin"])
+                os.close(n_["stdout"])
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def go(self, specs: dict[str, dict]) -> dict[str, "NodeLoader"]:
+        """Hand the loader every node's spec (node -> the first line of the protocol); node -> its
+        :class:`NodeLoader`."""
+        if len(specs) != self.n:
+            raise DatapathError(f"loader started for {self.n} nodes, given {len(specs)}")
+        nodes = [{**fds, "spec": spec} for fds, spec in zip(self._nodes, specs.values())]
+        self.process.stdin.write(json.dumps({"nodes": nodes}) + "\n")
+        self.process.stdin.close()
+        return {node: NodeLoader(self.process, os.fdopen(lab_in, "w"), os.fdopen(lab_out, "r"), errfile)
+                for node, (lab_in, lab_out, errfile) in zip(specs, self._ends)}
+
+    def discard(self) -> None:
+        """End a loader that will not be used (its stdin closes: it exits without a spec)."""
+        for lab_in, lab_out, errfile in self._ends:
+            for fd in (lab_in, lab_out):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            errfile.close()
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        self.process.kill()
+        self.process.wait()
+
+
 def start(specs: dict[str, dict]) -> dict[str, NodeLoader]:
     """Start the loader of every node of ``specs`` (node -> its spec, the first line of the protocol) in one
     process; node -> its :class:`NodeLoader`, already given its spec.
@@ -171,28 +229,7 @@ def start(specs: dict[str, dict]) -> dict[str, NodeLoader]:
         loaders = start({"node-a": spec_a, "node-b": spec_b})
         json.loads(loaders["node-a"].stdout.readline())   # {"created": ...}, ..., {"pinned": true}
     """
-    nodes, passed, ends = [], [], {}
-    for node, spec in specs.items():
-        child_in, lab_in = os.pipe()
-        lab_out, child_out = os.pipe()
-        # stderr to a file, not a pipe: a verifier log can be far larger than a pipe holds,
-        # and a loader blocked writing it would never report its error.
-        errfile = tempfile.TemporaryFile("w+")
-        nodes.append({"spec": spec, "stdin": child_in, "stdout": child_out, "stderr": errfile.fileno()})
-        passed += [child_in, child_out, errfile.fileno()]
-        ends[node] = (lab_in, lab_out, errfile)
-    first = next(iter(ends.values()))[2]  # the shared process's own errors land in the first node's file
-    try:
-        process = subprocess.Popen([sys.executable, "-m", "labkit", "loader"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.DEVNULL, stderr=first, pass_fds=passed, text=True)
-    finally:
-        for n in nodes:  # the children's ends: only theirs, so that a child's exit is the lab's end of file
-            os.close(n["stdin"])
-            os.close(n["stdout"])
-    process.stdin.write(json.dumps({"nodes": nodes}) + "\n")
-    process.stdin.close()
-    return {node: NodeLoader(process, os.fdopen(lab_in, "w"), os.fdopen(lab_out, "r"), errfile)
-            for node, (lab_in, lab_out, errfile) in ends.items()}
+    return PendingLoader(len(specs)).go(specs)
 
 
 def _die_with_parent() -> None:
@@ -243,8 +280,13 @@ def main(argv: list[str] | None = None) -> None:
     _die_with_parent()
     if os.getppid() == 1:
         return
+    from pyroute2 import IPRoute  # noqa: F401  imported while it waits for its specs (PendingLoader)
+
     try:
-        first = json.loads(sys.stdin.readline())
+        line = sys.stdin.readline()
+        if not line:  # a loader started ahead and never used
+            return
+        first = json.loads(line)
     except Exception as exc:
         _say(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         return

@@ -70,6 +70,10 @@ def build(path: Path, limits: Limits | None = None, log=None) -> Door:
         held = labs.held(key)
         return held.lab if held is not None else None
 
+    from labkit.lab.standby import STANDBY
+
+    STANDBY.keep = True  # a loader and an agent kept ready: the next `up` finds their imports done
+    threading.Thread(target=STANDBY.fill, name="standby", daemon=True).start()
     files = EvidenceFiles(JOURNAL, lab_of)
     files.load_all()
     JOURNAL.sinks.append(files)

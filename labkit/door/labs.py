@@ -22,6 +22,7 @@ from labkit.door.owners import Caller, owner_of
 from labkit.errors import ConfigError, LimitError, NotFoundError
 from labkit.lab import Lab
 from labkit.lab.inventory import split_variant
+from labkit.lab.standby import STANDBY
 from labkit.net.ledger import LabState, Ledger, list_labs
 from labkit.net.topology import Topology
 
@@ -150,7 +151,10 @@ class Labs:
         with self.lock(key):
             if not caller.instructor and not Ledger(key).exists():
                 self.check_count(caller, key)
-            lab = Lab.up(key, config=config, topology=topology, owner=owner_of(key), owner_pid=caller.pid)
+            try:
+                lab = Lab.up(key, config=config, topology=topology, owner=owner_of(key), owner_pid=caller.pid)
+            finally:
+                STANDBY.refill()  # the next build's loader and agent, started now that this one is done
             build = _build_of(key)
             with self._mutex:
                 held = self._held.get(key)

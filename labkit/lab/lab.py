@@ -38,6 +38,7 @@ from labkit.datapath.doctor import require_datapath
 from labkit.datapath.source import MAP_NAMES
 from labkit.errors import CleanupError
 from labkit.lab.inventory import variants_of
+from labkit.lab.standby import STANDBY
 from labkit.lab.teardown import leftovers, remove_part, teardown
 from labkit.maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
 from labkit.net import build as _build
@@ -278,16 +279,31 @@ class Lab:
     def _realise(cls, name, topology, config, ledger, state) -> None:
         timings = state.timings
         t = time.monotonic()
-        cgroups = cls._make_cgroups(name, topology, ledger)
-        state.cgroups = cgroups
-        net = _build.build_network(topology, config, ledger)
+        # started first: their imports overlap the network's creation (labkitd has them ready already)
+        pending = STANDBY.loader(len(topology.nodes))
+        agent_proc = STANDBY.agent()
+        try:
+            cgroups = cls._make_cgroups(name, topology, ledger)
+            state.cgroups = cgroups
+            net = _build.build_network(topology, config, ledger)
+        except BaseException:
+            pending.discard()
+            agent_proc.kill()
+            raise
         state.devices = {node: {str(k): v for k, v in devs.items()} for node, devs in net["devices"].items()}
         timings["network_seconds"] = round(time.monotonic() - t, 3)
         state.write()
 
         servers = _build.start_pod_servers(topology, ledger, cgroups)
         t = time.monotonic()
-        loaders = cls._start_loaders(name, topology, config, ledger, state)
+        zone_needed = config.policy != "never" and bool(topology.externals)
+        agent_told = False
+        try:
+            loaders = cls._start_loaders(name, topology, config, ledger, state, pending)
+        except BaseException:
+            pending.discard()
+            agent_proc.kill()
+            raise
         try:
             for node, proc in loaders.items():
                 cls._loader_until(proc, ledger, node, "pinned")
@@ -297,12 +313,18 @@ class Lab:
                 ConfigMaps([pin_dir]).write(LabConfig.initial(MonitorAggregation.parse(config.monitor_aggregation)))
                 proc.stdin.write("attach\n")
                 proc.stdin.flush()
+            if not zone_needed:  # the maps are pinned and programmed: the agent starts while the programs attach
+                cls._start_agent(name, ledger, agent_proc, wait=False)
+                agent_told = True
             for node, proc in loaders.items():
                 done = cls._loader_until(proc, ledger, node, "done")
                 timings[f"datapath_{node}_seconds"] = done.get("seconds")
+                timings[f"datapath_{node}_load_seconds"] = done.get("compile_seconds")
         except BaseException:
             # One node's loader failed: the others may have pinned and attached things the ledger has not read
             # yet. Stop them, then record every object they reported, so that teardown removes it too.
+            if not agent_told:
+                agent_proc.kill()  # never told its lab, so in no ledger
             for proc in loaders.values():
                 if proc.poll() is None:
                     proc.kill()
@@ -315,13 +337,18 @@ class Lab:
                 proc.wait()
         timings["datapath_seconds"] = round(time.monotonic() - t, 3)
         state.write()
-        if config.policy != "never" and topology.externals:
+        if zone_needed:
             from labkit.fqdn import zone  # toFQDNs needs a DNS server and the nodes' proxy routing
 
             t = time.monotonic()
-            zone.start(topology, ledger)
+            try:
+                zone.start(topology, ledger)
+            except BaseException:
+                agent_proc.kill()
+                raise
             timings["dns_seconds"] = round(time.monotonic() - t, 3)
-        cls._start_agent(name, ledger)
+            cls._start_agent(name, ledger, agent_proc, wait=False)
+        cls._agent_ready(name, agent_proc)
         cls._wait_servers(name, topology, servers)
 
     @staticmethod
@@ -341,7 +368,7 @@ class Lab:
         return out
 
     @staticmethod
-    def _start_loaders(name, topology, config, ledger, state) -> dict[str, NodeLoader]:
+    def _start_loaders(name, topology, config, ledger, state, pending=None) -> dict[str, NodeLoader]:
         lab_pins = BPFFS_ROOT / name
         ledger.record("pindir", path=str(lab_pins))
         mkdir_shared_parent(lab_pins)
@@ -363,9 +390,9 @@ class Lab:
                     raise DatapathError(f"lab '{name}': --sockmap on needs cgroup v2 (the pods' cgroups carry the "
                                         f"sock_ops program), got no cgroup2 mount")
                 specs[n.name]["pod_cgroups"] = [cgroups[p.name] for p in topology.pods_on(n.name)]
-        from labkit.datapath import loader  # here: only a lab being built needs it
-
-        return loader.start(specs)  # one process, a child per node: the imports are paid once
+        if pending is None:
+            pending = STANDBY.loader(len(specs))
+        return pending.go(specs)  # one process, a child per node: the imports are paid once
 
     @staticmethod
     def _record_rest(proc: NodeLoader, ledger: Ledger) -> None:
@@ -396,17 +423,32 @@ class Lab:
                 return msg[until] if isinstance(msg[until], dict) else msg
 
     @staticmethod
-    def _start_agent(name: str, ledger: Ledger, timeout: float = 60.0) -> int:
-        """The lab's agent process (:mod:`labkit.agent.daemon`: Services, monitor, GC timer, API); returns
-        once it answers on its socket. Everything it creates is in the ledger before it exists."""
+    def _start_agent(name: str, ledger: Ledger, proc: subprocess.Popen | None = None, wait: bool = True,
+                     timeout: float = 60.0) -> subprocess.Popen:
+        """The lab's agent process (:mod:`labkit.agent.daemon`: Services, monitor, GC timer, API): ``proc``, one
+        started ahead and waiting for its lab's name (:mod:`labkit.lab.standby`), or a new one. With ``wait``,
+        returns once it answers on its socket. Everything it creates is in the ledger before it exists."""
         recorded = {e.get("path") for e in ledger.entries("file")}
         for path in (socket_path(name), log_path(name), lab_dir(name) / "events.bin", lab_dir(name) / "monitor.pos",
                      lab_dir(name) / "hubble.ring"):
             if str(path) not in recorded:
                 ledger.record("file", path=str(path))
-        proc = subprocess.Popen([sys.executable, "-m", "labkit", "agent", "--lab", name], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=open(log_path(name), "ab"), start_new_session=True)
-        ledger.record_process("agent", proc.pid)
+        if proc is None:
+            proc = subprocess.Popen([sys.executable, "-m", "labkit", "agent", "--lab", name],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(log_path(name), "ab"),
+                                    start_new_session=True)
+            ledger.record_process("agent", proc.pid)
+        else:
+            ledger.record_process("agent", proc.pid)
+            proc.stdin.write(f"{name}\n".encode())
+            proc.stdin.close()
+        if wait:
+            Lab._agent_ready(name, proc, timeout)
+        return proc
+
+    @staticmethod
+    def _agent_ready(name: str, proc: subprocess.Popen, timeout: float = 60.0) -> int:
+        """Wait until the agent says it serves; its pid."""
         ready = select.select([proc.stdout], [], [], timeout)[0] and proc.stdout.readline().strip() == b"agent ready"
         proc.stdout.close()
         if not ready:

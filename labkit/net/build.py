@@ -134,12 +134,14 @@ def _nl(what: str):
 def build_network(topo: Topology, config: DatapathConfig, ledger: Ledger) -> dict:
     """Create every namespace and link; returns per-node facts the datapath needs:
     ``{"endpoints": {node: [EndpointFacts]}, "devices": {node: {ifindex: name}}}``."""
-    for name in topo.all_netns():
+    names = topo.all_netns()
+    for name in names:
         if _netns.exists(name):
             raise NetnsError(17, f"network namespace '{name}' already exists; expected lab '{topo.lab}' to own it")
-        ledger.record("netns", name=name)  # first: a kill between the two steps leaves nothing unlisted
-        with _nl(f"ip netns add {name}"):
-            _netns.create(name)
+    with _nl(f"ip netns add {' '.join(names)}"):
+        # each recorded first: a kill between the two steps leaves nothing unlisted
+        _netns.create_many(names, before=lambda name: ledger.record("netns", name=name))
+    for name in names:
         _sysctls(name, _COMMON_SYSCTLS)
     for n in topo.nodes:
         _sysctls(topo.netns(n.name), _NODE_SYSCTLS)

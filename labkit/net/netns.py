@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from labkit.errors import NetnsError
 
-__all__ = ["entered", "preexec", "exists", "create", "remove", "NETNS_DIR", "sysctl", "enter_process"]
+__all__ = ["entered", "preexec", "exists", "create", "create_many", "remove", "NETNS_DIR", "sysctl", "enter_process"]
 
 NETNS_DIR = "/run/netns"
 _CLONE_NEWNET = 0x40000000
@@ -42,6 +42,36 @@ def create(name: str) -> None:
     from pyroute2 import netns
 
     netns.create(name, libc=_libc)
+
+
+def create_many(names: list[str], before=None) -> None:
+    """``ip netns add`` for each of ``names``, in one thread of this process rather than a forked child each: the
+    thread unshares a new network namespace and bind-mounts it at ``/run/netns/<name>``, then the next (a fork of a
+    large process costs tens of ms; this costs well under one). ``before(name)`` runs first for each (the ledger
+    records it before it exists). The calling thread's own namespace is untouched."""
+    import threading
+
+    from pyroute2.netns import _create
+
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for name in names:
+                if before is not None:
+                    before(name)
+                if _libc.unshare(_CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise NetnsError(err, f"ip netns add {name}: unshare: {os.strerror(err)}")
+                _create(name, _libc, pid="thread-self")
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=work, name="netns-add")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
 
 
 def remove(name: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 from labkit import cli
 from labkit.config import DatapathConfig
 from labkit.datapath.source import MAP_NAMES, node_build
-from labkit.lab import Lab
+from labkit.client import Lab
 from labkit.maps import nat
 from labkit.maps.ct import CtDiff, CtKey4, TupleFlags
 from labkit.maps.nat import NAT_MAP, NatEntry, NatKey4, NatRow, diff_nat_rows
