@@ -102,7 +102,8 @@ print(json.dumps(out))
     # bob's own 'demo' is another lab: not up, so NotFoundError, and it names nothing of alice's
     r = bob.labkit("--lab", "demo", "ct", "list", "node-a")
     assert r.returncode == 1 and "not up" in r.stderr and str(alice.uid) not in r.stderr
-    assert _dump_maps(key) == before
+    after = _dump_maps(key)
+    assert [p for p in after if after[p] != before[p]] == []
 
 
 def test_a_pod_process_runs_as_its_user_with_exactly_two_capabilities(people):
@@ -144,7 +145,7 @@ def test_bpftool_is_read_only_and_only_on_the_users_own_pins(people):
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got[0] >= 2 and got[1:] == ["ConfigError"] * 3, got
-    assert key in _dump_maps(key).__repr__()
+    assert all(p.startswith(f"/sys/fs/bpf/labkit/{key}/") for p in _dump_maps(key))
 
 
 # -- malformed requests ------------------------------------------------------------------------------
@@ -236,7 +237,8 @@ print(json.dumps(out))
         assert reply["ok"] is False, (body[:80], reply)
         assert says in reply["error"]["message"], (body[:80], reply["error"])
         assert "\n" not in reply["error"]["message"].strip() or "Traceback" not in reply["error"]["message"]
-    assert _dump_maps(key) == before
+    after = _dump_maps(key)
+    assert [p for p in after if after[p] != before[p]] == []
 
 
 def test_a_16_mb_request_is_refused_before_it_is_read(people):
@@ -342,3 +344,113 @@ def test_kill_9_of_labkitd_under_traffic_loses_no_connection_and_the_lab_is_adop
     assert step.stdout.strip() == "True", step.stderr
     daemon.stop(sock)
     shutil.rmtree(where)
+
+
+# -- limits and the evidence files -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def strict(people):
+    """A private labkitd that allows each user 1 lab, 3 Services per lab and 1 request at a time."""
+    import shutil
+    import tempfile
+
+    from labkit.door import daemon
+
+    where = Path(tempfile.mkdtemp(prefix="labkitd-limits-"))
+    os.chmod(where, 0o755)
+    sock = where / "labkitd.sock"
+    limits = {"LABKIT_LIMIT_LABS": "1", "LABKIT_LIMIT_SERVICES": "3", "LABKIT_LIMIT_CONCURRENT": "1"}
+    old = {k: os.environ.get(k) for k in limits}
+    os.environ.update(limits)
+    try:
+        started, _ = daemon.start(sock)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    assert started
+    yield {"LABKIT_DOOR": str(sock)}
+    daemon.stop(sock)
+    shutil.rmtree(where)
+
+
+def test_a_users_labs_are_limited_and_a_refused_up_builds_nothing(people, strict):
+    """With 1 lab allowed, alice's second lab is refused with one line naming the limit and nothing of it is
+    made; a variant of her lab (one-snat) belongs to it and is allowed."""
+    alice, _ = people
+    r = alice.python("from labkit.client import Lab\nfrom labkit.errors import LimitError\n"
+                     "try:\n    Lab.up('two')\n    print('built')\nexcept LimitError as exc:\n    print(exc)", **strict)
+    assert r.returncode == 0, r.stderr
+    assert "you have 1 labs (demo); labkitd allows 1 per user" in r.stdout
+    assert not Path(f"/run/labkit/two_u{alice.uid}").exists() and not Path(f"/run/netns/lk-two_u{alice.uid}-a1").exists()
+
+
+def test_services_per_lab_are_limited_and_a_refusal_writes_no_row(people, strict):
+    """With 3 Services allowed, the fourth add and an apply past the limit are refused; the lab's Service maps are
+    byte-identical after the refusals."""
+    alice, _ = people
+    key = lab_key(alice.uid, "demo")
+    r = alice.python("from labkit.client import Lab\nlab = Lab.attach('demo')\nlab.services.flush()\n"
+                     "for i in range(3):\n    lab.services.add(f's{i}', 80, ['b1:8080'])\nprint(len(lab.services.list()))",
+                     **strict)
+    assert r.returncode == 0 and r.stdout.strip() == "3", r.stderr
+    before = _dump_maps(key)
+    r = alice.python("import json\nfrom labkit.client import Lab\nfrom labkit.errors import LimitError\n"
+                     "lab = Lab.attach('demo')\nout = []\n"
+                     "for call in (lambda: lab.services.add('s3', 80, ['b1:8080']),\n"
+                     "             lambda: lab.services.apply([{'name': 'x', 'port': 80, 'backends': []},"
+                     " {'name': 'y', 'port': 80, 'backends': []}])):\n"
+                     "    try:\n        call()\n        out.append('done')\n"
+                     "    except LimitError as exc:\n        out.append(str(exc))\n"
+                     "print(json.dumps(out))", **strict)
+    assert r.returncode == 0, r.stderr
+    said = json.loads(r.stdout)
+    assert said == ["lab 'demo': 3 services and 1 more; labkitd allows 3 per lab",
+                    "lab 'demo': 3 services and 2 more; labkitd allows 3 per lab"]
+    after = _dump_maps(key)
+    changed = [p for p in after if after[p] != before[p]]
+    assert changed == []
+    alice.python("from labkit.client import Lab\nLab.attach('demo').services.flush()", **strict)
+
+
+def test_one_users_requests_in_progress_are_limited(people, strict):
+    """With 1 request at a time allowed, alice's second request while a slow step runs is refused at once, with
+    one line; when the step ends her next request is served."""
+    alice, _ = people
+    script = ("import json, threading, time\nfrom labkit.client import Lab\nfrom labkit.client.door import DoorClient\n"
+              "lab = Lab.attach('demo')\nout = {}\n"
+              "def slow():\n    out['step'] = lab.pod('a1').ping('b1', count=6).ok\n"
+              "t = threading.Thread(target=slow); t.start(); time.sleep(0.4)\n"
+              "reply = DoorClient().request('hello', None, {})\n"
+              "out['second'] = reply['error']['message'] if not reply['ok'] else 'served'\n"
+              "t.join(); out['after'] = DoorClient().request('hello', None, {})['ok']\nprint(json.dumps(out))")
+    r = alice.python(script, **strict)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out == {"step": True, "second": "request refused: you have 1 requests in progress; labkitd allows 1",
+                   "after": True}
+
+
+def test_evidence_is_the_owners_to_read_and_no_ones_to_write(people):
+    """The evidence and check files labkitd keeps for alice's lab are root's: she reads them and cannot write them;
+    bob can neither read them nor list the directory."""
+    alice, bob = people
+    key = lab_key(alice.uid, "demo")
+    r = alice.python("from labkit.client import Lab\nfrom labkit.nb import check\nlab = Lab.attach('demo')\n"
+                     "lab.reset()\nlab.pod('a1').ping('b1')\nprint(check('01.1', 'from-container', lab=lab).passed)")
+    assert r.stdout.strip() == "True", r.stderr
+    evidence = api.socket_path().parent / "evidence" / f"{key}.jsonl"
+    checks = api.socket_path().parent / "evidence" / f"{key}.checks.jsonl"
+    probe = ("import json, sys\nout = {}\nfor p in sys.argv[1:]:\n"
+             "    try:\n        out[p + ' read'] = bool(open(p).read())\n    except OSError as exc:\n"
+             "        out[p + ' read'] = type(exc).__name__\n"
+             "    try:\n        open(p, 'a').write('{\"exercise\": \"01.1\", \"passed\": true}\\n')\n"
+             "        out[p + ' write'] = 'wrote'\n    except OSError as exc:\n        out[p + ' write'] = type(exc).__name__\n"
+             "try:\n    import os; os.listdir(os.path.dirname(sys.argv[1])); out['list'] = 'listed'\n"
+             "except OSError as exc:\n    out['list'] = type(exc).__name__\nprint(json.dumps(out))")
+    mine = json.loads(alice.run([sys.executable, "-c", probe, str(evidence), str(checks)]).stdout)
+    theirs = json.loads(bob.run([sys.executable, "-c", probe, str(evidence), str(checks)]).stdout)
+    for p in (evidence, checks):
+        assert mine[f"{p} read"] is True and mine[f"{p} write"] == "PermissionError"
+        assert theirs[f"{p} read"] == "PermissionError" and theirs[f"{p} write"] == "PermissionError"
+    assert mine["list"] == "PermissionError" and theirs["list"] == "PermissionError"
+    st = os.stat(evidence)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, alice.gid, 0o640)
