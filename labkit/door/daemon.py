@@ -85,6 +85,9 @@ def build(path: Path, limits: Limits | None = None, log=None) -> Door:
 
     door = Door(path, handle, labs.limits, log)
     door.labs = labs
+    from labkit.door.supervise import Supervisor
+
+    door.supervisor = Supervisor(labs, log=door.log)
     return door
 
 
@@ -105,6 +108,7 @@ def run(path: Path | None = None, quiet: bool = False) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    door.supervisor.start()
     print(f"labkitd ready on {path} (pid {os.getpid()})", flush=True)
     try:
         door.serve_forever(poll_interval=0.5)

@@ -80,6 +80,7 @@ class Held:
     ids: Any = field(default_factory=lambda: itertools.count(1))
     extra: dict = field(default_factory=dict)  #: per-lab sessions of longer verbs (the service-mode measurement)
     build: tuple | None = None  #: which build of the lab it is (its ledger file's inode and birth)
+    supervise: bool = False  #: labkitd restarts its agent when it dies (:mod:`labkit.door.supervise`)
 
     def next_id(self) -> int:
         return next(self.ids)
@@ -119,7 +120,8 @@ class Labs:
             if held is not None and held.build == build:
                 return held
             lab = Lab.attach(key)  # NotFoundError / LabStateError with the key's name
-            held = Held(key, LabState.read(key).owner_uid, lab, build=_build_of(key))
+            owner = LabState.read(key).owner_uid
+            held = Held(key, owner, lab, build=_build_of(key), supervise=owner != 0)
             with self._mutex:
                 self._held[key] = held
             if self.on_open is not None:
@@ -130,6 +132,11 @@ class Labs:
         """The lab ``key`` if labkitd has it open."""
         with self._mutex:
             return self._held.get(key)
+
+    def supervised(self) -> list[str]:
+        """The keys of the held labs whose agents labkitd looks after."""
+        with self._mutex:
+            return [k for k, h in self._held.items() if h.supervise]
 
     def forget(self, key: str) -> Held | None:
         """Drop lab ``key`` from memory (it went down)."""
@@ -160,7 +167,7 @@ class Labs:
                 held = self._held.get(key)
                 if held is not None and held.build == build:  # it was running as asked: the same lab
                     return held
-                held = self._held[key] = Held(key, owner_of(key), lab, build=build)
+                held = self._held[key] = Held(key, owner_of(key), lab, build=build, supervise=True)
             if self.on_open is not None:
                 self.on_open(held)
             return held

@@ -454,3 +454,29 @@ def test_evidence_is_the_owners_to_read_and_no_ones_to_write(people):
     assert mine["list"] == "PermissionError" and theirs["list"] == "PermissionError"
     st = os.stat(evidence)
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, alice.gid, 0o640)
+
+
+def test_labkitd_restarts_a_users_dead_agent(people):
+    """alice's lab's agent killed with SIGKILL is started again by labkitd within seconds; her Services are back
+    (restored from the journal) and a step to one works."""
+    alice, _ = people
+    key = lab_key(alice.uid, "demo")
+    r = alice.python("from labkit.client import Lab\nlab = Lab.attach('demo')\nlab.services.flush()\n"
+                     "lab.services.add('web', 80, ['b1:8080'])\nprint(lab.agent_status()['pid'])")
+    assert r.returncode == 0, r.stderr
+    old = int(r.stdout.strip())
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        r = alice.python("from labkit.client import Lab\nst = Lab.attach('demo').agent_status()\n"
+                         "print(st.get('status'), st.get('pid'))")
+        status, pid = r.stdout.split()
+        if status == "ok" and pid not in ("None", str(old)):
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"lab {key}: no new agent within 20 s (last: {r.stdout} {r.stderr})")
+    r = alice.python("from labkit.client import Lab\nlab = Lab.attach('demo')\n"
+                     "print([s.name for s in lab.services.list()], lab.pod('a1').tcp('web', 80).open().ok)\n"
+                     "lab.services.flush()")
+    assert r.stdout.strip() == "['web'] True", r.stderr
