@@ -2,9 +2,9 @@
 
     >>> from labkit.client import Lab
     >>> lab = Lab.up("demo")                                   # doctest: +SKIP
-    >>> lab.pod("a1").ping("b1")                               # doctest: +SKIP   a Step
-    >>> [r.line() for r in lab.ct("node-a")]                   # doctest: +SKIP   CtRow, as root reads them
-    >>> lab.pod("a1").exec("ip", "route").stdout               # doctest: +SKIP   run as you, CAP_NET_RAW|NET_ADMIN
+    >>> lab.pod("a1").ping("b1")                               # a Step  # doctest: +SKIP
+    >>> [r.line() for r in lab.ct("node-a")]                   # CtRow, as root reads them  # doctest: +SKIP
+    >>> lab.pod("a1").exec("ip", "route").stdout               # run as you, CAP_NET_RAW|NET_ADMIN  # doctest: +SKIP
     >>> lab.down()                                             # doctest: +SKIP
 
 Its surface is the datapath side's (:class:`labkit.lab.Lab`): the same methods, the same typed rows, steps

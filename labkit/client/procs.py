@@ -84,6 +84,7 @@ class RemoteProcess:
         self._status = status_r
         self._status_text = b""
         self._lock = threading.Lock()
+        self._drain: tuple[dict, list] | None = None  #: communicate()'s readers and what they read
         self.stdin = self._file(ours.get("stdin"), "wb", text, encoding, errors, bufsize)
         self.stdout = self._file(ours.get("stdout"), "rb", text, encoding, errors, bufsize)
         self.stderr = self._file(ours.get("stderr"), "rb", text, encoding, errors, bufsize)
@@ -134,24 +135,28 @@ class RemoteProcess:
         return self.returncode
 
     def communicate(self, input=None, timeout: float | None = None):
-        """Send ``input``, read stdout and stderr to their ends, wait: ``(stdout, stderr)``."""
-        out: dict[str, Any] = {}
+        """Send ``input``, read stdout and stderr to their ends, wait: ``(stdout, stderr)``. After a TimeoutExpired,
+        a second call (``kill()`` first, as with Popen) goes on reading where the first left off."""
+        if self._drain is None:  # the first call: its readers stay this process's until the output ends
+            out: dict[str, Any] = {}
 
-        def drain(name: str, f) -> None:
-            out[name] = f.read()
-            f.close()
+            def drain(name: str, f) -> None:
+                out[name] = f.read()
+                f.close()
 
-        threads = [threading.Thread(target=drain, args=(n, f), daemon=True)
-                   for n, f in (("stdout", self.stdout), ("stderr", self.stderr)) if f is not None]
-        for t in threads:
-            t.start()
-        if self.stdin is not None:
-            try:
-                if input:
-                    self.stdin.write(input)
-                self.stdin.close()
-            except BrokenPipeError:
-                pass
+            threads = [threading.Thread(target=drain, args=(n, f), daemon=True)
+                       for n, f in (("stdout", self.stdout), ("stderr", self.stderr)) if f is not None]
+            for t in threads:
+                t.start()
+            self._drain = (out, threads)
+            if self.stdin is not None:
+                try:
+                    if input:
+                        self.stdin.write(input)
+                    self.stdin.close()
+                except BrokenPipeError:
+                    pass
+        out, threads = self._drain
         deadline = None if timeout is None else time.monotonic() + timeout
         for t in threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))

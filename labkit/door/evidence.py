@@ -116,9 +116,9 @@ class EvidenceFiles:
                 f.write(line + "\n")
             n = self._lines[rec.lab] = self._lines.get(rec.lab, 1) + 1
             if n > 2 * KEEP:
-                self._compact(path)
+                self._compact(path, rec.lab)
 
-    def _compact(self, path: Path) -> None:
+    def _compact(self, path: Path, key: str) -> None:
         lines = path.read_text().splitlines()
         keep = [ln for ln in lines[:1] if ln.startswith('{"facts"')] + lines[-KEEP:]
         tmp = path.with_suffix(".tmp")
@@ -128,7 +128,7 @@ class EvidenceFiles:
         if os.geteuid() == 0:
             os.chown(tmp, 0, st.st_gid)
         os.replace(tmp, path)
-        self._lines[path.name] = len(keep)
+        self._lines[key] = len(keep)
 
     def _reset(self, key: str) -> None:
         with self._lock:

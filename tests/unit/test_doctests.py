@@ -59,6 +59,8 @@ MODULES = [
     "labkit.agent.gc",
     "labkit._tabwriter",
     "labkit.client.session",
+    "labkit.client.lab",
+    "labkit.lab.standby",
     "labkit.door.api",
     "labkit.door.wire",
     "labkit.door.owners",
