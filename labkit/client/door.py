@@ -3,7 +3,7 @@
     >>> door = DoorClient()                               # doctest: +SKIP
     >>> door.call("hello")["user"]                        # doctest: +SKIP
     'vagrant'
-    >>> rows = door.call("ct", lab="demo", node="node-a")  # doctest: +SKIP   a list of CtRow
+    >>> rows = door.call("ct", lab="demo", node="node-a")  # a list of CtRow  # doctest: +SKIP
 
 Each thread has its own connection, kept open between calls (a live table refreshing on a timer does
 not wait behind a step). A request that finds the connection closed — labkitd restarted since the last
