@@ -14,12 +14,12 @@ attached (topology, options, where the pins are) and the live tables this proces
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from labkit.client.door import DoorClient, default_door
 from labkit.client.procs import RemoteProcess, run
 from labkit.config import DatapathConfig
+from labkit.lab.members import ExternalHandle, NodeHandle, PodHandle
 from labkit.net.ledger import LabState
 from labkit.net.topology import Topology
 
@@ -50,109 +50,6 @@ class RemoteClock:
     def __repr__(self) -> str:
         got = self._get()
         return f"LabClock(now={got['now']}, offset={got['offset']})"
-
-
-@dataclass(frozen=True)
-class _Member:
-    lab: "Lab"
-    name: str
-
-    @property
-    def netns(self) -> str:
-        """Its network namespace (``ip netns exec <netns> …``)."""
-        return self.lab.topology.netns(self.name)
-
-    def exec(self, *argv: str, timeout: float = 30, check: bool = False, **kw) -> subprocess.CompletedProcess:
-        """Run a command inside it, as you (see :meth:`Lab.exec`); output captured as text."""
-        return self.lab.exec(self.name, list(argv), timeout=timeout, check=check, **kw)
-
-
-@dataclass(frozen=True)
-class PodHandle(_Member):
-    """A pod of a running lab."""
-
-    @property
-    def ip(self) -> str:
-        return self.lab.topology.pod(self.name).ip
-
-    @property
-    def node(self) -> str:
-        return self.lab.topology.pod(self.name).node
-
-    @property
-    def labels(self) -> dict[str, str]:
-        """Its Kubernetes labels (``{"app": "a1"}`` unless the lab gave others)."""
-        return dict(self.lab.topology.pod(self.name).labels)
-
-    @property
-    def identity(self) -> int:
-        """The security identity the agent allocated for its labels."""
-        return self.lab.topology.pod(self.name).identity
-
-    def tcp(self, target: str, port: int = 8080, sport: int | None = None) -> "TcpConn":
-        """A TCP connection to ``target`` (pod, node, external name, Service or address), not yet open."""
-        return TcpConn(self.lab, self.name, target, port, sport)
-
-    def ping(self, target: str, count: int = 1):
-        """Ping ``target``: a Step."""
-        return self.lab._step("step.ping", pod=self.name, target=target, count=int(count))
-
-    def udp(self, target: str, port: int = 8080, data: bytes = b"hello", sport: int | None = None):
-        """One UDP datagram to ``target`` (from port ``sport``, default any) and its answer: a Step."""
-        return self.lab._step("step.udp", pod=self.name, target=target, port=int(port), data=bytes(data).hex(),
-                              sport=sport)
-
-    def send(self, packet, title: str | None = None):
-        """Send one crafted IPv4 packet (scapy or bytes) from this pod: a Step."""
-        return self.lab._raw(self.name, packet, title)
-
-    def server_log(self) -> list[str]:
-        """Lines the pod's server logged (what it saw of its clients)."""
-        return self.lab._call("server_log", pod=self.name)
-
-
-@dataclass(frozen=True)
-class ExternalHandle(_Member):
-    """The client outside the cluster (``ext``): an address on the underlay, no datapath."""
-
-    @property
-    def ip(self) -> str:
-        return self.lab.topology.external(self.name).ip
-
-    def tcp(self, target: str, port: int = 80, sport: int | None = None) -> "TcpConn":
-        """A TCP connection to ``target`` (a LoadBalancer service by name, a node, an address), not yet open."""
-        return TcpConn(self.lab, self.name, target, port, sport)
-
-    def udp(self, target: str, port: int = 80, data: bytes = b"hello", sport: int | None = None):
-        """One UDP datagram to ``target`` and its answer: a Step."""
-        return self.lab._step("step.udp", pod=self.name, target=target, port=int(port), data=bytes(data).hex(),
-                              sport=sport)
-
-    def send(self, packet, title: str | None = None):
-        """Send one crafted IPv4 packet (scapy or bytes) onto the underlay: a Step."""
-        return self.lab._raw(self.name, packet, title)
-
-
-@dataclass(frozen=True)
-class NodeHandle(_Member):
-    """A node of a running lab."""
-
-    @property
-    def ip(self) -> str:
-        return self.lab.topology.node(self.name).ip
-
-    def ct(self) -> list:
-        """Rows of both CT maps of this node."""
-        return self.lab.ct(self.name)
-
-    def nat(self) -> list:
-        """Rows of this node's NAT map."""
-        return self.lab.nat(self.name)
-
-    def pin(self, map_name: str) -> str:
-        """Path of one of its pinned maps."""
-        return f"{self.lab.pin_dir(self.name)}/{map_name}"
-
 
 
 class TcpConn:
@@ -238,11 +135,6 @@ class Lab:
         self.note_change(step)
         return step
 
-    def _raw(self, member: str, packet, title: str | None):
-        summary = packet.summary() if hasattr(packet, "summary") else None
-        return self._step("step.raw", pod=member, packet=bytes(packet).hex(),
-                          title=title or (f"{member}: crafted {summary}" if summary else None))
-
     # -- life cycle --------------------------------------------------------------------------------
     @classmethod
     def up(cls, name: str = "demo", *, routing: str | None = None, config: DatapathConfig | None = None,
@@ -314,6 +206,28 @@ class Lab:
         """A node by name (NotFoundError lists the nodes)."""
         self.topology.node(name)
         return NodeHandle(self, name)
+
+    def tcp(self, member: str, target: str, port: int = 8080, sport: int | None = None) -> "TcpConn":
+        """A TCP connection from pod or external client ``member`` to ``target``, not yet open."""
+        return TcpConn(self, member, target, port, sport)
+
+    def ping(self, pod: str, target: str, count: int = 1):
+        """``pod`` pings ``target``: a Step."""
+        return self._step("step.ping", pod=pod, target=target, count=int(count))
+
+    def udp(self, member: str, target: str, port: int = 8080, data: bytes = b"hello", sport: int | None = None):
+        """One UDP datagram from ``member`` to ``target`` (from port ``sport``, default any) and its answer: a Step."""
+        return self._step("step.udp", pod=member, target=target, port=int(port), data=bytes(data).hex(), sport=sport)
+
+    def send(self, member: str, packet, title: str | None = None):
+        """One crafted IPv4 packet (scapy or bytes) sent from ``member``: a Step."""
+        summary = packet.summary() if hasattr(packet, "summary") else None
+        return self._step("step.raw", pod=member, packet=bytes(packet).hex(),
+                          title=title or (f"{member}: crafted {summary}" if summary else None))
+
+    def server_log(self, pod: str) -> list[str]:
+        """Lines pod ``pod``'s server logged (what it saw of its clients)."""
+        return self._call("server_log", pod=pod)
 
     def exec(self, name: str, argv: Sequence[str], timeout: float = 30, check: bool = False, **kw):
         """Run ``argv`` in the namespace (and for pods the cgroup) of ``name``, as you, with exactly CAP_NET_RAW and

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+
 from dataclasses import replace as _replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -38,6 +38,7 @@ from labkit.datapath.doctor import require_datapath
 from labkit.datapath.source import MAP_NAMES
 from labkit.errors import CleanupError
 from labkit.lab.inventory import variants_of
+from labkit.lab.members import ExternalHandle, NodeHandle, PodHandle
 from labkit.lab.standby import STANDBY
 from labkit.lab.teardown import leftovers, remove_part, teardown
 from labkit.maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
@@ -67,114 +68,6 @@ if TYPE_CHECKING:
 __all__ = ["Lab", "PodHandle", "NodeHandle", "BPFFS_ROOT"]
 
 BPFFS_ROOT = Path(os.environ.get("LABKIT_BPFFS_ROOT", "/sys/fs/bpf/labkit"))
-
-
-@dataclass(frozen=True)
-class _Member:
-    lab: "Lab"
-    name: str
-
-    @property
-    def netns(self) -> str:
-        """Its network namespace (``ip netns exec <netns> …``)."""
-        return self.lab.topology.netns(self.name)
-
-    def exec(self, *argv: str, timeout: float = 30, check: bool = False, **kw) -> subprocess.CompletedProcess:
-        """Run a command inside it; output captured as text."""
-        return self.lab.exec(self.name, list(argv), timeout=timeout, check=check, **kw)
-
-
-@dataclass(frozen=True)
-class PodHandle(_Member):
-    """A pod of a running lab."""
-
-    @property
-    def ip(self) -> str:
-        return self.lab.topology.pod(self.name).ip
-
-    @property
-    def node(self) -> str:
-        return self.lab.topology.pod(self.name).node
-
-    @property
-    def labels(self) -> dict[str, str]:
-        """Its Kubernetes labels (``{"app": "a1"}`` unless the topology gave others)."""
-        return dict(self.lab.topology.pod(self.name).labels)
-
-    @property
-    def identity(self) -> int:
-        """The security identity the agent allocated for its labels."""
-        return self.lab.topology.pod(self.name).identity
-
-    def tcp(self, target: str, port: int = 8080, sport: int | None = None):
-        """A TCP connection to ``target`` (pod, node, external name or address), not yet open."""
-        return TcpConn(self.lab, self.name, target, port, sport)
-
-    def ping(self, target: str, count: int = 1):
-        """Ping ``target``: a Step."""
-        return ping_step(self.lab, self.name, target, count)
-
-    def udp(self, target: str, port: int = 8080, data: bytes = b"hello", sport: int | None = None):
-        """One UDP datagram to ``target`` (from port ``sport``, default any) and its answer: a Step."""
-        return udp_step(self.lab, self.name, target, port, data, sport)
-
-    def send(self, packet, title: str | None = None):
-        """Send one crafted IPv4 packet (scapy or bytes) from this pod: a Step."""
-        return raw_step(self.lab, self.name, packet, title)
-
-    def server_log(self) -> list[str]:
-        """Lines the pod's server logged (what it saw of its clients)."""
-        path = lab_dir(self.lab.name) / "pods" / f"{self.name}.log"
-        return path.read_text().splitlines() if path.exists() else []
-
-
-@dataclass(frozen=True)
-class ExternalHandle(_Member):
-    """The client outside the cluster (``ext``): an address on the underlay, no datapath.
-
-    It reaches Services the way the world does: a LoadBalancer VIP (routed to the
-    first node) or a NodePort on any node's address::
-
-        lab.external("ext").tcp("web", 80).open()         # the LoadBalancer VIP of 'web'
-        lab.external("ext").tcp("node-b", 30080).open()   # NodePort on node-b
-    """
-
-    @property
-    def ip(self) -> str:
-        return self.lab.topology.external(self.name).ip
-
-    def tcp(self, target: str, port: int = 80, sport: int | None = None):
-        """A TCP connection to ``target`` (a LoadBalancer service by name, a node, an address), not yet open."""
-        return TcpConn(self.lab, self.name, target, port, sport)
-
-    def udp(self, target: str, port: int = 80, data: bytes = b"hello", sport: int | None = None):
-        """One UDP datagram to ``target`` (from port ``sport``, default any) and its answer: a Step."""
-        return udp_step(self.lab, self.name, target, port, data, sport)
-
-    def send(self, packet, title: str | None = None):
-        """Send one crafted IPv4 packet (scapy or bytes) onto the underlay: a Step."""
-        return raw_step(self.lab, self.name, packet, title)
-
-
-@dataclass(frozen=True)
-class NodeHandle(_Member):
-    """A node of a running lab."""
-
-    @property
-    def ip(self) -> str:
-        return self.lab.topology.node(self.name).ip
-
-    def ct(self) -> list[CtRow]:
-        """Rows of both CT maps of this node."""
-        return self.lab.ct(self.name)
-
-    def nat(self) -> list[NatRow]:
-        """Rows of this node's NAT map."""
-        return self.lab.nat(self.name)
-
-    def pin(self, map_name: str) -> str:
-        """Path of one of its pinned maps."""
-        return f"{self.lab.pin_dir(self.name)}/{map_name}"
 
 
 class Lab:
@@ -821,6 +714,29 @@ class Lab:
         """A node by name (NotFoundError lists the nodes)."""
         self.topology.node(name)
         return NodeHandle(self, name)
+
+    def tcp(self, member: str, target: str, port: int = 8080, sport: int | None = None) -> TcpConn:
+        """A TCP connection from pod or external client ``member`` to ``target``, not yet open
+        (``lab.pod("a1").tcp("b1", 8080)``)."""
+        return TcpConn(self, member, target, port, sport)
+
+    def ping(self, pod: str, target: str, count: int = 1):
+        """``pod`` pings ``target``: a Step."""
+        return ping_step(self, pod, target, count)
+
+    def udp(self, member: str, target: str, port: int = 8080, data: bytes = b"hello", sport: int | None = None):
+        """One UDP datagram from ``member`` to ``target`` and its answer: a Step."""
+        return udp_step(self, member, target, port, data, sport)
+
+    def send(self, member: str, packet, title: str | None = None):
+        """One crafted IPv4 packet (scapy or bytes) sent from ``member``: a Step."""
+        return raw_step(self, member, packet, title)
+
+    def server_log(self, pod: str) -> list[str]:
+        """Lines pod ``pod``'s server logged (what it saw of its clients)."""
+        self.topology.pod(pod)
+        path = lab_dir(self.name) / "pods" / f"{pod}.log"
+        return path.read_text().splitlines() if path.exists() else []
 
     def exec(self, name: str, argv: Sequence[str], timeout: float = 30, check: bool = False, **kw):
         """Run ``argv`` in the namespace (and for pods the cgroup) of ``name``."""
