@@ -130,7 +130,8 @@ BASE_PKGS=(python3 python3-venv python3-pip python3-bpfcc bpfcc-tools iproute2
     iperf3 iptables conntrack tcpdump ethtool curl procps util-linux kmod iputils-ping
     netcat-openbsd python3-scapy
     dnsmasq-base) # the lab zone's DNS server in ext (toFQDNs); -base: the binary only, no host service on :53
-DEV_PKGS=(clang llvm)
+DEV_PKGS=(clang llvm
+    mininet bridge-utils) # make bench's bring-up anchor: mn --switch lxbr (labkit/tools/doorbench.py)
 DEV_OPTIONAL_PKGS=(vagrant chromium chromium-driver) # only when apt has them
 [ "${LABKIT_DEV_OPTIONAL:-1}" = 0 ] && DEV_OPTIONAL_PKGS=()
 BPFTOOL_PKGS=(bpftool "linux-tools-$KREL" linux-tools-generic) # first installable wins

@@ -12,6 +12,9 @@ reset                      <= 0.3 s
 one ``labkit ct list``     <= 0.2 s
 one notebook step          <= 0.15 s
 live table, 1,000 rows     <= 0.1 s
+up + down, labkitd / mn    <= 2.0x   (``labkit up`` + ``labkit down``, the commands, vs ``mn --switch lxbr --topo single,4``)
+one step via labkitd       <= 1.2x   (over the same step made as root in-process)
+live table via labkitd     <= 0.05 s (1,000 rows, one refresh)
 load 50k services (agent)  <= 10 s    (one ``service apply`` call through the agent's API)
 agent memory at 50k        <= 300 MB (RSS)
 backend add/remove at 50k  <= 1 ms   (inside the agent, which holds all 50k services)
@@ -27,6 +30,13 @@ grade, 2 jobs / 1 job      <= 0.6 (6 copies of lab 02, 2 cores)
 a step rendered            <= 150 ms (picture, numbered hops, ladder, CT diff: a TCP open)
 ... with SYN retries       <= 300 ms (lab 04's break-it step, ~54 hops)
 =========================  ========
+
+labkitd's three (:mod:`labkit.tools.doorbench`, which says exactly what each measures) are side by side in one
+run: ``labkit up`` + ``labkit down`` through labkitd against Mininet's ``mn --switch lxbr --controller none --topo
+single,4 --test none``, rounds alternating; one notebook step (TCP open, send, close) in a lab through labkitd
+against the same in a lab built in-process as root, both up at once; a live table's refresh with 1,000 CT rows
+through labkitd. Beside them the report gives the breakdown of up and down (the Python client's call, labkitd's
+own time for the request, the build), each step's own medians, and the same refresh in-process.
 
 Reported without a target: one policy rule change selecting 1,000 CIDR identities, from ``labkit policy apply``
 to the pinned map holding it (:mod:`labkit.tools.bench_policy`); a build's first bring-up on this machine (BCC
@@ -76,7 +86,7 @@ from labkit.net.ledger import Ledger
 from labkit.notebook.widgets import CtTable
 from labkit.tools.bench_policy import policy_bench, report_lines as policy_report_lines
 from labkit.lab.kpcompare import compare_service_modes, report_lines as kp_report_lines
-from labkit.tools import sockbench
+from labkit.tools import doorbench, sockbench
 from labkit.tools.xdpbench import report_lines as xdp_report_lines, xdp_vs_tc
 
 __all__ = ["main", "TARGETS", "compare_service_modes", "grade_side_by_side"]
@@ -87,7 +97,8 @@ TARGETS = {"up_s": 5.0, "down_s": 1.0, "reset_s": 0.3, "ct_list_s": 0.2, "step_s
            "agent_restart_50k_s": 5.0, "first_packet_ratio_50k_vs_10": 1.1, "gc_batch_1m_s": 2.0,
            "gc_batch_over_per_entry": 0.2, "ebpf_first_packet_growth_100_to_10k": 1.1,
            "no_bpf_over_bpf_throughput": round(1 / 0.85, 4), "grade_jobs2_over_jobs1": 0.6,
-           "step_render_s": 0.15, "step_render_retries_s": 0.3, "policy_first_packet_ratio_1000_rules_vs_0": 1.1}
+           "step_render_s": 0.15, "step_render_retries_s": 0.3, "policy_first_packet_ratio_1000_rules_vs_0": 1.1,
+           "door_up_down_over_mininet": 2.0, "door_step_over_inprocess": 1.2, "door_table_refresh_1000_s": 0.05}
 #: Numbers of services of the kube-proxy comparison (each size: both modes, side by side).
 SCALE_SIZES = (100, 1000, 5000, 10000)
 #: Sizes at which the kube-proxy comparison also measures the stall.
@@ -185,11 +196,21 @@ def measure(runs: int) -> dict:
         render = _render_times(lab, max(runs, MIN_SAMPLES))
     finally:
         Lab.cleanup(LAB)
+    door = {"up_down": doorbench.up_down_vs_mininet(max(runs, MIN_SAMPLES)),  # each takes its own labs down
+            "step": doorbench.step_door_vs_inprocess(max(runs, MIN_SAMPLES)),
+            "table": doorbench.table_refresh_door(max(runs, MIN_SAMPLES))}
     agent = agent_scale(max(runs, MIN_SAMPLES))
     samples = {"up_s": ups, "up_first_s": cold, "down_s": downs, "reset_s": resets, "ct_list_s": ct_list, "step_s": steps,
                "table_refresh_1000_s": refreshes, "step_render_s": render["open_s"],
-               "step_render_retries_s": render["retries_s"], **agent["samples"]}
+               "step_render_retries_s": render["retries_s"], **agent["samples"],
+               "door_up_down_s": door["up_down"]["samples_s"]["labkit"],
+               "mininet_up_down_s": door["up_down"]["samples_s"]["mininet"],
+               "door_step_s": door["step"]["samples_s"]["door"]["all"],
+               "door_step_inprocess_s": door["step"]["samples_s"]["inprocess"]["all"],
+               "door_table_refresh_1000_s": door["table"]["samples_s"]["door"]}
     medians = {k: round(statistics.median(v), 6) for k, v in samples.items()}
+    medians["door_up_down_over_mininet"] = door["up_down"]["ratio"]
+    medians["door_step_over_inprocess"] = door["step"]["ratio"]
     medians["agent_update_growth_100_to_50k"] = round(
         statistics.median(samples["backend_update_50k_s"]) / statistics.median(samples["backend_update_100_s"]), 3)
     medians["agent_rss_50k_mb"] = agent["rss_mb"]
@@ -217,6 +238,7 @@ def measure(runs: int) -> dict:
     medians["policy_update_1000_cli_s"] = round(statistics.median(policy["update"]["cli_s"]), 4)
     medians["policy_first_packet_ratio_1000_rules_vs_0"] = policy["first_packet"]["ratio"]
     return {
+        "door": door,
         "policy": policy,
         "grade": graded,
         "first_packet_side_by_side": {"10_vs_50k": ratio_50k, "100_vs_10k": growth},
@@ -237,10 +259,11 @@ def measure(runs: int) -> dict:
     }
 
 
-def _step_times(lab) -> list[float]:
-    """Wall time of TCP open/send/close steps: act, collect flows, read maps, diff (wire time is µs here)."""
+def _step_times(lab, connections: int = 10) -> list[float]:
+    """Wall time of TCP open/send/close steps: act, collect flows, read maps, diff (wire time is µs here); a lab
+    reset before each of ``connections`` connections a1 -> b1, three times per connection (open, send, close)."""
     out = []
-    for _ in range(10):
+    for _ in range(connections):
         lab.reset()
         conn = lab.pod("a1").tcp("b1")
         for action in (conn.open, lambda: conn.send(b"bench"), conn.close):
@@ -279,16 +302,22 @@ def _render_times(lab, rounds: int) -> dict:
 
 
 def _refresh_times(lab) -> list[float]:
-    """A live table's refresh (read the kernel map, diff, render) with 1,000 rows in node-a's CT map."""
+    """A live table's refresh (read the kernel map, diff, render) with 1,000 rows in node-a's CT map, written as
+    root; ``lab`` built in-process or held through labkitd (:class:`labkit.client.Lab`: :mod:`.doorbench`)."""
 
     lab.reset()
+    now = lab.clock.now()  # once: through labkitd each reading is a request
     with PinnedMap(f"{lab.pin_dir('node-a')}/cilium_ct_any4_global", CtKey4, CtEntry) as m:
         for i in range(1000):
             key = CtKey4.make("198.18.1.11", "198.18.2.11", 10000 + i, 8080, 17, 0)
-            m[key] = CtEntry(lifetime=lab.clock.now() + 60, packets=1, bytes=100)
+            m[key] = CtEntry(lifetime=now + 60, packets=1, bytes=100)
     table = CtTable(lab, "node-a")
     out = [_timed(table.refresh) for _ in range(10)]
+    read = len(table.rows)
     table.close()
+    if table.refresh_count != len(out) or read < 1000:  # refresh() never raises: a failed one shows in its status
+        raise RuntimeError(f"live table of {lab.name}: {table.refresh_count} of {len(out)} refreshes read the maps, "
+                           f"{read} rows, expected >= 1000 ({table.last_error!r})")
     lab.reset()
     return out
 
@@ -673,6 +702,9 @@ def report(result: dict) -> str:
         lines.append(grade_line(result["grade"], result["machine"]["cpus"]))
     if "policy" in result:
         lines += policy_report_lines(result["policy"])
+    if "door" in result:
+        lines.append("")
+        lines += doorbench.report_lines(result["door"])
     return "\n".join(lines)
 
 
