@@ -14,12 +14,12 @@ attached (topology, options, where the pins are) and the live tables this proces
 from __future__ import annotations
 
 import subprocess
-from typing import Any, Sequence
+from typing import Sequence
 
 from labkit.client.door import DoorClient, default_door
 from labkit.client.procs import RemoteProcess, run
 from labkit.config import DatapathConfig
-from labkit.lab.members import ExternalHandle, NodeHandle, PodHandle
+from labkit.lab.members import ExternalHandle, Members, NodeHandle, PodHandle
 from labkit.net.ledger import LabState
 from labkit.net.topology import Topology
 
@@ -104,7 +104,7 @@ class TcpConn:
         return LadderView(self.steps, self.lab.topology, title or f"{self.pod} → {self.target}:{self.port} TCP")
 
 
-class Lab:
+class Lab(Members):
     """A lab that is up, held through labkitd. Build with :meth:`up`, find with :meth:`attach`."""
 
     def __init__(self, door: DoorClient, desc: dict):
@@ -192,21 +192,6 @@ class Lab:
         return self._call("health")
 
     # -- members -----------------------------------------------------------------------------------
-    def pod(self, name: str) -> PodHandle:
-        """A pod by name (NotFoundError lists the pods)."""
-        self.topology.pod(name)
-        return PodHandle(self, name)
-
-    def external(self, name: str = "ext") -> ExternalHandle:
-        """The external client by name (NotFoundError lists them)."""
-        self.topology.external(name)
-        return ExternalHandle(self, name)
-
-    def node(self, name: str) -> NodeHandle:
-        """A node by name (NotFoundError lists the nodes)."""
-        self.topology.node(name)
-        return NodeHandle(self, name)
-
     def tcp(self, member: str, target: str, port: int = 8080, sport: int | None = None) -> "TcpConn":
         """A TCP connection from pod or external client ``member`` to ``target``, not yet open."""
         return TcpConn(self, member, target, port, sport)
@@ -246,27 +231,12 @@ class Lab:
         self.topology.kind_of(name)
         return RemoteProcess(self, name, list(argv), **kw)
 
-    def cgroup(self, name: str) -> str | None:
-        """The cgroup v2 directory of a pod or node (their processes run in it)."""
-        if self.topology.kind_of(name) == "external":
-            return None
-        return self.state.cgroups.get(name)
-
     def bpftool(self, *args: str, node: str | None = None) -> subprocess.CompletedProcess:
         """``bpftool ARGS`` run by labkitd as root, read-only, on this lab's own pins and cgroups (``map dump pinned
         …``, ``cgroup show …``, ``net show`` with ``node``)."""
         return self._call("bpftool", node=node, args=[str(a) for a in args])
 
     # -- maps --------------------------------------------------------------------------------------
-    def pin_dir(self, node: str) -> str:
-        """``/sys/fs/bpf/labkit/<key>/<node>``"""
-        self.topology.node(node)
-        return self.state.pin_dirs[node]
-
-    @property
-    def pin_dirs(self) -> dict[str, str]:
-        return dict(self.state.pin_dirs)
-
     def ct(self, node: str) -> list:
         """Every row of ``node``'s two CT maps, TCP map first (:class:`labkit.maps.ct.CtRow`)."""
         return self._call("ct", node=node)
@@ -353,25 +323,6 @@ class Lab:
     def hubble(self, seq: int | None = None) -> dict:
         """The Hubble ring's entries from ``seq`` on (None: all it holds): ``{responses, seq, capacity}``."""
         return self._call("hubble", seq=seq)
-
-    # -- live tables ---------------------------------------------------------------------------------
-    def note_change(self, step: Any = None) -> None:
-        """Something changed the maps: this process's live tables refresh."""
-        self._watchers = [t for t in self._watchers if not getattr(t, "closed", False)]
-        for table in list(self._watchers):
-            try:
-                table.refresh()
-            except Exception:
-                pass
-
-    def watch(self, node: str, interval: float | None = None):
-        """A live table of ``node``'s CT rows, refreshed after every step (and every ``interval`` s)."""
-        from labkit.notebook.widgets import watch
-
-        self.topology.node(node)
-        table = watch(self, node, interval)
-        self._watchers.append(table)
-        return table
 
     # -- the agent's parts ----------------------------------------------------------------------------
     @property

@@ -85,7 +85,7 @@ from labkit.net import netns as _netns
 from labkit.net.build import cgroup_root
 from labkit.net.ledger import process_start_time
 
-__all__ = ["Person", "Started", "spawn", "send_signal", "command_line", "user_environment", "check_env",
+__all__ = ["Person", "Started", "spawn", "send_signal", "reap", "command_line", "user_environment", "check_env",
            "require_tools", "check_tool", "netns_dirs", "CAPS", "MAX_ENV_VARS", "MAX_ENV_BYTES", "DEFAULT_PATH",
            "ENV_CARRIER", "START_TIMEOUT"]
 
@@ -375,7 +375,9 @@ _wrappers: dict[int, subprocess.Popen] = {}  # the unshare processes that are la
 _wrappers_lock = threading.Lock()
 
 
-def _reap() -> None:
+def reap() -> None:
+    """Collect the exit of every wrapper (unshare) that has ended, so none stays a zombie of labkitd's
+    (labkitd's supervisor calls it every few seconds; each spawn too)."""
     with _wrappers_lock:
         for pid, proc in list(_wrappers.items()):
             if proc.poll() is not None:
@@ -486,7 +488,7 @@ def spawn(netns: str, cgroup: str | None, person: Person, argv: list[str], *, en
         raise NotFoundError(f"network namespace {netns!r}: expected {_netns.NETNS_DIR}/{netns}, found none")
     cgroup = _check_cgroup(cgroup)
     require_tools()
-    _reap()
+    reap()
     names = sorted(environment)
     wrapper_env = {"PATH": _ROOT_PATH, **{ENV_CARRIER + k: v for k, v in environment.items()}}
     proc, report = _start(_argv(person, argv, names, cwd), netns, cgroup, wrapper_env,
@@ -550,7 +552,7 @@ def _stop(proc: subprocess.Popen, grace: float = 0.0) -> int | None:
         proc.wait(timeout=5)
         return None
     finally:
-        _reap()
+        reap()
 
 
 def _signal_number(sig: int | str) -> int:
@@ -582,7 +584,7 @@ def send_signal(started: Started, sig: int | str) -> bool:
     False
     """
     number = _signal_number(sig)
-    _reap()
+    reap()
     if started.start is None or started.pid <= 0:
         return False
     try:

@@ -35,7 +35,10 @@ class Supervisor(threading.Thread):
             self.once()
 
     def once(self) -> None:
-        """One look at every supervised lab."""
+        """One look at every supervised lab (and the ended sandboxes' exits collected)."""
+        from labkit.door import sandbox
+
+        sandbox.reap()
         for key in list(self.labs.supervised()):
             held = self.labs.held(key)
             if held is None:

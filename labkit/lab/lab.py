@@ -38,7 +38,7 @@ from labkit.datapath.doctor import require_datapath
 from labkit.datapath.source import MAP_NAMES
 from labkit.errors import CleanupError
 from labkit.lab.inventory import variants_of
-from labkit.lab.members import ExternalHandle, NodeHandle, PodHandle
+from labkit.lab.members import Members, NodeHandle, PodHandle
 from labkit.lab.standby import STANDBY
 from labkit.lab.teardown import leftovers, remove_part, teardown
 from labkit.maps.eps import EndpointInfo, EndpointKey, IpcacheKey, RemoteEndpointInfo
@@ -47,7 +47,6 @@ from labkit.net import netns as _netns
 from labkit.net import pod_argv
 from labkit.net.build import cgroup_root
 from labkit.lab.traffic import PodClient, TcpConn, ping_step, raw_step, udp_step
-from labkit.notebook.widgets import watch
 from labkit.clock import LabClock, mono_seconds
 from labkit.config import LAB_DIFFERENCES, DatapathConfig
 from labkit.release import BEHAVIOURS
@@ -70,7 +69,7 @@ __all__ = ["Lab", "PodHandle", "NodeHandle", "BPFFS_ROOT"]
 BPFFS_ROOT = Path(os.environ.get("LABKIT_BPFFS_ROOT", "/sys/fs/bpf/labkit"))
 
 
-class Lab:
+class Lab(Members):
     """A lab that is up. Build with :meth:`up`, find with :meth:`attach`."""
 
     def __init__(self, name: str, topology: Topology, config: DatapathConfig, state: LabState):
@@ -446,22 +445,6 @@ class Lab:
             self._log = self.events()
         return self._log
 
-    def note_change(self, step=None) -> None:
-        """Something changed the maps (a step, a GC run, a reset): live tables refresh."""
-        self._watchers = [t for t in self._watchers if not getattr(t, "closed", False)]
-        for table in list(self._watchers):
-            try:
-                table.refresh()
-            except Exception:  # a table that cannot refresh must not break the step
-                pass
-
-    def watch(self, node: str, interval: float | None = None):
-        """A live table of ``node``'s CT rows, refreshed after every step (and every ``interval`` s)."""
-        self.topology.node(node)
-        table = watch(self, node, interval)
-        self._watchers.append(table)
-        return table
-
     def fault(self, name: str, on: bool = True) -> list[str]:
         """Switch a break-it fault on or off (on every node's datapath, or in the agent); returns the faults
         now on. ``labkit fault list`` names them all; ``labkit status`` always lists those on.
@@ -700,21 +683,6 @@ class Lab:
                 remote.client.close()
 
     # -- members ---------------------------------------------------------------
-    def pod(self, name: str) -> PodHandle:
-        """A pod by name (NotFoundError lists the pods)."""
-        self.topology.pod(name)
-        return PodHandle(self, name)
-
-    def external(self, name: str = "ext") -> ExternalHandle:
-        """The external client by name (NotFoundError lists them)."""
-        self.topology.external(name)
-        return ExternalHandle(self, name)
-
-    def node(self, name: str) -> NodeHandle:
-        """A node by name (NotFoundError lists the nodes)."""
-        self.topology.node(name)
-        return NodeHandle(self, name)
-
     def tcp(self, member: str, target: str, port: int = 8080, sport: int | None = None) -> TcpConn:
         """A TCP connection from pod or external client ``member`` to ``target``, not yet open
         (``lab.pod("a1").tcp("b1", 8080)``)."""
@@ -754,12 +722,6 @@ class Lab:
         cgroup = self.state.cgroups.get(name)
         return subprocess.Popen(list(argv), preexec_fn=_netns.preexec(netns, cgroup, new_session=False), **kw)
 
-    def cgroup(self, name: str) -> str | None:
-        """The cgroup v2 directory of a pod or node (their processes run in it)."""
-        if self.topology.kind_of(name) == "external":
-            return None
-        return self.state.cgroups.get(name)
-
     # -- maps -------------------------------------------------------------------
     @property
     def gc(self):
@@ -786,16 +748,6 @@ class Lab:
         if self._policy is None:
             self._policy = RemotePolicies(self)
         return self._policy
-
-    def pin_dir(self, node: str) -> str:
-        """``/sys/fs/bpf/labkit/<lab>/<node>``"""
-        self.topology.node(node)
-        return self.state.pin_dirs[node]
-
-    @property
-    def pin_dirs(self) -> dict[str, str]:
-        """``{node: /sys/fs/bpf/labkit/<lab>/<node>}`` for every node."""
-        return dict(self.state.pin_dirs)
 
     def ct(self, node: str) -> list[CtRow]:
         """Every row of ``node``'s two CT maps, TCP map first."""

@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PodHandle", "NodeHandle", "ExternalHandle"]
+__all__ = ["PodHandle", "NodeHandle", "ExternalHandle", "Members"]
 
 
 @dataclass(frozen=True)
@@ -126,3 +126,59 @@ class NodeHandle(_Member):
     def pin(self, map_name: str) -> str:
         """Path of one of its pinned maps."""
         return f"{self.lab.pin_dir(self.name)}/{map_name}"
+
+
+class Members:
+    """What both sides' ``Lab`` share of their members, from the topology and the state they hold: the handles
+    (``lab.pod("a1")``, checked against the topology: NotFoundError lists the names), the pin directories and
+    the cgroups, and this process's live tables (a subclass sets ``self._watchers = []``)."""
+
+    def pod(self, name: str) -> PodHandle:
+        """A pod by name (NotFoundError lists the pods)."""
+        self.topology.pod(name)
+        return PodHandle(self, name)
+
+    def external(self, name: str = "ext") -> ExternalHandle:
+        """The external client by name (NotFoundError lists them)."""
+        self.topology.external(name)
+        return ExternalHandle(self, name)
+
+    def node(self, name: str) -> NodeHandle:
+        """A node by name (NotFoundError lists the nodes)."""
+        self.topology.node(name)
+        return NodeHandle(self, name)
+
+    def pin_dir(self, node: str) -> str:
+        """``/sys/fs/bpf/labkit/<key>/<node>``"""
+        self.topology.node(node)
+        return self.state.pin_dirs[node]
+
+    @property
+    def pin_dirs(self) -> dict[str, str]:
+        """``{node: /sys/fs/bpf/labkit/<key>/<node>}`` for every node."""
+        return dict(self.state.pin_dirs)
+
+    def cgroup(self, name: str) -> str | None:
+        """The cgroup v2 directory of a pod or node (their processes run in it)."""
+        if self.topology.kind_of(name) == "external":
+            return None
+        return self.state.cgroups.get(name)
+
+    # -- live tables: this process's, refreshed on each change it makes --------------------------------
+    def note_change(self, step: Any = None) -> None:
+        """Something changed the maps (a step, a GC run, a reset): live tables refresh."""
+        self._watchers = [t for t in self._watchers if not getattr(t, "closed", False)]
+        for table in list(self._watchers):
+            try:
+                table.refresh()
+            except Exception:  # a table that cannot refresh must not break the step
+                pass
+
+    def watch(self, node: str, interval: float | None = None):
+        """A live table of ``node``'s CT rows, refreshed after every step (and every ``interval`` s)."""
+        from labkit.notebook.widgets import watch  # ipywidgets: loaded when a table is asked for
+
+        self.topology.node(node)
+        table = watch(self, node, interval)
+        self._watchers.append(table)
+        return table

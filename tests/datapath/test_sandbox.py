@@ -138,7 +138,7 @@ def _empty_cgroup(cgroup: Path) -> None:
 
     for proc in list(sandbox._wrappers.values()):
         proc.wait(timeout=5)
-    sandbox._reap()
+    sandbox.reap()
 
 
 def _read_all(fds: dict[str, int], timeout: float) -> dict[str, str]:

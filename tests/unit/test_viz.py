@@ -5,40 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.addr import be32
 from labkit.net.topology import Topology
 from labkit.notebook import pathgraph, viz
-from labkit.observe.trace import Flow, TraceEvent
-from tracefixtures import tup
+from tracefixtures import ping_flows
 
-CT_NONE = 0xFF
 POD_NAMES = ("a1", "a2", "b1", "b2")
 
 
-def event(ts, node_id, hook, verdict, before, after=None, inner=None, ct_result=CT_NONE, ct_dir=CT_NONE,
-          tunnel=None, drop=0, ct_flags=0) -> TraceEvent:
-    ev = TraceEvent(ts_ns=ts, node_id=node_id, hook=hook, verdict=verdict, ct_result=ct_result, ct_dir=ct_dir,
-                    ct_flags=ct_flags, drop_reason=drop, tunnel_endpoint=be32(tunnel) if tunnel else 0,
-                    before=before, after=after if after is not None else before)
-    if inner is not None:
-        ev.inner = inner
-    return ev
 
 
-ECHO = tup("198.18.1.11", 0x1234, "198.18.2.11", 0, 1, 0, 8)  # a1 -> b1 ICMP EchoRequest
-OUTER = tup("198.51.100.11", 40001, "198.51.100.12", 8472, 17)  # node-a -> node-b VXLAN
-
-
-def ping_flows() -> list[Flow]:
-    """a1 -> b1 ping in tunnel mode, one record per hook, in time order."""
-    return [
-        Flow(event(100, 1, 1, 2, ECHO, ct_result=0, ct_dir=0, tunnel="198.51.100.12"), "node-a", "lxc-a1"),
-        Flow(event(200, 1, 6, 1, ECHO, tunnel="198.51.100.12"), "node-a", "cilium_vxlan"),
-        Flow(event(300, 1, 4, 1, OUTER, inner=ECHO), "node-a", "eth0"),
-        Flow(event(400, 2, 3, 1, OUTER, inner=ECHO), "node-b", "eth0"),
-        Flow(event(500, 2, 5, 1, ECHO), "node-b", "cilium_vxlan"),
-        Flow(event(600, 2, 2, 1, ECHO, ct_result=0, ct_dir=1), "node-b", "lxc-b1"),
-    ]
 
 
 @pytest.fixture
