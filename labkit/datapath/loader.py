@@ -4,8 +4,10 @@ Runs in a child process per node, so two nodes compile at once and the lab proce
 state. :func:`start` starts one ``python -m labkit loader`` for all of a lab's nodes: it imports this
 module and pyroute2 once, then forks the child of each node, which enters the node's namespace (a lab
 of two nodes pays one Python start-up and one set of imports, not two). A build whose text and flags
-were compiled before loads from the image BCC made then (:mod:`labkit.datapath.image`). Each node's
-child talks JSON lines on its own pipes:
+were compiled before loads from the image BCC made then (:mod:`labkit.datapath.image`). The children are
+forked at once, before their nodes are known (:class:`PendingLoader`): each may load the image of the last
+build meanwhile (its maps made, its programs through the verifier), and uses it when its node's build is that
+image. Each node's child talks JSON lines on its own pipes:
 
 - stdin, first line: ``{"topology": ..., "config": ..., "node": ..., "pin_dir": ...}``
 - stdout: ``{"created": {...}}`` for every pin and tc filter, *as it is made*,
@@ -39,7 +41,22 @@ def _say(**msg) -> None:
     sys.stdout.flush()
 
 
-def run(spec: dict) -> None:
+def preload(key: str | None):
+    """``(key, LoadedImage)`` of the cached image ``key`` loaded now — maps made, programs verified — before the
+    node it is for is known; None when there is no such image (or it does not load: the node loads afresh)."""
+    if not key:
+        return None
+    cached = image.cache_get(key)
+    if cached is None:
+        return None
+    try:
+        return key, image.load(cached)
+    except DatapathError:
+        return None
+
+
+def run(spec: dict, preloaded=None) -> None:
+    """Build one node: ``preloaded`` (:func:`preload`) is used when its image is this node's build."""
     topo = Topology.from_dict(spec["topology"])
     config = DatapathConfig.from_dict(spec["config"])
     node = spec["node"]
@@ -53,11 +70,17 @@ def run(spec: dict) -> None:
         vxlan = ipr.link_lookup(ifname="cilium_vxlan")
         build = node_build(topo, config, node, vxlan_ifindex=vxlan[0] if vxlan else 0,
                            netdev_ifindex=ipr.link_lookup(ifname="eth0")[0])
-        try:
-            loaded, how = image.load_build(build)
-        except DatapathError as exc:
-            _say(error=f"node '{node}': {exc}")
-            return
+        key = image.image_key(build.text(), build.cflags())
+        if preloaded is not None and preloaded[0] == key:
+            loaded, how = preloaded[1], "preloaded"
+        else:
+            if preloaded is not None:
+                preloaded[1].close()  # another build: its maps and programs go
+            try:
+                loaded, how = image.load_build(build)
+            except DatapathError as exc:
+                _say(error=f"node '{node}': {exc}")
+                return
         compiled = time.monotonic()
         try:
             for name in build.map_names:
@@ -110,7 +133,7 @@ def run(spec: dict) -> None:
                                   **where})
         finally:
             loaded.close()  # the pins, filters and cgroup links hold what the lab keeps
-    _say(done={"node": node, "compile_seconds": round(compiled - t0, 3), "image": how,
+    _say(done={"node": node, "compile_seconds": round(compiled - t0, 3), "image": how, "key": key,
                "seconds": round(time.monotonic() - t0, 3)})
 
 
@@ -165,48 +188,55 @@ class NodeLoader:
 
 
 class PendingLoader:
-    """A loader process started ahead, for ``n`` nodes: it has imported what it needs and waits for their specs
-    (:meth:`go`). ``labkit up`` starts it before it builds the network, so the imports cost nothing on the way;
-    labkitd keeps one ready between labs (:mod:`labkit.lab.standby`)."""
+    """A loader process started ahead, for ``n`` nodes: it has imported what it needs, forked one child per node
+    and waits for their specs (:meth:`go`). With ``preload`` (an image key per node, those of the last build),
+    each child has loaded its image meanwhile — maps made, programs through the verifier — and uses it when the
+    node's build is that image. ``labkit up`` starts it before it builds the network, so the imports cost nothing
+    on the way; labkitd keeps one ready between labs (:mod:`labkit.lab.standby`)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, preload: list[str | None] | None = None):
         self.n = n
-        nodes, passed, self._ends = [], [], []
-        for _ in range(n):
+        self.preload = list(preload or [])[:n]
+        slots, passed, self._ends = [], [], []
+        for i in range(n):
             child_in, lab_in = os.pipe()
             lab_out, child_out = os.pipe()
             # stderr to a file, not a pipe: a verifier log can be far larger than a pipe holds,
             # and a loader blocked writing it would never report its error.
             errfile = tempfile.TemporaryFile("w+")
-            nodes.append({"stdin": child_in, "stdout": child_out, "stderr": errfile.fileno()})
+            slots.append({"stdin": child_in, "stdout": child_out, "stderr": errfile.fileno(),
+                          "preload": self.preload[i] if i < len(self.preload) else None})
             passed += [child_in, child_out, errfile.fileno()]
             self._ends.append((lab_in, lab_out, errfile))
-        self._nodes = nodes
         try:
             self.process = subprocess.Popen([sys.executable, "-m", "labkit", "loader"], stdin=subprocess.PIPE,
                                             stdout=subprocess.DEVNULL, stderr=self._ends[0][2], pass_fds=passed,
                                             text=True)
         finally:
-            for n_ in nodes:  # the children's ends: only theirs, so that a child's exit is the lab's end of file
-                os.close(n_["stdin"])
-                os.close(n_["stdout"])
+            for slot in slots:  # the children's ends: only theirs, so that a child's exit is the lab's end of file
+                os.close(slot["stdin"])
+                os.close(slot["stdout"])
+        self.process.stdin.write(json.dumps({"slots": slots}) + "\n")
+        self.process.stdin.close()
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def go(self, specs: dict[str, dict]) -> dict[str, "NodeLoader"]:
-        """Hand the loader every node's spec (node -> the first line of the protocol); node -> its
+        """Hand each node's child its spec (node -> the first line of the protocol); node -> its
         :class:`NodeLoader`."""
         if len(specs) != self.n:
             raise DatapathError(f"loader started for {self.n} nodes, given {len(specs)}")
-        nodes = [{**fds, "spec": spec} for fds, spec in zip(self._nodes, specs.values())]
-        self.process.stdin.write(json.dumps({"nodes": nodes}) + "\n")
-        self.process.stdin.close()
-        return {node: NodeLoader(self.process, os.fdopen(lab_in, "w"), os.fdopen(lab_out, "r"), errfile)
-                for node, (lab_in, lab_out, errfile) in zip(specs, self._ends)}
+        out = {}
+        for (node, spec), (lab_in, lab_out, errfile) in zip(specs.items(), self._ends):
+            stdin = os.fdopen(lab_in, "w")
+            stdin.write(json.dumps(spec) + "\n")
+            stdin.flush()
+            out[node] = NodeLoader(self.process, stdin, os.fdopen(lab_out, "r"), errfile)
+        return out
 
     def discard(self) -> None:
-        """End a loader that will not be used (its stdin closes: it exits without a spec)."""
+        """End a loader that will not be used (its children exit at the end of their stdin)."""
         for lab_in, lab_out, errfile in self._ends:
             for fd in (lab_in, lab_out):
                 try:
@@ -214,10 +244,6 @@ class PendingLoader:
                 except OSError:
                     pass
             errfile.close()
-        try:
-            self.process.stdin.close()
-        except OSError:
-            pass
         self.process.kill()
         self.process.wait()
 
@@ -239,31 +265,35 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the process that started this one
 
 
-def _run_reporting(spec: dict) -> None:
+def _run_reporting(spec: dict, preloaded=None) -> None:
     try:
-        run(spec)
+        run(spec, preloaded)
     except Exception as exc:
         _say(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
 
 
-def _fork_nodes(nodes: list[dict]) -> None:
-    """One child per node, each on its own pipes (``stdin``, ``stdout``, ``stderr`` fds); return once all ended."""
+def _fork_slots(slots: list[dict]) -> None:
+    """One child per node slot, each on its own pipes (``stdin``, ``stdout``, ``stderr`` fds): it preloads its
+    image (``preload``), then reads its node's spec from its stdin and builds it; return once all ended."""
     from pyroute2 import IPRoute  # noqa: F401  imported once, here, for every node's child
 
-    fds = [n[k] for n in nodes for k in ("stdin", "stdout", "stderr")]
+    fds = [slot[k] for slot in slots for k in ("stdin", "stdout", "stderr")]
     children = []
-    for n in nodes:
+    for slot in slots:
         pid = os.fork()
         if pid == 0:
             try:
                 _die_with_parent()
                 for target, k in enumerate(("stdin", "stdout", "stderr")):
-                    os.dup2(n[k], target)
+                    os.dup2(slot[k], target)
                 for fd in fds:
                     os.close(fd)
                 sys.stdin, sys.stdout, sys.stderr = (open(0, "r", closefd=False), open(1, "w", closefd=False),
                                                      open(2, "w", closefd=False))
-                _run_reporting(n["spec"])
+                preloaded = preload(slot.get("preload"))
+                line = sys.stdin.readline()
+                if line:  # no spec: a loader started ahead and never used
+                    _run_reporting(json.loads(line), preloaded)
                 sys.stdout.flush()
                 sys.stderr.flush()
             finally:
@@ -276,22 +306,15 @@ def _fork_nodes(nodes: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the loader process: ``{"nodes": [...]}`` from :func:`start`, or one node's spec."""
+    """Entry point of the loader process: ``{"slots": [...]}`` from :class:`PendingLoader`."""
     _die_with_parent()
     if os.getppid() == 1:
         return
-    from pyroute2 import IPRoute  # noqa: F401  imported while it waits for its specs (PendingLoader)
-
     try:
         line = sys.stdin.readline()
-        if not line:  # a loader started ahead and never used
+        if not line:
             return
         first = json.loads(line)
+        _fork_slots(first["slots"])
     except Exception as exc:
         _say(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-        return
-    if "nodes" in first:
-        _fork_nodes(first["nodes"])
-    else:
-        _run_reporting(first)
-

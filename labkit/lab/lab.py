@@ -208,10 +208,14 @@ class Lab(Members):
             if not zone_needed:  # the maps are pinned and programmed: the agent starts while the programs attach
                 cls._start_agent(name, ledger, agent_proc, wait=False)
                 agent_told = True
+            keys = []
             for node, proc in loaders.items():
                 done = cls._loader_until(proc, ledger, node, "done")
                 timings[f"datapath_{node}_seconds"] = done.get("seconds")
                 timings[f"datapath_{node}_load_seconds"] = done.get("compile_seconds")
+                state.images[node] = done.get("image")
+                keys.append(done.get("key"))
+            STANDBY.learn(keys)  # the next loader started ahead loads these images while it waits
         except BaseException:
             # One node's loader failed: the others may have pinned and attached things the ledger has not read
             # yet. Stop them, then record every object they reported, so that teardown removes it too.

@@ -1,6 +1,8 @@
 """Processes started ahead of a lab's build: the loader that compiles and attaches the nodes' programs, and the
 lab's agent. Each is a Python process that spends most of its start-up importing; started ahead, it has done so by
-the time ``up`` hands it its lab.
+the time ``up`` hands it its lab. A loader started ahead also loads the images of the last build of as many nodes
+(:meth:`Standby.learn`): its maps made and programs verified before the lab asks, it only pins and attaches them
+— when the lab's build is that image; another build loads as before.
 
 ``labkit up`` in a process of its own starts both at the beginning of the build, so their imports overlap the
 network's creation. labkitd, which builds lab after lab, keeps one of each ready between builds
@@ -36,15 +38,24 @@ class Standby:
         self._mutex = threading.Lock()
         self._loader: PendingLoader | None = None
         self._agent: subprocess.Popen | None = None
+        self._images: dict[int, list[str | None]] = {}  #: nodes -> the image keys of the last build that size
+
+    def learn(self, keys: list[str | None]) -> None:
+        """The image keys a build of ``len(keys)`` nodes used, in node order: the next loader for that many
+        nodes loads them ahead (most builds are the default lab's, and its build is the same each time)."""
+        with self._mutex:
+            self._images[len(keys)] = list(keys)
 
     def loader(self, nodes: int) -> PendingLoader:
-        """A loader for ``nodes`` nodes: the ready one when it fits, else a new one."""
+        """A loader for ``nodes`` nodes: the ready one when it fits, else a new one (loading the last build's
+        images meanwhile)."""
         with self._mutex:
             ready, self._loader = self._loader, None
-        if ready is not None and (ready.n != nodes or not ready.alive()):
+            images = self._images.get(nodes)
+        if ready is not None and (ready.n != nodes or not ready.alive() or ready.preload != (images or [])):
             ready.discard()
             ready = None
-        return ready or PendingLoader(nodes)
+        return ready or PendingLoader(nodes, images)
 
     def agent(self) -> subprocess.Popen:
         """An agent process waiting for its lab: the ready one, else a new one."""
@@ -63,7 +74,7 @@ class Standby:
         """Start what is missing (a loader for ``nodes`` nodes, an agent)."""
         with self._mutex:
             if self._loader is None:
-                self._loader = PendingLoader(nodes)
+                self._loader = PendingLoader(nodes, self._images.get(nodes))
             if self._agent is None:
                 self._agent = agent_process()
 

@@ -23,24 +23,35 @@ __all__ = ["teardown", "remove_part", "leftovers"]
 _PHASES = ("process", "xdp", "tc-filter", "qdisc", "cgroup-prog", "pin", "pindir", "netns", "cgroup", "file", "dir")
 
 
-def _stop_process(e: dict) -> None:
-    pid, start = e["pid"], e.get("start")
-    if process_start_time(pid) is None or process_start_time(pid) != start:
-        return  # gone, or the pid now belongs to someone else
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    if not wait_gone(pid, start, 1.0):
+def _stop_processes(entries: list[dict]) -> None:
+    """SIGTERM every recorded process that still runs (the same process: its start time matches), then wait for
+    them together; SIGKILL those still there after a second."""
+    running = []
+    for e in entries:
+        pid, start = e["pid"], e.get("start")
+        if process_start_time(pid) is None or process_start_time(pid) != start:
+            continue  # gone, or the pid now belongs to someone else
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
-            return
-        wait_gone(pid, start, 2.0)
-    try:  # reap it if it was our child
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+            continue
+        running.append((pid, start))
+    for timeout, sig in ((1.0, signal.SIGKILL), (2.0, None)):
+        deadline = time.monotonic() + timeout
+        left = [(pid, start) for pid, start in running if not wait_gone(pid, start, max(0.0, deadline - time.monotonic()))]
+        if not left or sig is None:
+            break
+        for pid, _ in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        running = left
+    for pid, _ in running:
+        try:  # reap it if it was our child
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
 
 def _tc_filters(entries: list[dict]) -> None:
@@ -150,9 +161,12 @@ def _undo(entries: list[dict], ledger: Ledger | None = None) -> list[str]:
             _remove_path(str(ledger.path.with_suffix(".tmp")), rmdir=False)
         try:
             if phase == "process":
-                for e in items:
-                    _stop_process(e)
+                _stop_processes(items)
             elif phase in ("tc-filter", "qdisc"):
+                # a filter or qdisc in a namespace this same undo removes goes with it: the kernel deletes the
+                # namespace's devices and everything on them (the leftovers check proves it)
+                going = {e["name"] for e in entries if e["kind"] == "netns"}
+                items = [e for e in items if e.get("netns") not in going]
                 if items:
                     _tc_filters(items)
             elif phase == "xdp":

@@ -62,6 +62,7 @@ class LabState:
     cgroups: dict[str, str] = field(default_factory=dict)  #: node or pod → its cgroup (none without cgroup v2)
     faults: int = 0
     timings: dict[str, float] = field(default_factory=dict)  #: seconds per build phase
+    images: dict[str, str] = field(default_factory=dict)  #: node → how its programs were had: compiled, cached, preloaded
 
     def to_dict(self) -> dict:
         """The JSON object of lab.json."""

@@ -82,6 +82,27 @@ def test_down_leaves_nothing():
     assert all(process_start_time(pid) != start for pid, start in pids)
 
 
+def test_a_build_loaded_ahead_is_the_same_datapath():
+    """The second build of a lab in one process takes the images its loader loaded while the network was made
+    (the last build's); it forwards, tracks and lists rows as the first, and goes down leaving nothing."""
+    name = tagged("dpahead")
+    first = Lab.up(name, routing="native")
+    first.reset()
+    ping = first.pod("a1").ping("b1")
+    rows = sorted((r.proto_name, r.dir, r.related) for r in first.ct("node-a"))
+    first.down()
+    lab = Lab.up(name, routing="native")
+    try:
+        assert lab.state.images == {"node-a": "preloaded", "node-b": "preloaded"}
+        lab.reset()
+        again = lab.pod("a1").ping("b1")
+        assert ping.ok and again.ok and [f.hook for f in again.flows] == [f.hook for f in ping.flows]
+        assert sorted((r.proto_name, r.dir, r.related) for r in lab.ct("node-a")) == rows
+    finally:
+        lab.down()
+    assert_nothing_left(name)
+
+
 def test_broken_lab_is_rebuilt():
     """Lab.up rebuilds a lab whose pod server died, from its ledger (a dead agent alone is restarted:
     test_agent.py)."""

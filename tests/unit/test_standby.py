@@ -15,8 +15,9 @@ class FakeLoader:
 
     made: list[FakeLoader] = []
 
-    def __init__(self, n):
+    def __init__(self, n, preload=None):
         self.n, self.dead, self.discarded = n, False, False
+        self.preload = list(preload or [])
         FakeLoader.made.append(self)
 
     def alive(self):
@@ -128,3 +129,16 @@ def test_refill_with_keep_fills_in_the_background(started):
         t.join(10)
     assert len(loaders) == 2 and len(agents) == 2
     assert s.loader(2) is loaders[1] and s.agent() is agents[1]
+
+
+def test_a_loader_started_ahead_loads_the_last_builds_images(started):
+    """After a build of 2 nodes used images k1 and k2, the loader started ahead for 2 nodes is asked to load them;
+    one for 3 nodes loads nothing; a ready loader that was told other images is not handed out."""
+    sb = standby.Standby()
+    sb.learn(["k1", "k2"])
+    assert sb.loader(2).preload == ["k1", "k2"] and sb.loader(3).preload == []
+    sb.fill(2)
+    ready = sb._loader
+    sb.learn(["k3", "k4"])
+    got = sb.loader(2)
+    assert got is not ready and ready.discarded and got.preload == ["k3", "k4"]
