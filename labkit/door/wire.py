@@ -54,6 +54,8 @@ _WHERE = {
 }
 #: Class name -> (encode(obj) -> JSON value, decode(value, context) -> obj) for classes not encoded field by field.
 _CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any, dict], Any]]] = {}
+#: Classes whose lists travel as one table (``{"$cl": name, "v": [...]}``): rows read by the thousand.
+_LISTS = ("CtRow", "Flow")
 
 
 def register(name: str, encode: Callable[[Any], Any], decode: Callable[[Any, dict], Any]) -> None:
@@ -79,6 +81,9 @@ def to_json(value: Any) -> Any:
     if isinstance(value, (int, float)):
         return value
     if isinstance(value, list):
+        if value and type(value[0]).__name__ in _LISTS and all(type(v) is type(value[0]) for v in value):
+            name = type(value[0]).__name__  # a table of rows: one tag for all of them
+            return {"$cl": name, "v": [_CODECS[name][0](v) for v in value]}
         return [to_json(v) for v in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return {"$t": [to_json(v) for v in value]}
@@ -120,6 +125,12 @@ def from_json(data: Any, context: dict | None = None) -> Any:
             return bytes.fromhex(inner)
         if tag == "$m":
             return {_key(from_json(k, context)): from_json(v, context) for k, v in inner}
+    if "$cl" in data and len(data) == 2:
+        name = data["$cl"]
+        if name not in _LISTS:
+            raise RequestError(f"wire: unknown class {name!r:.60}")
+        decode = _CODECS[name][1]
+        return [decode(v, context) for v in data["v"]]
     if "$c" in data:
         name = data["$c"]
         if name not in _WHERE:
@@ -186,17 +197,25 @@ def plain_from_json(data: Any, what: str = "a value") -> Any:
 
 
 # -- the classes with an encoding of their own --------------------------------------------------
+_CT_FIELDS: list[str] = []  #: CtRow's fields in order (filled on first use)
+
+
+def _ct_fields() -> list[str]:
+    if not _CT_FIELDS:
+        _CT_FIELDS.extend(f.name for f in dataclasses.fields(_cls("CtRow")))
+    return _CT_FIELDS
+
+
 def _ct_encode(row) -> list:
     # Field by field, in order: the live table reads a thousand of them at a time.
-    return [getattr(row, f.name) if f.name != "key" else row.key.hex() for f in dataclasses.fields(row)]
+    d = row.__dict__
+    return [d[name] if name != "key" else d["key"].hex() for name in _ct_fields()]
 
 
 def _ct_decode(values: list, context: dict):
-    cls = _cls("CtRow")
-    names = [f.name for f in dataclasses.fields(cls)]
-    fields = dict(zip(names, values))
+    fields = dict(zip(_ct_fields(), values))
     fields["key"] = bytes.fromhex(fields["key"])
-    return cls(**fields)
+    return _cls("CtRow")(**fields)
 
 
 def _flow_encode(flow) -> list:
