@@ -106,6 +106,21 @@ print(json.dumps(out))
     assert [p for p in after if after[p] != before[p]] == []
 
 
+def test_two_users_each_have_a_lab_called_demo(people):
+    """bob brings up his own 'demo' beside alice's: two keys, two sets of namespaces and pins, each pinging in its
+    own; bob's down leaves alice's untouched."""
+    alice, bob = people
+    a_key, b_key = lab_key(alice.uid, "demo"), lab_key(bob.uid, "demo")
+    before = _dump_maps(a_key)
+    r = bob.python("from labkit.client import Lab\nlab = Lab.up('demo', gc_timer=False)\n"
+                   "print(lab.key, lab.pod('a1').ping('b1').ok)\nlab.down()")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [b_key, "True"] and b_key != a_key
+    assert Path(f"/run/netns/lk-{a_key}-a1").exists() and not Path(f"/run/netns/lk-{b_key}-a1").exists()
+    after = _dump_maps(a_key)
+    assert [p for p in after if after[p] != before[p]] == []
+
+
 def test_a_pod_process_runs_as_its_user_with_exactly_two_capabilities(people):
     """A command alice starts in her pod runs with her uid and gid, CapEff/CapPrm/CapAmb/CapBnd = NET_ADMIN|NET_RAW
     (0x3000), no_new_privs, in the pod's namespace (its eth0 has a1's address); her notebook's own process has
