@@ -178,10 +178,14 @@ def check_headers() -> Check:
     return Check("headers", True, f"{build}{note}")
 
 
+#: Where root finds the tools (labkitd runs them; an ordinary user's PATH on Debian has no sbin).
+_ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 def check_tools() -> Check:
     # dnsmasq: the lab zone's DNS server, started in ext when policy is compiled in (labkit.fqdn.zone)
-    missing = [t for t in ("bpftool", "tc", "ip", "ping", "dnsmasq")
-               if shutil.which(t) is None and not (t == "dnsmasq" and os.path.exists("/usr/sbin/dnsmasq"))]
+    path = os.pathsep.join(p for p in (os.environ.get("PATH", ""), _ROOT_PATH) if p)
+    missing = [t for t in ("bpftool", "tc", "ip", "ping", "dnsmasq") if shutil.which(t, path=path) is None]
     return Check("tools", not missing, "bpftool, tc, ip, ping, dnsmasq found" if not missing
                  else f"missing: {', '.join(missing)}",
                  "" if not missing else _PROVISION)

@@ -114,3 +114,22 @@ def test_check_cpu_names_sigill_and_the_cpu_model_fix(monkeypatch, machine, fix)
     c = doctor.check_cpu("import os, signal; os.kill(os.getpid(), signal.SIGILL)")
     assert not c.ok and "died of SIGILL" in c.detail and fix in c.fix
     assert c.detail.startswith(f"{machine}: ")
+
+
+def test_tools_are_found_where_root_finds_them(monkeypatch, tmp_path):
+    """An ordinary user's PATH has no sbin (Debian): the tools check still finds bpftool and tc where labkitd, which
+    runs them, finds them; a tool that is nowhere is named."""
+    from labkit.datapath import doctor
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    found = {"bpftool": "/usr/sbin", "tc": "/sbin", "ip": "/bin", "ping": "/bin", "dnsmasq": "/usr/sbin"}
+
+    def which(name, path=None):
+        where = found.get(name)
+        return f"{where}/{name}" if where and where in (path or "").split(":") else None
+
+    monkeypatch.setattr(doctor.shutil, "which", which)
+    assert doctor.check_tools().ok
+    found.pop("dnsmasq")
+    got = doctor.check_tools()
+    assert not got.ok and got.detail == "missing: dnsmasq"
