@@ -309,10 +309,10 @@ jupyter() {
 # the answer keys out of vagrant's reach.
 privileges() {
     local active user kid probe out
-    active="$(in_vm 'systemctl is-active labkitd' | tr -d ' \r' || true)"
+    active="$(in_vm 'sudo systemctl is-active labkitd' | tr -d ' \r' || true)"  # as root: the box has no D-Bus for a user's systemctl
     say "labkitd.service: ${active:-?}"
     [ "$active" = active ] || { fail "systemctl is-active labkitd: ${active:-no answer} (want active)"; return 1; }
-    user="$(in_vm 'ps -o user= -p "$(systemctl show -p MainPID --value labkit-jupyter)"' | tr -d ' \r' || true)"
+    user="$(in_vm 'ps -o user= -p "$(sudo systemctl show -p MainPID --value labkit-jupyter)"' | tr -d ' \r' || true)"
     say "JupyterLab's server runs as: ${user:-?}"
     [ "$user" = vagrant ] || { fail "JupyterLab's server runs as '${user:-?}' (want vagrant)"; return 1; }
     # A kernel as a notebook gets one: started by the server through its API, found by its connection file.

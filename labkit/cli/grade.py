@@ -105,9 +105,10 @@ def cmd_grade(args) -> int:
     from labkit.grading.grade import default_jobs, grade, notebook_paths
     from labkit.grading.report import format_csv, format_html, format_json, format_table, warnings
 
-    from labkit.datapath.doctor import require_datapath
+    from labkit.client import Lab
+    from labkit.client.door import default_door
 
-    require_datapath()  # every notebook brings a lab up: say what is missing once, not in every notebook
+    default_door().call("hello")  # every notebook brings a lab up through labkitd: say once if none answers
     jobs = args.jobs or default_jobs()
     progress = None
     if not args.quiet:
@@ -115,7 +116,8 @@ def cmd_grade(args) -> int:
               f"(limits: {args.cell_timeout:g} s a cell, {args.notebook_timeout:g} s a notebook)", file=sys.stderr)
         progress = progress_bar(sys.stderr)
     scores = grade(args.notebooks, jobs=jobs, cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
-                   lab_tag=args.lab_tag, executed_dir=args.keep_executed, progress=progress)
+                   lab_tag=args.lab_tag, executed_dir=args.keep_executed, progress=progress,
+                   cleanup=Lab.cleanup)  # the notebooks' labs are the grader's, made through labkitd
     if args.json:
         print(json.dumps(format_json(scores), indent=2))
     elif args.csv:

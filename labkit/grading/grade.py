@@ -329,15 +329,22 @@ def _lab_names(base: str) -> list[str]:
     return [base, *(f"{base}-{v}" for v in VARIANTS)]
 
 
-def take_down(base: str, attempts: int = 20) -> list[str]:
-    """Tear down lab ``base`` and its variant labs; returns what could not be (one line per lab)."""
+def _cleanup_here(name: str) -> None:
+    """Tear down lab ``name`` in this process (root, the datapath side), if it left anything."""
+    if Ledger(name).exists() or LabLock(name, "").path.exists():
+        Lab.cleanup(name)
+
+
+def take_down(base: str, attempts: int = 20, cleanup: Callable[[str], object] | None = None) -> list[str]:
+    """Tear down lab ``base`` and its variant labs with ``cleanup(name)`` — the grader's: labkitd's, which
+    the notebooks' kernels made them through (``labkit grade`` passes it) — or in this process as root;
+    returns what could not be (one line per lab)."""
+    cleanup = cleanup or _cleanup_here
     problems = []
     for name in _lab_names(base):
-        if not (Ledger(name).exists() or LabLock(name, "").path.exists()):
-            continue
         for attempt in range(attempts):
             try:
-                Lab.cleanup(name)
+                cleanup(name)
                 break
             except LabBusyError as exc:  # a kernel still winding down holds it
                 if attempt == attempts - 1:
@@ -388,7 +395,7 @@ def execute(job: dict) -> dict:
     except Exception as exc:  # the kernel would not start, a message it could not read: grade what ran
         stopped = f"stopped at cell {at['cell']}: {_first_line(exc)}"
     finally:
-        left = take_down(job["lab"])
+        left = take_down(job["lab"], cleanup=job.get("cleanup"))
     if job.get("executed"):
         nbformat.write(nb, job["executed"])
         # What the kernel and its lab printed (a dead kernel leaves nothing else): beside the copy.
@@ -433,7 +440,7 @@ def _zombie(pid: int) -> bool:
 def finish(job: dict, result: JobResult) -> None:
     """After a job, however it ended: its kernel gone, its labs down (the child does both; this makes sure)."""
     _kill_kernel(job)
-    left = take_down(job["lab"])
+    left = take_down(job["lab"], cleanup=job.get("cleanup"))
     if left:
         raise RuntimeError("; ".join(left))
 
@@ -452,12 +459,14 @@ def _read_log(path: Path) -> list[dict]:
 def grade(paths: Iterable[str | Path], jobs: int | None = None, cell_timeout: float = CELL_TIMEOUT,
           notebook_timeout: float = NOTEBOOK_TIMEOUT, lab_tag: str = "", executed_dir: str | Path | None = None,
           progress: Callable[[int, int, NotebookScore], None] | None = None,
-          executor: Callable[[dict], dict] = execute, kill_grace: float = KILL_GRACE) -> list[NotebookScore]:
+          executor: Callable[[dict], dict] = execute, kill_grace: float = KILL_GRACE,
+          cleanup: Callable[[str], object] | None = None) -> list[NotebookScore]:
     """Re-execute and score every notebook (folders: every ``*.ipynb`` below), ``jobs`` at a time, each in
     a fresh lab that is torn down afterwards; the scores come back in the order given.
     ``executed_dir`` keeps each executed copy; ``progress(done, total, score)`` after each notebook.
     ``executor(job)`` runs one notebook in the job's child process (:func:`execute`; tests pass a fake);
-    a run still going ``kill_grace`` seconds past its limit is killed with its kernel.
+    a run still going ``kill_grace`` seconds past its limit is killed with its kernel. ``cleanup(name)`` takes a
+    notebook's labs down afterwards (:func:`take_down`; ``labkit grade`` passes labkitd's).
 
         >>> scores = grade(["alice/02-tcp.ipynb", "bob/02-tcp.ipynb"], jobs=2)   # doctest: +SKIP
         >>> [(s.learner, s.score) for s in scores]                                 # doctest: +SKIP
@@ -489,7 +498,7 @@ def grade(paths: Iterable[str | Path], jobs: int | None = None, cell_timeout: fl
             work.append({"index": i, "notebook": str(items[i].path), "lab": grade_lab_name(k, lab_tag),
                          "workdir": str(d), "log": str(d / "checks.jsonl"), "pidfile": str(d / "kernel.pid"),
                          "cell_timeout": cell_timeout, "notebook_timeout": notebook_timeout,
-                         "executed": str(saved) if saved else None})
+                         "executed": str(saved) if saved else None, "cleanup": cleanup})
 
         def scored(_done: int, _total: int, result: JobResult) -> None:
             job = work[result.index]

@@ -196,26 +196,32 @@ def test_cli_grade_and_answers_options():
 
 
 def test_cli_grade_writes_the_chosen_report(monkeypatch, capsys, tmp_path):
-    """`labkit grade --csv --html F` prints the CSV on stdout, writes the class report, warns on stderr; a
-    machine that cannot run labs is told so once, before anything runs."""
-    import labkit.datapath.doctor
+    """`labkit grade --csv --html F` prints the CSV on stdout, writes the class report, warns on stderr, and takes
+    the notebooks' labs down through labkitd; with no labkitd answering it says so once, before anything runs."""
     import labkit.grading.grade
-    from labkit.errors import PrivilegeError
+    from labkit.client import Lab
+    from labkit.client.door import DoorClient
 
     scores = class_scores()
     scores[0].error = "stopped at cell 9: the kernel died"
-    monkeypatch.setattr(labkit.datapath.doctor, "require_datapath", lambda: None)
-    monkeypatch.setattr(labkit.grading.grade, "grade", lambda paths, **kw: scores)
+    seen = {}
+
+    def grade(paths, **kw):
+        seen.update(kw)
+        return scores
+
+    monkeypatch.setattr(DoorClient, "call", lambda self, verb, lab=None, **kw: {"version": 1})
+    monkeypatch.setattr(labkit.grading.grade, "grade", grade)
     assert cli.main(["grade", "x.ipynb", "--csv", "--html", str(tmp_path / "r.html"), "-q"]) == 0
     out, err = capsys.readouterr()
     assert out == format_csv(scores) and (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
     assert "labkit grade: alice/02.ipynb: stopped at cell 9: the kernel died" in err
+    assert seen["cleanup"] == Lab.cleanup
     assert cli.main(["grade", "x.ipynb", "--json", "-q"]) == 0
     assert json.loads(capsys.readouterr().out)["learners"][0]["learner"] == "alice"
 
-    def no_root():
-        raise PrivilegeError("this machine cannot run the lab datapath yet: not root")
-
-    monkeypatch.setattr(labkit.datapath.doctor, "require_datapath", no_root)
+    monkeypatch.undo()
+    monkeypatch.setenv("LABKIT_DOOR", str(tmp_path / "nobody-here.sock"))
+    monkeypatch.setattr(labkit.grading.grade, "grade", lambda paths, **kw: pytest.fail("graded without labkitd"))
     assert cli.main(["grade", "x.ipynb"]) == 1
-    assert "labkit: error: this machine cannot run the lab datapath yet" in capsys.readouterr().err
+    assert "labkit: error: no labkitd answers on" in capsys.readouterr().err
