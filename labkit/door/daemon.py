@@ -50,7 +50,9 @@ def _open_lab(files: EvidenceFiles):
         files.opened(held.key, held.lab)
         tries: dict[str, int] = {}
         for result in read_checks(held.key):
-            if result.get("attempt"):
+            if result.get("tries_restart"):  # the lab was taken down: its tries started again
+                tries.clear()
+            elif result.get("attempt"):
                 tries[result["exercise"]] = max(tries.get(result["exercise"], 0), int(result["attempt"]))
         for exercise, n in tries.items():
             checks.set_attempts(exercise, n, lab=held.key)

@@ -74,7 +74,18 @@ def _down(ctx: Ctx):
         stop_all(held)
         held.lab._close_clients()
     removed = Lab.cleanup(ctx.key)  # its evidence stays until the lab is reset: a later check may read it
+    _tries_restart(ctx.key, "down")
     return {"removed": len(removed)}
+
+
+def _tries_restart(key: str, why: str) -> None:
+    """A lab taken down starts its checks' tries again when it comes back (a new kernel on the same lab does not:
+    the tries are labkitd's, not the kernel's); the checks file keeps every result, with this mark between."""
+    from labkit.grading import checks
+
+    checks.reset_attempts(lab=key)
+    if evidence.read_checks(key):
+        evidence.append_check(key, {"tries_restart": why})
 
 
 @verb("cleanup", change=True)
@@ -87,7 +98,9 @@ def _cleanup(ctx: Ctx):
 
         stop_all(held)
         held.lab._close_clients()
-    return {"removed": len(Lab.cleanup(ctx.key))}
+    removed = Lab.cleanup(ctx.key)
+    _tries_restart(ctx.key, "cleanup")
+    return {"removed": len(removed)}
 
 
 @verb("list", lab=False)

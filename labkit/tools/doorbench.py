@@ -345,6 +345,7 @@ def up_down_vs_mininet(rounds: int) -> dict:
             up_down("api")  # the breakdown, after the side-by-side pair
     finally:
         put_back.update(_put_back(saved))
+        after = _sysctls()
         DoorLab.cleanup(lab_name)
     medians = {k: _median(v) for k, v in samples.items()}
     cache = cache_dir()
@@ -358,6 +359,7 @@ def up_down_vs_mininet(rounds: int) -> dict:
             "mininet": version, "labkitd": door,
             "topology": topology, "options": "default", "bpf_image_cache": str(cache) if cache else None,
             "settle_s": settled, "sysctls_put_back": sorted(put_back),
+            "sysctls_before": saved, "sysctls_after": after,
             "labkitd_other_requests": _others(start, [lab_name]),
             "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
             "kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version()},
