@@ -495,3 +495,20 @@ def test_labkitd_restarts_a_users_dead_agent(people):
                      "print([s.name for s in lab.services.list()], lab.pod('a1').tcp('web', 80).open().ok)\n"
                      "lab.services.flush()")
     assert r.stdout.strip() == "['web'] True", r.stderr
+
+
+def test_tries_outlive_a_kernel_and_start_again_with_a_new_lab(people):
+    """A check's tries are labkitd's: a second process (a restarted kernel) continues the count; the lab taken down
+    and brought up again starts it at 1."""
+    _, bob = people
+    first = ("from labkit.client import Lab\nfrom labkit.nb import check\nlab = Lab.up('tries', gc_timer=False)\n"
+             "lab.reset()\nlab.pod('a1').ping('b1')\nprint(check('01.1', 'to-container', lab=lab).attempt)")
+    again = ("from labkit.client import Lab\nfrom labkit.nb import check\nlab = Lab.attach('tries')\n"
+             "print(check('01.1', 'to-container', lab=lab).attempt)")
+    try:
+        assert bob.python(first).stdout.strip() == "1"
+        assert bob.python(again).stdout.strip() == "2"  # another process: the count goes on
+        bob.python("from labkit.client import Lab\nLab.attach('tries').down()")
+        assert bob.python(first).stdout.strip() == "1"
+    finally:
+        bob.python("from labkit.client import Lab\nLab.cleanup('tries')")
