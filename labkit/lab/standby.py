@@ -1,6 +1,6 @@
 """Processes started ahead of a lab's build: the loader that compiles and attaches the nodes' programs, and the
 lab's agent. Each is a Python process that spends most of its start-up importing; started ahead, it has done so by
-the time ``up`` hands it its lab. A loader started ahead also loads the images of the last build of as many nodes
+the time ``up`` hands it its lab. A loader started ahead also loads the images of a build that came twice in a row
 (:meth:`Standby.learn`): its maps made and programs verified before the lab asks, it only pins and attaches them
 — when the lab's build is that image; another build loads as before.
 
@@ -38,13 +38,28 @@ class Standby:
         self._mutex = threading.Lock()
         self._loader: PendingLoader | None = None
         self._agent: subprocess.Popen | None = None
-        self._images: dict[int, list[str | None]] = {}  #: nodes -> the image keys of the last build that size
+        self._images: dict[int, list[str | None]] = {}  #: nodes -> the image keys to load ahead
+        self._last: dict[int, list[str | None]] = {}  #: nodes -> the image keys of the last build that size
 
     def learn(self, keys: list[str | None]) -> None:
-        """The image keys a build of ``len(keys)`` nodes used, in node order: the next loader for that many
-        nodes loads them ahead (most builds are the default lab's, and its build is the same each time)."""
+        """The image keys a build of ``len(keys)`` nodes used, in node order. When the build before it of as many
+        nodes used the same, the next loader for that many nodes loads them ahead: a lab brought up again and
+        again (a learner's, a bench's) gets its programs ready; builds that keep changing (a test run's) do not
+        spend the cores on images nobody asks for."""
+        n = len(keys)
         with self._mutex:
-            self._images[len(keys)] = list(keys)
+            repeated = self._last.get(n) == list(keys)
+            self._last[n] = list(keys)
+            if repeated:
+                self._images[n] = list(keys)
+            else:
+                self._images.pop(n, None)
+
+    def forget(self) -> None:
+        """Forget the builds learnt so far: nothing is loaded ahead until a build comes twice again."""
+        with self._mutex:
+            self._last.clear()
+            self._images.clear()
 
     def loader(self, nodes: int) -> PendingLoader:
         """A loader for ``nodes`` nodes: the ready one when it fits, else a new one (loading the last build's
