@@ -6,7 +6,8 @@
     >>> rows = door.call("ct", lab="demo", node="node-a")  # a list of CtRow  # doctest: +SKIP
 
 Each thread has its own connection, kept open between calls (a live table refreshing on a timer does
-not wait behind a step). A request that finds the connection closed — labkitd restarted since the last
+not wait behind a step), and each process its own: a child forked after a call opens a connection of its own
+rather than read answers meant for its parent (``labkit grade`` forks one child per notebook). A request that finds the connection closed — labkitd restarted since the last
 call — is sent again once on a new one; a request whose answer is cut off is not (it may have been
 done). No labkitd at all is one :class:`~labkit.errors.DoorDownError` saying how to start it.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import array
 import json
+import os
 import socket
 import threading
 from pathlib import Path
@@ -43,6 +45,9 @@ class DoorClient:
     # -- the connection ------------------------------------------------------------------------
     def _sock(self) -> socket.socket:
         sock = getattr(self._local, "sock", None)
+        if sock is not None and self._local.pid != os.getpid():  # inherited by a fork: the parent's connection
+            sock.close()  # this process's copy of it only; the parent's stays open
+            sock = self._local.sock = None
         if sock is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(_CONNECT_TIMEOUT)
@@ -59,7 +64,7 @@ class DoorClient:
                 sock.close()
                 raise DoorDownError(f"labkitd on {self.path} did not accept within {_CONNECT_TIMEOUT} s") from None
             sock.settimeout(None)
-            self._local.sock = sock
+            self._local.sock, self._local.pid = sock, os.getpid()
         return sock
 
     def close(self) -> None:

@@ -125,6 +125,10 @@ LB_REQUESTS = 300
 GRADE_COPIES = 6
 GRADE_JOBS = 2
 GRADE_LAB = "02"
+#: seconds one `labkit grade` run of the bench may take (a fraction of the notebooks' own limits: a run that
+#: hangs is a fault to report, not a figure)
+GRADE_RUN_LIMIT = 900
+
 _REQUESTS = r"""
 import socket, sys, time
 vip, n = sys.argv[1], int(sys.argv[2])
@@ -424,7 +428,12 @@ def grade_side_by_side(rounds: int, copies: int | None = None) -> dict:
                 argv = [sys.executable, "-m", "labkit", "cli", "grade", *paths, "--jobs", str(jobs),
                         "--lab-tag=-bench", "--json", "--quiet"]
                 t = time.perf_counter()
-                out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=1800)
+                try:
+                    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=GRADE_RUN_LIMIT)
+                except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as exc:
+                    said = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+                    raise RuntimeError(f"`{' '.join(argv[2:])}` did not finish well ({exc}); it said: "
+                                       f"{said.strip()[-2000:] or '(nothing)'}") from None
                 times[jobs].append(time.perf_counter() - t)
                 report = json.loads(out.stdout)
                 passed[jobs].append(sum(e["passed"] for n in report["notebooks"] for e in n["exercises"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -82,6 +83,12 @@ def test_down_leaves_nothing():
     assert all(process_start_time(pid) != start for pid, start in pids)
 
 
+def _echo_hooks(step) -> list:
+    """The hooks an echo request and its reply passed, in order (packets of the fabric's own that happen to
+    cross a node in the step's window are not the ping's)."""
+    return [f.hook for f in step.flows if f.event.before.proto == socket.IPPROTO_ICMP]
+
+
 def test_a_build_loaded_ahead_is_the_same_datapath():
     """A build that came twice in a row is loaded ahead: the third build of a lab in one process takes the images
     its loader loaded while the network was made; it forwards, tracks and lists rows as the first, and goes down
@@ -102,7 +109,7 @@ def test_a_build_loaded_ahead_is_the_same_datapath():
         assert lab.state.images == {"node-a": "preloaded", "node-b": "preloaded"}
         lab.reset()
         again = lab.pod("a1").ping("b1")
-        assert ping.ok and again.ok and [f.hook for f in again.flows] == [f.hook for f in ping.flows]
+        assert ping.ok and again.ok and _echo_hooks(ping) and _echo_hooks(again) == _echo_hooks(ping)
         assert sorted((r.proto_name, r.dir, r.related) for r in lab.ct("node-a")) == rows
     finally:
         lab.down()
