@@ -47,9 +47,21 @@ static __always_inline bool ct_entry_closing(const struct ct_entry *entry)
 	return entry->flags & (CT_F_RX_CLOSING | CT_F_TX_CLOSING);
 }
 
+/* Cilium's TCP_FLAG_SYN is not a flag byte: it is the 32-bit word of the TCP
+ * header's offset/flags in network order, __constant_cpu_to_be32(0x00020000)
+ * (bpf/include/linux/tcp.h:77@82999990), 0x00000200 on a little-endian CPU.
+ * ct_entry_seen_both_syns (bpf/lib/conntrack.h:67@82999990) ANDs it with the
+ * 8-bit seen flags, so it is always false as it executes: every RST closes
+ * both directions, whatever its comment says, and Cilium's own test relies on
+ * it (bpf/tests/bpf_ct_tests.c:207-212@82999990). labkit does what executes. */
+#define CILIUM_TCP_FLAG_SYN_BE32 lk_htonl(0x00020000)
+
 static __always_inline bool ct_entry_seen_both_syns(const struct ct_entry *entry)
 {
-	return (entry->rx_flags_seen & TCP_FLAG_SYN) && (entry->tx_flags_seen & TCP_FLAG_SYN);
+	bool rx_syn = entry->rx_flags_seen & CILIUM_TCP_FLAG_SYN_BE32;
+	bool tx_syn = entry->tx_flags_seen & CILIUM_TCP_FLAG_SYN_BE32;
+
+	return rx_syn && tx_syn;
 }
 
 /* Set the lifetime and OR the packet's TCP flags into the direction's seen
@@ -169,7 +181,8 @@ static __always_inline int __ct_lookup4(const struct ipv4_ct_tuple *tuple, int a
 			 * (cilium/cilium#33907, in every v1.16 release). */
 			entry->flags |= CT_F_RX_CLOSING | CT_F_TX_CLOSING;
 		} else if (!ct_entry_seen_both_syns(entry) && (tcp_flags & TCP_FLAG_RST)) {
-			/* RST before the handshake completed ends the connection. */
+			/* Meant for an RST before the handshake completed; as it
+			 * executes, every RST (ct_entry_seen_both_syns above). */
 			entry->flags |= CT_F_RX_CLOSING | CT_F_TX_CLOSING;
 		} else if (dir == CT_INGRESS) {
 			entry->flags |= CT_F_RX_CLOSING;
