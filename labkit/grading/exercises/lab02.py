@@ -178,7 +178,7 @@ def flags_after_close(answer, ev) -> Outcome:
     "02.4",
     "Lifetime of a connection refused with RST",
     hints=(
-        "An RST before the handshake completed closes a row in both directions at once: what does a dead row get?",
+        "An RST closes a row in both directions at once: what does a dead row get?",
         "Look at node-b's TCP IN row for port 9999 (section 5 prints it): its Flags= and its seconds left, and "
         "lab.config.timeouts.",
         "The answer is 10: the close timeout (lab.config.timeouts.close).",
