@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import importlib
 from typing import Any, Callable
 
@@ -65,6 +66,7 @@ def register(name: str, encode: Callable[[Any], Any], decode: Callable[[Any, dic
     _CODECS[name] = (encode, decode)
 
 
+@functools.lru_cache(maxsize=None)
 def _cls(name: str):
     module, _, attr = _WHERE[name].partition(":")
     return getattr(importlib.import_module(module), attr)
@@ -215,7 +217,7 @@ def _ct_encode(row) -> list:
 def _ct_decode(values: list, context: dict):
     fields = dict(zip(_ct_fields(), values))
     fields["key"] = bytes.fromhex(fields["key"])
-    return _cls("CtRow")(**fields)
+    return _cls("CtRow").from_fields(fields)  # TypeError on a row of another shape
 
 
 def _flow_encode(flow) -> list:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import operator
 import socket
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable
 
 from labkit.addr import be32, ipv4
@@ -70,6 +71,9 @@ class TupleFlags(enum.IntFlag):
     IN = 1
     RELATED = 2
     SERVICE = 4
+
+
+_IN, _RELATED, _SERVICE = int(TupleFlags.IN), int(TupleFlags.RELATED), int(TupleFlags.SERVICE)
 
 
 class CtDir(enum.IntEnum):
@@ -238,39 +242,41 @@ class CtRow:
     @classmethod
     def of(cls, key: CtKey4, entry: CtEntry, map_name: str = "", release: str = DEFAULT_RELEASE) -> "CtRow":
         """Decode a key/entry pair read from ``map_name``, to print in ``release``'s grammar."""
-        flags = TupleFlags(key.flags)
-        if flags & TupleFlags.SERVICE:
+        flags = key.flags  # as a plain int: a live table decodes a thousand rows per refresh
+        if flags & _SERVICE:
             direction = "SVC"
             src, sport, dst, dport = key.saddr, key.dport, key.daddr, key.sport
         else:
-            direction = "IN" if flags & TupleFlags.IN else "OUT"
+            direction = "IN" if flags & _IN else "OUT"
             src, sport, dst, dport = key.daddr, key.sport, key.saddr, key.dport
         if not map_name:
             map_name = CT_MAPS[0] if key.nexthdr == socket.IPPROTO_TCP else CT_MAPS[1]
-        return cls(
-            map=map_name,
-            proto=key.nexthdr,
-            dir=direction,
-            related=bool(flags & TupleFlags.RELATED),
-            src=ipv4(src),
-            sport=_ntohs(sport),
-            dst=ipv4(dst),
-            dport=_ntohs(dport),
-            lifetime=entry.lifetime,
-            flags=entry.flags,
-            rev_nat=_ntohs(entry.rev_nat_index),
-            backend_id=entry.backend_id,
-            packets=entry.packets,
-            bytes=entry.bytes,
-            tx_flags_seen=entry.tx_flags_seen,
-            rx_flags_seen=entry.rx_flags_seen,
-            last_tx_report=entry.last_tx_report,
-            last_rx_report=entry.last_rx_report,
-            src_sec_id=entry.src_sec_id,
-            ifindex=entry.ifindex,
-            key=key.raw(),
-            release=release,
-        )
+        return cls.from_fields({
+            "map": map_name, "proto": key.nexthdr, "dir": direction, "related": bool(flags & _RELATED),
+            "src": ipv4(src), "sport": _ntohs(sport), "dst": ipv4(dst), "dport": _ntohs(dport),
+            "lifetime": entry.lifetime, "flags": entry.flags, "rev_nat": _ntohs(entry.rev_nat_index),
+            "backend_id": entry.backend_id, "packets": entry.packets, "bytes": entry.bytes,
+            "tx_flags_seen": entry.tx_flags_seen, "rx_flags_seen": entry.rx_flags_seen,
+            "last_tx_report": entry.last_tx_report, "last_rx_report": entry.last_rx_report,
+            "src_sec_id": entry.src_sec_id, "ifindex": entry.ifindex, "key": key.raw(), "release": release,
+        })
+
+    @classmethod
+    def from_fields(cls, values: dict) -> "CtRow":
+        """A row from ``values``, a dict of every field (as :meth:`of` and labkitd's wire make them), made without
+        the frozen dataclass's per-field ``object.__setattr__``: a live table builds a thousand rows a refresh.
+
+        >>> row = CtRow.of(CtKey4.make("10.0.0.1", "10.0.0.2", 1000, 80, 6, 0), CtEntry(lifetime=60))
+        >>> CtRow.from_fields(dict(row.__dict__)) == row
+        True
+        """
+        if values.keys() != _ROW_FIELDS:
+            missing, extra = _ROW_FIELDS - values.keys(), values.keys() - _ROW_FIELDS
+            raise TypeError(f"CtRow: expected every field of the row, got {sorted(missing)} missing and "
+                            f"{sorted(extra)} unknown")
+        row = object.__new__(cls)
+        row.__dict__.update(values)
+        return row
 
     # -- reading ----------------------------------------------------------
     @property
@@ -344,6 +350,10 @@ class CtRow:
         return self.line()
 
 
+#: every field of a CtRow (:meth:`CtRow.from_fields` checks a dict against it)
+_ROW_FIELDS = frozenset(f.name for f in fields(CtRow))
+
+
 def list_text(maps: "Iterable[Iterable[CtRow]]", now: int | None = None) -> str:
     """What ``cilium-dbg bpf ct list global`` prints for the given maps, in order: each row
     on its line, and a blank line after each map (Cilium prints each map's dump with
@@ -407,9 +417,9 @@ def diff_rows(before: Iterable[CtRow], after: Iterable[CtRow], fields: tuple[str
     added = tuple(new[k] for k in new if k not in old)
     removed = tuple(old[k] for k in old if k not in new)
     changed = []
+    values = operator.attrgetter(*fields)  # one C call a row: most rows of a refresh did not change
     for k in new:
-        if k in old:
+        if k in old and values(old[k]) != values(new[k]):
             fields_ = tuple(f for f in fields if getattr(old[k], f) != getattr(new[k], f))
-            if fields_:
-                changed.append((old[k], new[k], fields_))
+            changed.append((old[k], new[k], fields_))
     return CtDiff(added, removed, tuple(changed))

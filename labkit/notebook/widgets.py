@@ -274,6 +274,7 @@ def _render(
     items.sort(key=lambda item: _order(item[0]))
 
     out = [_STYLE, '<div class="lk-ct"><table>', _head(shown_columns), "<tbody>"]
+    plain = {i: ' class="lk-num"' if i in _NUMERIC else "" for i in shown_columns}  #: a cell's attributes
     n_added = n_changed = 0
     for row, is_gone in items:
         classes = []
@@ -296,6 +297,10 @@ def _render(
             classes.append("lk-expired")
         out.append(f'<tr class="{" ".join(classes)}">' if classes else "<tr>")
         cells = _cells(row, now)
+        if not diff_cols and not expired and not is_gone:  # most rows of a refresh: no cell carries a title
+            out.append("".join(f"<td{plain[i]}>{cells[i]}</td>" for i in shown_columns))
+            out.append("</tr>")
+            continue
         for i in shown_columns:
             text = cells[i]
             cls = []

@@ -352,3 +352,16 @@ def test_diff_rows_same_key_other_map_is_different_row():
     assert len(d.added) == 1 and len(d.removed) == 1 and not d.changed
     assert not diff_rows([a], [a])
     assert diff_rows([a], [a]).lines() == []
+
+
+def test_a_row_from_its_fields_equals_the_row_and_refuses_any_other_shape():
+    """CtRow.from_fields (what labkitd's wire decodes with) makes a row equal to CtRow.of's, and a dict with a
+    field missing or one unknown is a TypeError naming them."""
+    row = CtRow.of(CtKey4.make("198.18.1.11", "198.18.2.11", 40000, 80, 6, 0), CtEntry(lifetime=100, packets=3))
+    again = CtRow.from_fields(dict(row.__dict__))
+    assert again == row and again.key == row.key and hash(again) == hash(row)
+    missing = {k: v for k, v in row.__dict__.items() if k != "packets"}
+    with pytest.raises(TypeError, match=r"\['packets'\] missing"):
+        CtRow.from_fields(missing)
+    with pytest.raises(TypeError, match=r"\['colour'\] unknown"):
+        CtRow.from_fields({**row.__dict__, "colour": 1})
