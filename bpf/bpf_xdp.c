@@ -59,6 +59,9 @@ int cil_xdp_entry(struct xdp_md *ctx)
 		trace_emit(&ev, VERDICT_FORWARDED, 0);
 		return XDP_PASS;
 	}
+	ret = xdp_dec_ttl4(ctx);
+	if (ret < 0)
+		goto drop;
 	ret = xdp_fib_tx(ctx, &p);
 	if (ret < 0)
 		goto drop;

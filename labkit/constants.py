@@ -64,6 +64,7 @@ class DropReason(enum.IntEnum):
     PROXY_SET_FAILED = -179
     PROXY_UNKNOWN_PROTO = -180
     POLICY_DENY = -181
+    TTL_EXCEEDED = -196
 
     @classmethod
     def text(cls, code: int) -> str:
@@ -96,6 +97,7 @@ _TEXT = {
     DropReason.PROXY_SET_FAILED: "Socket assign failed",
     DropReason.PROXY_UNKNOWN_PROTO: "Proxy redirection not supported for protocol",
     DropReason.POLICY_DENY: "Policy denied by denylist",
+    DropReason.TTL_EXCEEDED: "TTL exceeded",
 }
 
 

@@ -79,13 +79,45 @@ static __always_inline int ct_lookup_nodeport_reply4(struct ipv4_ct_tuple *tuple
 		       CT_REPLY : CT_NEW;
 }
 
+/* The node forwards the packet itself, so it does the router's part: the TTL
+ * goes down by one, and a packet whose TTL would reach 0 is DROP_TTL_EXCEEDED
+ * (Cilium's ipv4_l3 → ipv4_dec_ttl, in fib_redirect_v4 and on the NodePort
+ * SNAT and reverse-DNAT paths). The TTL shares a 16-bit word with the
+ * protocol, so the IP checksum is fixed by that word. 0 or a DROP_* reason. */
+static __always_inline int ipv4_dec_ttl(struct __sk_buff *skb, const struct pkt4 *p)
+{
+	__u32 off = p->l3_off + offsetof(struct iphdr, ttl);
+	__u8 word[2], old[2];
+
+	if (bpf_skb_load_bytes(skb, off, word, 2) < 0)
+		return DROP_INVALID;
+	if (word[0] <= 1)
+		return DROP_TTL_EXCEEDED;
+	old[0] = word[0];
+	old[1] = word[1];
+	word[0]--;
+	if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), *(__u16 *)old, *(__u16 *)word,
+				2) < 0)
+		return DROP_CSUM_L3;
+	if (bpf_skb_store_bytes(skb, off, word, 1, 0) < 0)
+		return DROP_WRITE_ERROR;
+	return 0;
+}
+
 /* Send a packet this node translated on to the fabric: into the tunnel when
  * its destination is a pod behind one, else out of eth0 to the next hop the
- * routing table gives, MACs from the neighbour table (Cilium's fib redirect). */
+ * routing table gives, MACs from the neighbour table (Cilium's fib redirect).
+ * Either way the node routed it: its TTL goes down first. */
 static __always_inline int nodeport_fwd(struct __sk_buff *skb, struct pkt4 *p, struct trace_event *ev)
 {
+	int ret = ipv4_dec_ttl(skb, p);
+
+	if (ret < 0) {
+		trace_emit(ev, VERDICT_DROPPED, ret);
+		return TC_ACT_SHOT;
+	}
 #ifdef ROUTING_TUNNEL
-	int ret = tunnel_key_set4(skb, p->daddr, IDENTITY_WORLD, ev);
+	ret = tunnel_key_set4(skb, p->daddr, IDENTITY_WORLD, ev);
 
 	if (ret < 0) {
 		trace_emit(ev, VERDICT_DROPPED, ret);

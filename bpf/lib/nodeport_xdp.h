@@ -97,6 +97,26 @@ static __always_inline int snat_v4_nodeport_xdp(const struct pkt4 *p, __be32 *to
 	return 0;
 }
 
+/* ipv4_dec_ttl() in XDP: the frame is about to be routed on (XDP_TX or a
+ * redirect), so the node does the router's part (Cilium's fib_redirect_v4 →
+ * ipv4_l3 at XDP). 0 or a DROP_* reason. */
+static __always_inline int xdp_dec_ttl4(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	__be16 old, new;
+
+	if ((void *)(ip + 1) > data_end)
+		return DROP_INVALID;
+	if (ip->ttl <= 1)
+		return DROP_TTL_EXCEEDED;
+	__builtin_memcpy(&old, &ip->ttl, 2); /* the TTL and protocol word */
+	ip->ttl--;
+	__builtin_memcpy(&new, &ip->ttl, 2);
+	ip->check = xdp_csum_replace2(ip->check, old, new);
+	return 0;
+}
+
 /* nodeport_lb4() in XDP: the same decisions and state, the frame rewritten in
  * place. NP_PASS, NP_LOCAL, NP_FORWARD or a DROP_* reason. */
 static __always_inline int nodeport_lb4_xdp(struct xdp_md *ctx, struct pkt4 *p, struct trace_event *ev)

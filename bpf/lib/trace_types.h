@@ -43,6 +43,7 @@
 #define DROP_PROXY_SET_FAILED  -179
 #define DROP_PROXY_UNKNOWN_PROTO -180
 #define DROP_POLICY_DENY       -181
+#define DROP_TTL_EXCEEDED      -196
 
 /* trace_event.flags: what a hook did besides translating addresses. */
 #define TRACE_F_DSR_OPT_ADDED    0x01 /* the LB node attached the DSR IPv4 option */

@@ -144,3 +144,40 @@ def test_snat_reply_is_translated_back(snat):
     assert (p.src, p.sport, p.dst, p.dport) == (LB_VIP, VPORT, EXT, CP)
     assert p.ip_csum_ok and p.l4_csum_ok
     assert r.event.flags & TraceFlags.REV_SNAT
+
+
+# -- the LB node routes: TTL ------------------------------------------------------------------
+def _ttl(frame: bytes) -> int:
+    return frame[14 + 8]
+
+
+def test_dsr_forward_decrements_ttl(native):
+    """dsr mode: the forwarded SYN leaves with TTL 63 (64 in), IP checksum valid (fib_redirect_v4 → ipv4_l3 →
+    ipv4_dec_ttl: bpf/lib/nodeport.h:2291@82999990, bpf/lib/fib.h:288@82999990, bpf/lib/ipv4.h:67@82999990)."""
+    native.service(LB_VIP, VPORT, [(1, B2.ip, BP, ACTIVE)], flags=LB_FLAGS)
+    r = native.run("cil_from_netdev", tcp(EXT, LB_VIP, CP, VPORT, SYN))
+    assert r.retval == TC_ACT_REDIRECT
+    assert _ttl(r.frame) == 63
+    assert r.pkt.ip_csum_ok and r.pkt.l4_csum_ok
+
+
+def test_snat_forward_and_reply_decrement_ttl(snat):
+    """snat mode: the request (tail_nodeport_nat_egress_ipv4's ipv4_l3, bpf/lib/nodeport.h:2722@82999990) and the
+    reply sent back to the client (nodeport_rev_dnat_ingress_ipv4, bpf/lib/nodeport.h:2491@82999990) each lose one."""
+    snat.service(LB_VIP, VPORT, [(1, B2.ip, BP, ACTIVE)], flags=LB_FLAGS)
+    r = snat.run("cil_from_netdev", tcp(EXT, LB_VIP, CP, VPORT, SYN))
+    assert r.retval == TC_ACT_REDIRECT and _ttl(r.frame) == 63 and r.pkt.ip_csum_ok
+    back = snat.run("cil_from_netdev", tcp(B2.ip, NODE_IP, BP, CP, SYN | ACK))
+    assert back.retval == TC_ACT_REDIRECT and _ttl(back.frame) == 63 and back.pkt.ip_csum_ok
+
+
+def test_ttl_one_is_dropped_ttl_exceeded(native):
+    """A packet the LB node would forward with TTL 1 is dropped with DROP_TTL_EXCEEDED (-196): ipv4_dec_ttl's
+    `if (ttl <= 1) return DROP_TTL_EXCEEDED` (bpf/lib/ipv4.h:64@82999990, bpf/lib/common.h:648@82999990)."""
+    from .packets import eth, ipv4, tcp_segment
+
+    native.service(LB_VIP, VPORT, [(1, B2.ip, BP, ACTIVE)], flags=LB_FLAGS)
+    seg = tcp_segment(EXT, LB_VIP, CP, VPORT, SYN)
+    r = native.run("cil_from_netdev", eth(ipv4(EXT, LB_VIP, TCP, seg, ttl=1)))
+    assert r.retval == TC_ACT_SHOT
+    assert r.event.drop_reason == DropReason.TTL_EXCEEDED

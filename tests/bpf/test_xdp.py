@@ -116,3 +116,17 @@ def test_no_service_passes_untraced_with_the_marker(xdp):
     r = xdp.run_xdp(frame)
     assert (r.retval, r.events) == (XDP_PASS, [])
     assert r.frame == (1).to_bytes(4, "little") + frame
+
+
+def test_xdp_forward_decrements_ttl(xdp_snat):
+    """The frame XDP sends on has TTL 63 (64 in) and a valid IP checksum, as tc's: Cilium's XDP build runs the same
+    fib_redirect_v4 / ipv4_l3 (bpf/lib/fib.h:288@82999990, bpf/lib/ipv4.h:67@82999990); TTL 1 is XDP_DROP with
+    DROP_TTL_EXCEEDED (bpf/lib/ipv4.h:64@82999990)."""
+    xdp_snat.service(LB_VIP, VPORT, [(1, B2.ip, BP, ACTIVE)], flags=LB_FLAGS)
+    r = xdp_snat.run_xdp(tcp(EXT, LB_VIP, CP, VPORT, SYN))
+    assert r.frame[14 + 8] == 63
+    assert r.pkt.ip_csum_ok and r.pkt.l4_csum_ok
+    seg = tcp_segment(EXT, LB_VIP, CP + 1, VPORT, SYN)
+    r = xdp_snat.run_xdp(eth(ipv4(EXT, LB_VIP, IPPROTO_TCP, seg, ttl=1)))
+    assert r.retval == XDP_DROP
+    assert r.event.drop_reason == DropReason.TTL_EXCEEDED
