@@ -79,7 +79,8 @@ LAB_DIFFERENCES = (
     "lab's kernel has no geneve device, and the option crosses the VXLAN tunnel unchanged",
     "a service uses Maglev when the agent wrote a table for its id into cilium_lb4_maglev (per service, "
     "`--algorithm maglev`), so that one lab can compare both algorithms; Cilium chooses one for every service "
-    "with --bpf-lb-algorithm",
+    "with --bpf-lb-algorithm. As in Cilium, only NodePort and LoadBalancer frontends get a table and only the "
+    "uplink's programs read it: ClusterIPs have none and pods' traffic always picks at random",
     "the CT garbage collector's interval runs on the lab clock (checked every second), so that `labkit clock "
     "advance` brings the next run forward; Cilium's runs on wall-clock time",
     "with --nodeport-accel xdp the XDP program load-balances the client's requests only; replies (snat mode's "

@@ -2,8 +2,8 @@
  *
  * A packet to a Service VIP:port finds the service head (slot 0) in
  * cilium_lb4_services_v2, looks up its SVC entry in the CT map, picks a
- * backend on CT_NEW (the client's affinity, the service's Maglev table, or
- * slot = random % count + 1), and is DNATed to the backend. A pod reaching itself through its own
+ * backend on CT_NEW (the client's affinity, the service's Maglev table at
+ * the uplink, or slot = random % count + 1), and is DNATed to the backend. A pod reaching itself through its own
  * Service (hairpin) is also SNATed to LB_LOOPBACK_IPV4 so that the reply
  * comes back through the datapath for reverse NAT.
  */
@@ -82,12 +82,17 @@ static __always_inline __u32 lb4_flow_hash(const struct pkt4 *p)
 	return jhash_3words(p->saddr, ports, p->proto, seed);
 }
 
-/* Backend for a new flow: the service's Maglev table if the agent wrote one
- * (external scope only), else Cilium's random pick, slot = rand % count + 1. */
-static __always_inline __u32 lb4_select_backend_id(const struct pkt4 *p, const struct lb4_service *svc, __u8 scope)
+/* Backend for a new flow: with maglev (the uplink's programs), the service's
+ * Maglev table if the agent wrote one (external scope only), else Cilium's
+ * random pick, slot = rand % count + 1. A pod's traffic is always random:
+ * Cilium compiles bpf_lxc with LB_SELECTION_RANDOM whatever --bpf-lb-algorithm
+ * says, since ClusterIPs get no Maglev table (bpf_lxc.c:41-42, and
+ * svcInfo.useMaglev in pkg/service/service.go:173 at v1.16.0). */
+static __always_inline __u32 lb4_select_backend_id(const struct pkt4 *p, const struct lb4_service *svc, __u8 scope,
+						   bool maglev)
 {
 	__be16 id = svc->rev_nat_index;
-	void *inner = scope == LB_LOOKUP_SCOPE_EXT ? cilium_lb4_maglev.lookup(&id) : NULL;
+	void *inner = maglev && scope == LB_LOOKUP_SCOPE_EXT ? cilium_lb4_maglev.lookup(&id) : NULL;
 
 	if (inner) {
 		__u32 zero = 0, index = lb4_flow_hash(p) % LB_MAGLEV_LUT_SIZE;
@@ -208,7 +213,7 @@ static __always_inline int lb4_rev_nat(struct __sk_buff *skb, struct pkt4 *p, __
  * packet refreshes the client's affinity. Returns the service CT result, or a DROP_*
  * reason; *backend is set on success. */
 static __always_inline int __lb4_local(const __u32 *len, const struct pkt4 *p, const struct lb4_service *svc,
-				       __u8 scope, struct ct_state *st, struct lb4_backend **backend)
+				       __u8 scope, struct ct_state *st, struct lb4_backend **backend, bool maglev)
 {
 	struct ipv4_ct_tuple tuple = {};
 	__u32 backend_id = 0, now = lab_now();
@@ -224,7 +229,7 @@ static __always_inline int __lb4_local(const __u32 *len, const struct pkt4 *p, c
 		if (svc->flags & SVC_FLAG_AFFINITY)
 			backend_id = lb4_affinity_backend(p->saddr, svc, now);
 		if (!backend_id)
-			backend_id = lb4_select_backend_id(p, svc, scope);
+			backend_id = lb4_select_backend_id(p, svc, scope, maglev);
 		*backend = lb4_lookup_backend(backend_id);
 		if (!*backend)
 			return DROP_NO_SERVICE;
@@ -241,7 +246,7 @@ static __always_inline int __lb4_local(const __u32 *len, const struct pkt4 *p, c
 		if (!*backend || ((*backend)->flags != BE_STATE_ACTIVE && st->syn)) {
 			if (svc->count == 0)
 				return DROP_NO_SERVICE;
-			backend_id = lb4_select_backend_id(p, svc, scope);
+			backend_id = lb4_select_backend_id(p, svc, scope, maglev);
 			*backend = lb4_lookup_backend(backend_id);
 			if (!*backend)
 				return DROP_NO_SERVICE;
@@ -260,12 +265,21 @@ static __always_inline int __lb4_local(const __u32 *len, const struct pkt4 *p, c
 	return ret;
 }
 
-/* lb4_local for a tc program. The worker takes the length by address so that
- * it reads skb->len where the CT calls need it, as it always has. */
+/* lb4_local for a pod's tc program (bpf_lxc): random selection only. The
+ * worker takes the length by address so that it reads skb->len where the CT
+ * calls need it, as it always has. */
 static __always_inline int lb4_local(struct __sk_buff *skb, const struct pkt4 *p, const struct lb4_service *svc,
 				     __u8 scope, struct ct_state *st, struct lb4_backend **backend)
 {
-	return __lb4_local(&skb->len, p, svc, scope, st, backend);
+	return __lb4_local(&skb->len, p, svc, scope, st, backend, false);
+}
+
+/* lb4_local for the uplink's tc program: the service's Maglev table when it has one. */
+static __always_inline int lb4_local_nodeport(struct __sk_buff *skb, const struct pkt4 *p,
+					      const struct lb4_service *svc, __u8 scope, struct ct_state *st,
+					      struct lb4_backend **backend)
+{
+	return __lb4_local(&skb->len, p, svc, scope, st, backend, true);
 }
 
 #endif /* LABKIT_LB_H */

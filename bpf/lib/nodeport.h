@@ -151,7 +151,7 @@ static __always_inline int nodeport_lb4(struct __sk_buff *skb, struct pkt4 *p, s
 	svc = lb4_lookup_frontend(p, false, &scope);
 	if (!svc || !(svc->flags & SVC_FLAG_ROUTABLE))
 		return NP_PASS; /* a ClusterIP is not reachable from outside */
-	ret = lb4_local(skb, p, svc, scope, &st, &backend);
+	ret = lb4_local_nodeport(skb, p, svc, scope, &st, &backend);
 	if (ret < 0)
 		return ret;
 	ev->svc_ct_result = ret;

@@ -136,7 +136,7 @@ static __always_inline int nodeport_lb4_xdp(struct xdp_md *ctx, struct pkt4 *p, 
 	svc = lb4_lookup_frontend(p, false, &scope);
 	if (!svc || !(svc->flags & SVC_FLAG_ROUTABLE))
 		return NP_PASS;
-	ret = __lb4_local(&len, p, svc, scope, &st, &backend);
+	ret = __lb4_local(&len, p, svc, scope, &st, &backend, true);
 	if (ret < 0)
 		return ret;
 	ev->svc_ct_result = ret;

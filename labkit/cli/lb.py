@@ -75,8 +75,9 @@ def cmd_lb_maglev(args) -> int:
     for fe in svc.frontends:
         bpf, want = tables[fe.id]
         if bpf is None:
-            print(f"{fe.type} {fe.l4(svc.protocol)} id {fe.id}: no table in the map"
-                  + ("" if want is None else " (one was expected!)"))
+            why = " (one was expected!)" if want is not None else \
+                " (a ClusterIP gets none: pods pick at random, as in Cilium)" if fe.type == "ClusterIP" else ""
+            print(f"{fe.type} {fe.l4(svc.protocol)} id {fe.id}: no table in the map{why}")
             ok = ok and want is None
             continue
         same = bpf == want

@@ -85,15 +85,30 @@ def test_service_without_backends_drops(native):
     assert r.event.drop_reason == DropReason.NO_SERVICE
 
 
-def test_maglev_table_picks_the_flows_slot(native):
-    """With a Maglev table the backend is lut[jhash(saddr, ports, proto, seed) % M], the destination left out."""
-    slot = flow_slot(A1.ip, CP, VPORT, socket.IPPROTO_TCP, M)
+def test_maglev_table_picks_the_flows_slot_at_the_uplink(native):
+    """At from-netdev (a LoadBalancer frontend) the backend is lut[jhash(saddr, ports, proto, seed) % M], the
+    destination left out."""
+    from labkit.maps.lb import ServiceFlags
+
+    from .harness import EXT, LB_VIP
+
+    slot = flow_slot(EXT, CP, VPORT, socket.IPPROTO_TCP, M)
     lut = [2] * M
     lut[slot] = 1
-    native.service(VIP, VPORT, [(1, B1.ip, BP, ACTIVE), (2, B2.ip, BP, ACTIVE)], maglev=lut)
-    r = native.run("cil_from_container", to_vip(SYN))
+    native.service(LB_VIP, VPORT, [(1, B1.ip, BP, ACTIVE), (2, B2.ip, BP, ACTIVE)], maglev=lut,
+                   flags=ServiceFlags.LOADBALANCER | ServiceFlags.ROUTABLE)
+    r = native.run("cil_from_netdev", tcp(EXT, LB_VIP, CP, VPORT, SYN))
     assert r.pkt.dst == B1.ip
-    assert native.ct_row("SVC", A1.ip, CP, VIP, VPORT).backend_id == 1
+    assert native.ct_row("SVC", EXT, CP, LB_VIP, VPORT).backend_id == 1
+
+
+def test_pods_select_at_random_even_with_a_maglev_table(native):
+    """A pod's flows ignore a Maglev table: bpf_lxc is compiled with LB_SELECTION_RANDOM (bpf/bpf_lxc.c:41-42@82999990,
+    "force bpf_lxc to use the random backend selection algorithm for in-cluster traffic"); over 32 flows both
+    backends are picked although the table names only backend 2."""
+    native.service(VIP, VPORT, [(1, B1.ip, BP, ACTIVE), (2, B2.ip, BP, ACTIVE)], maglev=[2] * M)
+    seen = {native.run("cil_from_container", to_vip(SYN, sport=43000 + i)).pkt.dst for i in range(32)}
+    assert seen == {B1.ip, B2.ip}
 
 
 def test_reply_is_reverse_translated(native):

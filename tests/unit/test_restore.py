@@ -331,7 +331,7 @@ def one_row(svcs: Services, which: str):
         "slot": ("node-a", SERVICES_MAP, Lb4Key.make(web.vip, web.port, wire, slot=3)),
         "backend": ("node-a", BACKENDS_MAP, Lb4BackendKey(web.backends[0].id)),
         "revnat": ("node-b", REVNAT_MAP, Lb4RevNatKey.make(np_.ids[1])),
-        "maglev": ("node-a", MAGLEV_MAP, Lb4RevNatKey.make(lb.ids[0])),
+        "maglev": ("node-a", MAGLEV_MAP, Lb4RevNatKey.make(lb.ids[-1])),  # the LoadBalancer frontend's table
     }[which]
 
 

@@ -841,8 +841,9 @@ def test_etp_and_algorithm_refusals(svcs):
 
 
 def test_maglev_tables_written_per_frontend(svcs):
-    """--algorithm maglev: every frontend id gets a table (labkit.maglev.lookup_table of the active backends),
-    written after the backends and before the head, and it follows a backend's removal."""
+    """--algorithm maglev: every NodePort and LoadBalancer frontend id gets a table (labkit.maglev.lookup_table of the
+    active backends), written after the backends and before the head, and it follows a backend's removal; the
+    ClusterIP frontend gets none (svcInfo.useMaglev: pkg/service/service.go:173@82999990)."""
     svc = svcs.add("dns", 53, ["a1:8080", "b1:8080"], protocol="UDP", type="LoadBalancer", algorithm="maglev")
     ops = [op for op in svcs.maps.ops if op.startswith("update node-a")]
     first_maglev = next(i for i, op in enumerate(ops) if MAGLEV_MAP in op)
@@ -854,9 +855,11 @@ def test_maglev_tables_written_per_frontend(svcs):
     for node in ("node-a", "node-b"):
         tables = svcs.maglev("dns", node)
         assert set(tables) == set(svc.ids)
-        assert all(bpf == expected and list(bpf.backend_ids) == want for bpf, expected in tables.values())
+        assert tables[svc.id] == (None, None)
+        assert all(bpf == expected and list(bpf.backend_ids) == want for i, (bpf, expected) in tables.items()
+                   if i != svc.id)
     svcs.remove_backend("dns", "a1:8080")
-    (bpf, _), *_ = svcs.maglev("dns", "node-a").values()
+    bpf, _ = svcs.maglev("dns", "node-a")[svc.ids[-1]]
     assert set(bpf.backend_ids) == {svc.backend("b1:8080").id}
     svcs.remove("dns")
     assert svcs.maps.data["node-a"][MAGLEV_MAP] == {}
@@ -869,8 +872,9 @@ def test_maglev_names_on_1_20(svcs20):
              "[198.18.2.11:8080/UDP,State:active]": svc.backend("b1:8080").id}
     want = lookup_table(names, 16381, cilium_seed())
     assert want != lookup_table({n[1:].split("/")[0]: i for n, i in names.items()}, 16381, cilium_seed())
-    for bpf, expected in svcs20.maglev("dns", "node-b").values():
-        assert list(bpf.backend_ids) == want and bpf == expected
+    for fid, (bpf, expected) in svcs20.maglev("dns", "node-b").items():
+        if fid != svc.id:
+            assert list(bpf.backend_ids) == want and bpf == expected
 
 
 def test_random_service_has_no_maglev_table(svcs):
@@ -890,7 +894,8 @@ def test_cli_etp_algorithm_and_lb_maglev(fake_lab, capsys):
     fake_lab.pin_dir = lambda node: f"/sys/fs/bpf/labkit/demo/{node}"
     assert cli.main(["lb", "maglev", "dns", "--node", "node-b"]) == 0
     out = capsys.readouterr().out
-    assert out.count("equals labkit.maglev.lookup_table") == 4 and "M=16381" in out
+    assert out.count("equals labkit.maglev.lookup_table") == 3 and "M=16381" in out
+    assert "ClusterIP" in out and "a ClusterIP gets none" in out
     assert cli.main(["service", "add", "np", "--port", "81", "--type", "NodePort", "--etp", "Local"]) == 0
     assert fake_lab.services.get("np").etp == "Local"
 

@@ -66,8 +66,10 @@ def entries(state: AgentState, topo: Topology, node: str, maglev_m: int = LAB_DE
     Nodes differ only where a frontend has externalTrafficPolicy=Local: its external
     scope lists the node's own backends (flag Local); its internal scope, read by pods
     and node processes (flag TWO_SCOPES on the external head), lists them all.
-    A Maglev service gets one table per frontend, over what the external scope lists,
-    built as Cilium builds it (:func:`labkit.maglev.backend_name`, Cilium's seed).
+    A Maglev service gets one table per NodePort and LoadBalancer frontend, over what the external
+    scope lists, built as Cilium builds it (:func:`labkit.maglev.backend_name`, Cilium's seed); its
+    ClusterIP frontend gets none (v1.16's svcInfo.useMaglev, pkg/service/service.go:173: pods select
+    at random, bpf_lxc.c forces LB_SELECTION_RANDOM).
 
     This is the whole state's rows (O(services)): what a change writes is :func:`change_entries`,
     the part of these rows one service owns."""
@@ -137,7 +139,7 @@ def _service_rows(out: Entries, svc: Service, topo: Topology, node: str, maglev_
                 out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, fe.id))
         rn_key = Lb4RevNatKey.make(fe.id)
         out[REVNAT_MAP][bytes(rn_key)] = (rn_key, Lb4ReverseNat.make(fe.address, fe.port))
-        if svc.algorithm == "maglev":
+        if svc.algorithm == "maglev" and fe.type != "ClusterIP":
             ext_active = [b for b in scopes[0][1] if b.state == "active"]
             if ext_active:
                 names = tuple(sorted((backend_name(topo.pod(b.pod).ip, b.port, svc.protocol, cilium), b.id)
