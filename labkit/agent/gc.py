@@ -6,7 +6,7 @@ CT entries never delete themselves: the datapath only writes a lifetime
 and deletes every entry whose lifetime is below *now*, together with the NAT
 twin of a ``DSRInternal`` entry. It runs again after an interval it adapts to
 how much it deleted, as a fraction of the map's size (the largest over the
-maps) — Cilium's ``calculateInterval``:
+maps) — Cilium's ``calculateInterval`` (pkg/maps/ctmap/ctmap.go:887-920@82999990):
 
 =====================  =============================================
 delete ratio           next interval
@@ -16,10 +16,24 @@ above 0.25             interval × (1 − min(ratio, 0.9)), at least 10 s
 below 0.05 (not 0)     interval × 1.5, at most 12 h
 =====================  =============================================
 
+Products are Go ``time.Duration``-s: nanoseconds truncated, then ``Round(time.Second)``, which rounds a half
+away from zero (675 s × 1.5 = 1012.5 s → 1013 s, where Python's ``round`` would give 1012):
+
     >>> [next_interval(300, r) for r in (0.0, 0.01, 0.1, 0.5, 0.95)]
     [300, 450, 300, 150, 30]
-    >>> next_interval(12, 0.99), next_interval(40000, 0.01)
-    (10, 43200)
+    >>> next_interval(12, 0.99), next_interval(40000, 0.01), next_interval(675, 0.01)
+    (10, 43200, 1013)
+
+Around it, ``GetInterval`` (ctmap.go:856-885@82999990), :func:`get_interval`: the rule starts from the
+interval the last run computed (``cachedGCInterval``; 5 min before any run deleted something), and when
+this run came earlier than that (a signal, ``labkit gc run``), the ratio is first multiplied by
+expected / actual. The result is capped at ``--conntrack-gc-max-interval`` (:meth:`LabGc.set_max_interval`;
+none by default) — but the cached interval is not, so under a cap every run looks early:
+
+    >>> get_interval(actual=150, ratio=0.1, cached=450)   # 0.1 × 450/150 = 0.3: 450 × 0.7
+    (315, 315)
+    >>> get_interval(actual=0, ratio=0.01, cached=0, max_interval=400)
+    (400, 450)
 
 Two ways to scan, to compare (``labkit gc run --mode``): **per-entry**, as
 v1.16 does it (``DumpReliablyWithCallback``): ``BPF_MAP_GET_NEXT_KEY`` and one
@@ -46,7 +60,7 @@ from labkit.net.ledger import Ledger, dir_lock, lab_dir
 from labkit.observe.evidence import JOURNAL
 from labkit.release import profile
 
-__all__ = ["START_INTERVAL", "MIN_INTERVAL", "MAX_INTERVAL", "SCAN_MODES", "default_mode", "next_interval",
+__all__ = ["START_INTERVAL", "MIN_INTERVAL", "MAX_INTERVAL", "SCAN_MODES", "default_mode", "next_interval", "get_interval",
            "MapScan", "GcRun", "collect_node", "flush_address", "fill_synthetic", "LabGc"]
 
 START_INTERVAL = 300  #: Cilium's ConntrackGCStartingInterval: 5 minutes
@@ -70,13 +84,41 @@ def default_mode(release: str) -> str:
     return "batch" if profile(release).has("gc_batch") else "per-entry"
 
 
-def next_interval(interval: float, ratio: float) -> int:
-    """The interval after a run that deleted ``ratio`` of the map's size (Cilium's rule, table above)."""
+def _go_seconds(seconds: int, factor: float) -> int:
+    """``time.Duration(float64(d) * factor).Round(time.Second)`` for a whole number of seconds ``d``: the
+    product truncated to nanoseconds, then rounded to seconds with halves away from zero (Go's Duration.Round)."""
+    ns = int(float(seconds * 1_000_000_000) * factor)
+    whole, rest = divmod(ns, 1_000_000_000)
+    return whole + (1 if rest + rest >= 1_000_000_000 else 0)
+
+
+def next_interval(interval: int, ratio: float) -> int:
+    """The interval after a run that deleted ``ratio`` of the map's size: Cilium's calculateInterval (table above)."""
     if ratio > 0.25:
-        return max(MIN_INTERVAL, round(interval * (1.0 - min(ratio, 0.9))))
+        return max(MIN_INTERVAL, _go_seconds(interval, 1.0 - min(ratio, 0.9)))
     if 0 < ratio < 0.05:
-        return min(MAX_INTERVAL, round(interval * 1.5))
-    return round(interval)
+        return min(MAX_INTERVAL, _go_seconds(interval, 1.5))
+    return int(interval)
+
+
+def get_interval(actual: int, ratio: float, cached: int = 0, max_interval: int = 0) -> tuple[int, int]:
+    """Cilium's GetInterval: ``(next interval, cachedGCInterval after it)``.
+
+    ``actual``: seconds since the previous run started (0 for the first); ``cached``: the interval the last
+    calculation gave (0 when none did: the rule starts from :data:`START_INTERVAL` and no run counts as
+    early); ``max_interval``: ``--conntrack-gc-max-interval`` (0: no cap). calculateInterval stores its
+    result only when the ratio is not 0, and the cap never reaches the stored value."""
+    expected, adjusted = cached, ratio
+    if expected == 0:
+        expected = START_INTERVAL
+    elif 0 < actual < expected:
+        adjusted *= float(expected) / float(actual)
+    interval = next_interval(expected, adjusted)
+    if adjusted != 0.0:
+        cached = interval
+    if max_interval and interval > max_interval:
+        interval = max_interval
+    return interval, cached
 
 
 @dataclass(frozen=True)
@@ -107,6 +149,29 @@ class GcRun:
     seconds: float
     interval: int  #: the interval this run was scheduled with
     next_interval: int
+    actual: int = 0  #: lab clock seconds since the previous run (0: the first since a restart)
+    cached: int | None = None  #: Cilium's cachedGCInterval before the run (0: none yet; None: not recorded)
+    max_interval: int = 0  #: --conntrack-gc-max-interval in force (0: none)
+
+    @property
+    def expected(self) -> int:
+        """The interval the rule starts from (GetInterval's expectedPrevInterval)."""
+        if self.cached is None:
+            return self.interval
+        return self.cached or START_INTERVAL
+
+    @property
+    def adjusted_ratio(self) -> float:
+        """The ratio the rule reads: this run's, times expected / actual when the run came early."""
+        if self.cached and 0 < self.actual < self.cached:
+            return self.ratio * (float(self.cached) / float(self.actual))
+        return self.ratio
+
+    def rule(self) -> int:
+        """The next interval Cilium's GetInterval gives for this run (what :attr:`next_interval` should be)."""
+        if self.cached is None:
+            return next_interval(self.interval, self.ratio)
+        return get_interval(self.actual, self.ratio, self.cached, self.max_interval)[0]
 
     @property
     def deleted(self) -> int:
@@ -124,6 +189,7 @@ class GcRun:
     def to_json(self) -> dict:
         data = asdict(self)
         data["ratio"] = self.ratio
+        data["adjusted_ratio"], data["expected"] = self.adjusted_ratio, self.expected
         data["deleted"], data["scanned"] = self.deleted, self.scanned
         return data
 
@@ -135,7 +201,10 @@ class GcRun:
             nat = f", {m.nat_deleted} NAT entries" if m.nat_deleted else ""
             out.append(f"  {m.node:8} {m.map:24} read {m.scanned:>8}  deleted {m.deleted:>8}{nat}  "
                        f"ratio {m.ratio:.4f} of {m.max_entries}  {m.seconds * 1000:8.1f} ms")
-        out.append(f"largest ratio {self.ratio:.4f}: interval {self.interval} s -> {self.next_interval} s")
+        early = (f" (early: {self.actual} s of {self.expected} s, ratio × {self.expected}/{self.actual} = "
+                 f"{self.adjusted_ratio:.4f})" if self.adjusted_ratio != self.ratio else "")
+        cap = f", capped at {self.max_interval} s" if self.max_interval and self.next_interval == self.max_interval else ""
+        out.append(f"largest ratio {self.ratio:.4f}{early}: interval {self.interval} s -> {self.next_interval} s{cap}")
         return out
 
 
@@ -340,12 +409,15 @@ class LabGc:
         return lab_dir(self.lab.name) / "gc.json"
 
     def state(self) -> dict:
-        """``{"interval", "last_run", "timer", "runs": [...]}``; a lab that never collected starts at 5 min."""
+        """``{"interval", "cached", "max_interval", "last_run", "timer", "runs": [...]}``; a lab that never
+        collected starts at 5 min."""
         try:
             data = json.loads(self.path.read_text())
         except (FileNotFoundError, ValueError):
             data = {}
         data.setdefault("interval", START_INTERVAL)
+        data.setdefault("cached", 0)  # Cilium's cachedGCInterval: 0 until a run deleted something
+        data.setdefault("max_interval", 0)  # --conntrack-gc-max-interval: 0, no cap
         data.setdefault("last_run", None)
         data.setdefault("timer", bool(getattr(self.lab.config, "gc_timer", True)))
         data.setdefault("runs", [])
@@ -388,8 +460,13 @@ class LabGc:
                 maps += collect_node(node.name, self.lab.pin_dir(node.name), now, mode, delete="gc-noop" not in faults)
             interval = int(st["interval"])
             ratio = max((m.ratio for m in maps), default=0.0)
-            nxt = interval if "gc-fixed-interval" in faults else next_interval(interval, ratio)
-            run = GcRun(now, mode, tuple(maps), round(time.perf_counter() - t0, 6), interval, nxt)
+            actual = now - st["last_run"] if st["last_run"] is not None else 0
+            cached, cap = int(st["cached"]), int(st["max_interval"])
+            nxt, st["cached"] = get_interval(actual, ratio, cached, cap)
+            if "gc-fixed-interval" in faults:
+                nxt, st["cached"] = interval, cached
+            run = GcRun(now, mode, tuple(maps), round(time.perf_counter() - t0, 6), interval, nxt,
+                        actual, cached, cap)
             st["interval"], st["last_run"] = run.next_interval, now
             st["runs"] = (st["runs"] + [run.to_json()])[-self.HISTORY:]
             self._save(st)
@@ -402,9 +479,19 @@ class LabGc:
         the timer stays as it is."""
         with dir_lock(self.lab.name):
             st = self.state()
-            timer = st["timer"]
-            self._save({"interval": START_INTERVAL, "last_run": None, "timer": timer, "runs": [],
-                        "started": self.lab.clock.now()})
+            timer, cap = st["timer"], st["max_interval"]
+            self._save({"interval": START_INTERVAL, "cached": 0, "max_interval": cap, "last_run": None,
+                        "timer": timer, "runs": [], "started": self.lab.clock.now()})
+
+    def set_max_interval(self, seconds: int) -> None:
+        """Cap the computed interval, as the agent's ``--conntrack-gc-max-interval`` does (0: no cap). Like
+        Cilium, the cap applies to each new interval, not to the interval the next calculation starts from."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0:
+            raise ValueError(f"GC max interval: expected whole seconds, 0 for none, got {seconds!r}")
+        with dir_lock(self.lab.name):
+            st = self.state()
+            st["max_interval"] = seconds
+            self._save(st)
 
     def set_timer(self, on: bool) -> None:
         """Switch the timer on or off (the lab's GC process keeps running and checks every second)."""

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from labkit.addr import be32
-from labkit.agent.gc import SCAN_MODES
+from labkit.agent.gc import SCAN_MODES, fill_synthetic
 from labkit.maps.base import PinnedMap
 from labkit.maps.ct import CT_MAPS, CtEntry, CtFlags, CtKey4
 
@@ -171,6 +171,61 @@ def _snat_gc(_require_datapath):
 def snat_gc_lab(_snat_gc):
     _snat_gc.reset()
     return _snat_gc
+
+
+def _expire(lab, n: int) -> None:
+    """Make ``n`` entries of node-a's TCP map expired at the lab clock's now (and ``n`` more alive)."""
+    fill_synthetic(lab.pin_dir("node-a"), 2 * n, lab.clock.now())
+
+
+def test_interval_rounds_as_go_does(lab):
+    """Three quiet runs, each on time and deleting a few expired entries: 300 s → 450 s → 675 s → 1013 s. Go's
+    Duration.Round(time.Second) rounds 1012.5 s up (pkg/maps/ctmap/ctmap.go:911@82999990); Python's round gave
+    1012."""
+    lab.flush_ct()
+    seen = []
+    for _ in range(3):
+        lab.clock.advance(lab.gc.state()["interval"])
+        _expire(lab, 2)
+        run = lab.gc.run()
+        assert 0 < run.ratio < 0.05 and run.adjusted_ratio == run.ratio  # on time: not scaled
+        seen.append(run.next_interval)
+    assert seen == [450, 675, 1013]
+
+
+def test_an_early_run_scales_its_ratio(lab):
+    """GetInterval multiplies the ratio of a run that came before the expected interval by expected/actual
+    (pkg/maps/ctmap/ctmap.go:861-866@82999990): 10% of the TCP map deleted 150 s into a 450 s interval counts as
+    30%, and the interval drops to 450 × 0.7 = 315 s where an on-time run would keep 450 s."""
+    lab.flush_ct()
+    tcp_size = lab.config.ct_tcp_size
+    _expire(lab, tcp_size // 100 + 1)  # just over 1%: 300 s → 450 s
+    first = lab.gc.run()
+    assert (first.interval, first.next_interval) == (300, 450)
+    lab.clock.advance(150)
+    _expire(lab, tcp_size // 10 + 1)  # just over 10%, 150 s of an expected 450 s
+    run = lab.gc.run()
+    assert 0.1 < run.ratio < 0.1001 and (run.actual, run.expected) == (150, 450)
+    assert run.next_interval == 315 and lab.gc.state()["interval"] == 315
+
+
+def test_max_interval_caps_the_next_interval(lab):
+    """--conntrack-gc-max-interval caps the result (pkg/maps/ctmap/ctmap.go:869-871@82999990) and not the value
+    the next calculation starts from (ctmap.go:917@82999990): capped at 400 s, the next run 400 s later counts as
+    early against 450 s."""
+    lab.flush_ct()
+    lab.gc.set_max_interval(400)
+    try:
+        _expire(lab, 2)
+        run = lab.gc.run()
+        assert run.next_interval == 400 and lab.gc.state()["cached"] == 450
+        lab.clock.advance(400)
+        _expire(lab, 2)
+        run = lab.gc.run()
+        assert (run.actual, run.expected, run.next_interval) == (400, 450, 400)
+        assert run.adjusted_ratio == run.ratio * 450 / 400
+    finally:
+        lab.gc.set_max_interval(0)
 
 
 def test_gc_scans_as_the_release_does(lab):

@@ -10,10 +10,12 @@ sends the learner back to the cell, at no cost.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from labkit.grading.checks import Outcome, compare_rows, exercise
-from labkit.agent.gc import MIN_INTERVAL, next_interval
+from labkit.agent.gc import MIN_INTERVAL
 from labkit.maps.ct import CT_MAPS, CtRow
 from labkit.grading.exercises.common import conn_rows, kinds_answer, row_kind, unhealthy
 
@@ -115,7 +117,7 @@ def interval_after(answer, ev) -> Outcome:
     if not runs:
         return Outcome.needs(INTERVAL, "it starts the small lab, churns and runs its GC once")
     run = runs[0].data  # the first run since start(variant="small"): the one section 3 prints
-    rule = next_interval(run.interval, run.ratio)
+    rule = run.rule()  # GetInterval as the run read it (early-run scaling, cap), Go's rounding
     if run.ratio <= 0.25:
         return unhealthy(INTERVAL, f"a first run that deleted {run.ratio:.1%} of its fullest map, not more than a "
                                    "quarter (6 short connections in 16-entry maps)")
@@ -124,8 +126,9 @@ def interval_after(answer, ev) -> Outcome:
                                    f"{run.ratio:.1%} of a map, against Cilium's rule")
     if not _number(answer):
         return Outcome(False, f"expected a number of seconds, got {answer!r}.")
-    diff = (("=" if round(answer) == rule else "-", f"{rule} s", f"{answer} s"),)
-    if round(answer) == rule:
+    whole = math.floor(answer + 0.5)  # Go's Duration.Round: a half goes up (1012.5 s is 1013 s)
+    diff = (("=" if whole == rule else "-", f"{rule} s", f"{answer} s"),)
+    if whole == rule:
         return Outcome(True, f"{rule} s: the run deleted {run.ratio:.1%} of the fullest map, more than a quarter, so "
                              f"the GC comes back sooner: {run.interval} s × (1 − {run.ratio:.3f}). A node with many "
                              "short connections converges on a short interval; an idle one grows it by half each "
