@@ -716,12 +716,12 @@ class LbServiceRow:
 
 
 def _bpf_key_text(key: Lb4Key, cilium: str) -> str:
-    """``svcKey.String()`` of cilium-dbg's `bpf lb list`: v1.16 ``ip:port`` (+``/i``,
-    pkg/maps/lbmap); 1.17+ ``ip:port/TCP`` (+``/i``) and the slot, `` (0)``."""
-    if not profile(cilium).has("lb_proto_keys"):
-        return key.vip + f":{key.port}" + ("/i" if key.scope == LookupScope.INT else "")
+    """``svcKey.String()`` of cilium-dbg's `bpf lb list`: ``ip:port`` (+``/i``) and the slot, `` (0)``
+    (v1.16: pkg/maps/lbmap/ipv4.go:250-257, ``Service4Key.String``); 1.17+ with the protocol,
+    ``ip:port/TCP`` (+``/i``) ``(0)``."""
     scope = "/i" if key.scope == LookupScope.INT else ""
-    return f"{key.vip}:{key.port}/{_proto_name(key.proto)}{scope} ({key.backend_slot})"
+    proto = f"/{_proto_name(key.proto)}" if profile(cilium).has("lb_proto_keys") else ""
+    return f"{key.vip}:{key.port}{proto}{scope} ({key.backend_slot})"
 
 
 def _bpf_value_text(key: Lb4Key, value: Lb4Service, backends: dict, cilium: str) -> str:
@@ -833,8 +833,8 @@ class LbSnapshot:
         trailing space), a slot ``<ip>:<port> (<revnat>) (<slot>)`` (1.17+: ``<ip>:<port>/TCP``), a
         slot whose backend is gone ``backend <id> not found``.
 
-        On v1.16 the key string is ``ip:port`` (``/i`` for the internal scope), so a frontend's
-        slots share one group; from 1.17 it is ``ip:port/TCP (slot)``, so every entry is its own.
+        The key string carries the slot, ``ip:port (slot)`` on v1.16 (``/i`` for the internal scope;
+        ``ip:port/TCP (slot)`` from 1.17), so every entry is its own group and line.
         A node prints the groups in Go map order and the entries in BPF hash order, both
         unordered; labkit sorts them (frontend, then scope, then slot): one order a node can print.
         """

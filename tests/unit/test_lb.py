@@ -273,22 +273,26 @@ def test_service_list_text_1_20():
 
 
 def test_bpf_lb_list_text_v1_16():
-    """`cilium-dbg bpf lb list` of v1.16, byte for byte. cilium-dbg/cmd/bpf_lb_list.go dumpSVC: key
-    svcKey.String() = "ip:port" ("/i" internal), head "%s:%d (%d) (%d) [%s] %s" (no L7LB port: a trailing space),
-    slot "%s:%d (%d) (%d)"; helpers.go TablePrinter: tabwriter(5, 0, 3, ' ', 0), header "%s\t%s\n" (second title
-    not terminated: no padding, and no part of the second column), entries "%s\t%s\t\n", the first of a key
-    with it, the others with "". Sorted by frontend then slot (a node prints them in hash order)."""
+    """`cilium-dbg bpf lb list` of v1.16, byte for byte. The key string is svcKey.String() = "ip:port[/i] (slot)"
+    (pkg/maps/lbmap/ipv4.go:250-257@82999990: `addr = fmt.Sprintf("%s (%d)", addr, kHost.BackendSlot)`), so every
+    entry is its own group and line (cilium-dbg/cmd/bpf_lb_list.go:125@82999990 `serviceList[svc] = append(...)`);
+    head "%s:%d (%d) (%d) [%s] %s" (no L7LB port: a trailing space), slot "%s:%d (%d) (%d)"
+    (bpf_lb_list.go:106,114@82999990); helpers.go TablePrinter: tabwriter(5, 0, 3, ' ', 0), header "%s\t%s\n"
+    (second title not terminated: no padding), entries "%s\t%s\t\n". Sorted by frontend then slot (a node prints
+    them in hash order)."""
     head_np = "0.0.0.0:0 (3) (0) [NodePort, Local, two-scopes] "
-    w = (len("198.51.100.11:30080/i") + 3, len(head_np) + 3)
-    groups = {"198.19.0.10:80": ["0.0.0.0:0 (1) (0) [ClusterIP, non-routable] ", "198.18.2.11:8080 (1) (1)",
-                                 "198.18.2.12:8080 (1) (2)"],
-              "198.19.0.11:53": ["0.0.0.0:0 (2) (0) [ClusterIP, non-routable] "],
-              "198.51.100.11:30080": [head_np, "198.18.1.11:8080 (3) (1)"],
-              "198.51.100.11:30080/i": [head_np, "198.18.1.11:8080 (3) (1)", "198.18.2.11:8080 (3) (2)"]}
-    header = "SERVICE ADDRESS" + " " * (w[0] - 15) + "BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
-    assert _fixed("1.16").bpf_text() == header + "".join(
-        _cells(w, key if i == 0 else "", value) + "\n" for key, values in groups.items() for i, value in enumerate(values))
-    assert w == (24, 51) and _fixed("1.16").bpf_json() == groups
+    w = (len("198.51.100.11:30080/i (2)") + 3, len(head_np) + 3)
+    web, np_ = "198.19.0.10:80", "198.51.100.11:30080"
+    entries = [(f"{web} (0)", "0.0.0.0:0 (1) (0) [ClusterIP, non-routable] "),
+               (f"{web} (1)", "198.18.2.11:8080 (1) (1)"), (f"{web} (2)", "198.18.2.12:8080 (1) (2)"),
+               ("198.19.0.11:53 (0)", "0.0.0.0:0 (2) (0) [ClusterIP, non-routable] "),
+               (f"{np_} (0)", head_np), (f"{np_} (1)", "198.18.1.11:8080 (3) (1)"),
+               (f"{np_}/i (0)", head_np), (f"{np_}/i (1)", "198.18.1.11:8080 (3) (1)"),
+               (f"{np_}/i (2)", "198.18.2.11:8080 (3) (2)")]
+    header = "SERVICE ADDRESS" + " " * (w[0] - 15) + "BACKEND ADDRESS (REVNAT_ID) (SLOT)"
+    assert _fixed("1.16").bpf_lines() == [header] + [_cells(w, key, value) for key, value in entries]
+    assert w == (28, 51)
+    assert _fixed("1.16").bpf_json() == {key: [value] for key, value in entries}
 
 
 def test_bpf_lb_list_text_1_20():
@@ -315,8 +319,9 @@ def test_bpf_lb_list_missing_backend_and_l7lb():
     head = Lb4Service.head(1, 1, 0, ServiceFlags2.L7LOADBALANCER)
     head.backend_id = socket.htons(10000)
     snap = LbSnapshot.of([(key, head), (key.with_slot(1), Lb4Service.slot(9, 1))], [], [])
-    assert snap.bpf_json() == {f"{VIP}:80": ["0.0.0.0:0 (1) (0) [ClusterIP, non-routable, l7-load-balancer] "
-                                             "(L7LB Proxy Port: 10000)", "backend 9 not found"]}
+    assert snap.bpf_json() == {f"{VIP}:80 (0)": ["0.0.0.0:0 (1) (0) [ClusterIP, non-routable, l7-load-balancer] "
+                                                 "(L7LB Proxy Port: 10000)"],
+                               f"{VIP}:80 (1)": ["backend 9 not found"]}
 
 
 def test_service_list_lines():

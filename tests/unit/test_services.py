@@ -598,12 +598,13 @@ def test_cli_lb_list(fake_lab, capsys):
         "                                     2 => 198.18.2.12:8080 (active)   \n")
     assert cli.main(["lb", "list", "node-a", "--bpf"]) == 0
     # cilium-dbg/cmd/bpf_lb_list.go + helpers.go TablePrinter: header "%s\t%s\n", rows "%s\t%s\t\n".
-    # Column 1: "SERVICE ADDRESS" 15+3; column 2 (rows only): "0.0.0.0:0 (1) (0) [ClusterIP, non-routable] " 44+3.
+    # v1.16's key string carries the slot (pkg/maps/lbmap/ipv4.go:256@82999990): one group per entry.
+    # Column 1: "198.19.0.10:80 (0)" 18+3; column 2 (rows only): "0.0.0.0:0 (1) (0) [ClusterIP, non-routable] " 44+3.
     assert capsys.readouterr().out == (
-        "SERVICE ADDRESS   BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
-        "198.19.0.10:80    0.0.0.0:0 (1) (0) [ClusterIP, non-routable]    \n"
-        "                  198.18.2.11:8080 (1) (1)" + " " * 23 + "\n"
-        "                  198.18.2.12:8080 (1) (2)" + " " * 23 + "\n")
+        "SERVICE ADDRESS      BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
+        "198.19.0.10:80 (0)   0.0.0.0:0 (1) (0) [ClusterIP, non-routable]    \n"
+        "198.19.0.10:80 (1)   198.18.2.11:8080 (1) (1)" + " " * 23 + "\n"
+        "198.19.0.10:80 (2)   198.18.2.12:8080 (1) (2)" + " " * 23 + "\n")
     assert cli.main(["lb", "list", "node-b", "--raw"]) == 0
     raw = capsys.readouterr().out.splitlines()
     assert raw[0] == "# cilium_lb4_services_v2" and raw[1].startswith("198.19.0.10:80/ANY slot 0 head: count=2")
