@@ -71,6 +71,11 @@ BEHAVIOURS = (
         "after addresses, and Maglev hashes a backend as `[ip:port/TCP,State:active]` (1.18); v1.16 writes "
         "protocol 0, prints none and hashes `ip:port`"),
     Behaviour(
+        "hubble_lost_events_printed", "1.17", "cilium/cilium#35208 (hubble: add printer for lost events, Oct 2024)",
+        "`hubble observe` prints lost events (`EVENTS LOST: <source> CPU(<n>) <count>` in compact output, a "
+        "`lost_events` response in JSON); v1.16's CLI prints neither (hubble/pkg/printer/printer.go "
+        "WriteGetFlowsResponse passes flows and node status only), though the server sends them"),
+    Behaviour(
         "ct_accounting_flag", "1.17", "cilium/cilium#34921 and #35142 (--bpf-conntrack-accounting)",
         "CT packet and byte counters are switched on by the agent flag --bpf-conntrack-accounting; v1.16 "
         "has no flag, only the endpoint option ConntrackAccounting, which the agent sets off at start"),

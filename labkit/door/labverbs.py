@@ -330,7 +330,7 @@ def _hubble(ctx: Ctx):
     """The Hubble ring's entries as GetFlowsResponse dicts (``labkit observe``): every entry from ``seq`` on,
     filtered client-side; with ``seq`` None the whole ring. Answers the ring's capacity and written count too."""
     from labkit.net.ledger import lab_dir
-    from labkit.observe.hubble import Names, response, ring_lost
+    from labkit.observe.hubble import Names, printed, response, ring_lost
     from labkit.observe.ring import HubbleRing
 
     seq = ctx.args.int("seq", 0, 2**62, None)
@@ -346,12 +346,11 @@ def _hubble(ctx: Ctx):
         written, capacity = ring.written, ring.capacity
     finally:
         ring.close()
-    names = Names.from_topology(lab.topology)
-    devices = {node: {int(k): v for k, v in devs.items()} for node, devs in lab.state.devices.items()}
-    resps = [response(s, names, devices) for s in slots]
+    names = Names.for_lab(lab)
+    resps = [response(s, names) for s in slots]
     if seq and skipped:
         resps.insert(0, ring_lost(skipped))
-    return {"responses": resps, "seq": written, "capacity": capacity}
+    return {"responses": printed(resps, names), "seq": written, "capacity": capacity}
 
 
 @verb("observe", change=True)

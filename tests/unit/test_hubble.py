@@ -7,13 +7,14 @@ Go's time.StampMilli of the UTC time; the JSON follows api/v1/flow/flow.proto's 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
 import pytest
 
 from labkit.net.topology import Topology
-from labkit.observe.hubble import FlowFilter, Names, compact, response, ring_lost
+from labkit.observe.hubble import FLOW_FIELDS, FlowFilter, Names, compact, printed, response, ring_lost
 from labkit.observe.ring import SLOT_FLOW, SLOT_LOST, SLOT_POLICY, Slot
 from labkit.observe.trace import TraceEvent
 from tracefixtures import be16, recorded_event, syn_event, tup
@@ -79,49 +80,80 @@ def test_compact_line_of_a_drop_names_the_reason():
         "Dec  2 02:30:01.123: default/a1:33000 (ID:256) <> 198.18.100.10:53 (world) Service backend not found DROPPED (UDP)"
 
 
-def test_compact_line_of_lost_events():
-    """Lost events print as WriteLostEvent's compact line (CPU 0: the ring is not per CPU here)."""
+def test_lost_events_print_from_1_17_on():
+    """v1.16's CLI prints no lost events, in JSON or compact (hubble/pkg/printer/printer.go:797-811@82999990
+    WriteGetFlowsResponse passes only flows and node status); from 1.17 (cilium/cilium#35208) they print as
+    ``EVENTS LOST: <source> CPU(<n>) <count>`` (CPU 0: the ring is not per CPU here)."""
     slot = Slot(kind=SLOT_LOST, node_id=2, wall_ns=WALL, lost=12)
-    assert compact(response(slot, NAMES)) == "EVENTS LOST: PERF_EVENT_RING_BUFFER CPU(0) 12"
+    flow = response(syn_to_overlay(), NAMES)
+    assert printed([flow, response(slot, NAMES)], NAMES) == [flow]
+    later = Names.from_topology(Topology.default("demo"), release="1.20")
+    assert [compact(r) for r in printed([response(slot, later)], later)] == \
+        ["EVENTS LOST: PERF_EVENT_RING_BUFFER CPU(0) 12"]
+
+
+def _labels(app: str) -> list[str]:
+    """The endpoint labels of a default lab pod (its own app label, then the k8s ones every pod carries), sorted
+    as common/labels.go:50-55@82999990 SortAndFilterLabels sorts them."""
+    return sorted([f"k8s:app={app}", "k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=default",
+                   "k8s:io.cilium.k8s.policy.cluster=default", "k8s:io.cilium.k8s.policy.serviceaccount=default",
+                   "k8s:io.kubernetes.pod.namespace=default"])
 
 
 def test_json_of_a_syn_has_hubble_field_names():
-    """The JSON is a GetFlowsResponse with flow.proto's field names, enum names and protojson's omissions."""
-    pod_labels = ["k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=default",
-                  "k8s:io.cilium.k8s.policy.cluster=default", "k8s:io.cilium.k8s.policy.serviceaccount=default",
-                  "k8s:io.kubernetes.pod.namespace=default"]
-    assert response(syn_to_overlay(), NAMES, {"node-a": {5: "lxc-a1"}}) == {
+    """The JSON is a GetFlowsResponse with flow.proto's field names, enum names and protojson's omissions.
+
+    Each field as pkg/hubble/parser/threefour/parser.go@82999990 fills it for a trace from a1's bpf_lxc: the local
+    endpoint with its ID and no cluster (common/endpoint.go:139-156), the remote one with the cluster of its
+    labels and no ID (endpoint.go:159-188); traffic_direction EGRESS (parser.go:494-523: the notification's
+    source, LXC_ID bpf_lxc.c:16, is the packet's source endpoint, no reply); trace_reason NEW (parser.go:446-458:
+    CT_NEW 0 plus one); to-overlay's interface is ENCAP_IFINDEX, cilium_vxlan (bpf/lib/encap.h:52-53); the uuid
+    (parser/parser.go:137) is checked apart."""
+    resp = response(syn_to_overlay(), NAMES, {"node-a": {4: "cilium_vxlan", 5: "lxc-a1"}})
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", resp["flow"].pop("uuid"))
+    assert resp == {
         "flow": {
             "time": "2026-12-02T02:30:01.123456789Z",
             "verdict": "FORWARDED",
             "IP": {"source": "198.18.1.11", "destination": "198.18.2.11", "ipVersion": "IPv4"},
             "l4": {"TCP": {"source_port": 40000, "destination_port": 8080, "flags": {"SYN": True}}},
-            "source": {"identity": 256, "namespace": "default", "labels": pod_labels, "pod_name": "a1"},
-            "destination": {"identity": 258, "namespace": "default", "labels": pod_labels, "pod_name": "b1"},
+            "source": {"ID": 1, "identity": 256, "namespace": "default", "labels": _labels("a1"), "pod_name": "a1"},
+            "destination": {"identity": 258, "cluster_name": "default", "namespace": "default",
+                            "labels": _labels("b1"), "pod_name": "b1"},
             "Type": "L3_L4",
             "node_name": "node-a",
             "event_type": {"type": 4, "sub_type": 4},
+            "traffic_direction": "EGRESS",
             "trace_observation_point": "TO_OVERLAY",
+            "trace_reason": "NEW",
             "is_reply": False,
-            "interface": {"index": 5, "name": "lxc-a1"},
+            "interface": {"index": 4, "name": "cilium_vxlan"},
             "Summary": "TCP Flags: SYN",
         },
         "node_name": "node-a",
         "time": "2026-12-02T02:30:01.123456789Z",
     }
+    assert list(resp["flow"]) == [k for k in FLOW_FIELDS if k in resp["flow"]]  # protojson's declaration order
 
 
 def test_json_of_a_drop_and_of_to_endpoint():
-    """A drop carries drop_reason, drop_reason_desc and event type 1 with the reason as sub type; to-endpoint
-    is trace point 0, which protojson leaves out of event_type."""
+    """A drop carries drop_reason, drop_reason_desc and event type 1 with the reason as sub type, its direction
+    from its source endpoint (parser.go:484-493@82999990: a1's own bpf_lxc, so EGRESS), no is_reply, trace
+    reason or interface (parser.go:410-430, 598-616); to-endpoint is trace point 0, which protojson leaves out
+    of event_type, a reply (``reply`` too, parser.go:221), INGRESS-side program seeing a reply: EGRESS
+    (parser.go:516-519)."""
     drop = response(no_service_drop(), NAMES)["flow"]
     assert (drop["verdict"], drop["drop_reason"], drop["drop_reason_desc"], drop["event_type"]) == \
         ("DROPPED", 158, "SERVICE_BACKEND_NOT_FOUND", {"type": 1, "sub_type": 158})
-    assert "trace_observation_point" not in drop and "is_reply" not in drop
-    reply = response(synack_to_endpoint(), NAMES)["flow"]
-    assert (reply["event_type"], reply["trace_observation_point"], reply["is_reply"]) == \
-        ({"type": 4}, "TO_ENDPOINT", True)
+    assert drop["traffic_direction"] == "EGRESS"
+    assert not {"trace_observation_point", "is_reply", "trace_reason", "interface"} & set(drop)
+    reply = response(synack_to_endpoint(), NAMES, {"node-a": {7: "lxc-a1"}})["flow"]
+    assert (reply["event_type"], reply["trace_observation_point"], reply["is_reply"], reply["reply"]) == \
+        ({"type": 4}, "TO_ENDPOINT", True, True)
+    assert (reply["trace_reason"], reply["traffic_direction"], reply["interface"]) == \
+        ("REPLY", "EGRESS", {"index": 7, "name": "lxc-a1"})
     assert reply["l4"]["TCP"]["flags"] == {"SYN": True, "ACK": True}
+    assert reply["destination"]["ID"] == 1 and "ID" not in reply["source"]
 
 
 def _recorded_slots() -> list[Slot]:
@@ -226,18 +258,22 @@ def allowed_egress_verdict() -> Slot:
 def test_a_policy_verdict_is_its_own_hubble_event():
     """A record with a policy verdict gives Hubble's policy-verdict event (type 5): the direction, the match type
     (left out when none, as protojson does), DROPPED with the drop reason when denied, FORWARDED when allowed,
-    the peer's identity from the verdict, never a reply; the compact line reads as hubble observe prints one."""
+    the peer's identity from the verdict. An allowed verdict is no reply (is_reply false); a denied one's is
+    unknown: no is_reply in the JSON and ``<>`` in the compact line (threefour/parser.go:420-429@82999990
+    decodeIsReply: only ``pvn.Verdict >= 0`` gets a value; hubble/pkg/printer/printer.go:365-374@82999990: a nil
+    is_reply prints ``<>``). Neither carries an interface (parser.go:598-616: trace notifications only)."""
     denied = response(denied_ingress_verdict(), NAMES)["flow"]
     assert (denied["event_type"], denied["verdict"], denied["traffic_direction"], denied["drop_reason_desc"]) == \
         ({"type": 5}, "DROPPED", "INGRESS", "POLICY_DENIED")
-    assert "policy_match_type" not in denied and denied["is_reply"] is False
+    assert "policy_match_type" not in denied and "is_reply" not in denied and "interface" not in denied
     assert (denied["source"]["identity"], denied["destination"]["identity"]) == (257, 256)
     assert compact(response(denied_ingress_verdict(), NAMES)) == \
-        "Dec  2 02:30:01.123: default/a2:44172 (ID:257) -> default/a1:8080 (ID:256) " \
+        "Dec  2 02:30:01.123: default/a2:44172 (ID:257) <> default/a1:8080 (ID:256) " \
         "policy-verdict:none INGRESS DENIED (TCP Flags: SYN)"
     allowed = response(allowed_egress_verdict(), NAMES)["flow"]
     assert (allowed["verdict"], allowed["traffic_direction"], allowed["policy_match_type"]) == ("FORWARDED", "EGRESS", 2)
     assert "drop_reason_desc" not in allowed and allowed["destination"]["identity"] == 258
+    assert allowed["is_reply"] is False and "interface" not in allowed
     assert compact(response(allowed_egress_verdict(), NAMES)).endswith(
         "default/a1:40000 (ID:256) -> default/b1:8080 (ID:258) policy-verdict:L3-L4 EGRESS ALLOWED (TCP Flags: SYN)")
     for slot in (denied_ingress_verdict(), allowed_egress_verdict()):
