@@ -56,8 +56,11 @@ int cil_xdp_entry(struct xdp_md *ctx)
 	if (ret == NP_PASS)
 		return xdp_pass_no_svc(ctx);
 	if (ret == NP_LOCAL) {
+		/* DNATed to a backend on this node: up to the stack, and tc
+		 * need not look the service up again (Cilium's nodeport_svc_lb4:
+		 * backend_local → XFER_PKT_NO_SVC, CTX_ACT_OK) */
 		trace_emit(&ev, VERDICT_FORWARDED, 0);
-		return XDP_PASS;
+		return xdp_pass_no_svc(ctx);
 	}
 	ret = xdp_dec_ttl4(ctx);
 	if (ret < 0)
