@@ -115,6 +115,8 @@ int cil_from_container(struct __sk_buff *skb)
 	ev.identity = identity;
 
 	ret = lb4_from_container(skb, &p, &ev, &rev_nat, &loopback);
+	if (ret == DROP_NO_SERVICE)
+		return lb4_no_service(skb, &p, &ev, true);
 	if (ret < 0)
 		goto drop;
 
@@ -161,7 +163,8 @@ int cil_from_container(struct __sk_buff *skb)
 		ret = proxy_assign_udp4(skb, &p, proxy_port);
 		if (ret < 0)
 			goto drop;
-		trace_emit(&ev, VERDICT_FORWARDED, 0);
+		/* v1.16 handle_ipv4_from_lxc: TRACE_TO_PROXY before the redirect */
+		trace_emit_at(&ev, VERDICT_FORWARDED, 0, OBS_TO_PROXY);
 		return TC_ACT_OK;
 	}
 #endif
@@ -192,6 +195,16 @@ int cil_from_container(struct __sk_buff *skb)
 		return bpf_redirect(VXLAN_IFINDEX, 0);
 	}
 #endif
+	/* A pod of this node (hairpin flows too). v1.16 handle_ipv4_from_lxc
+	 * hands it to ipv4_local_delivery, and the destination's policy
+	 * program sends the one TRACE_TO_LXC: here the node's stack routes it
+	 * to that pod's veth, where cil_to_container writes the to-endpoint
+	 * record. This record is the from-endpoint trace cil_from_container
+	 * sends as the packet enters (TRACE_FROM_LXC): no to-stack. */
+	if (lookup_endpoint4(p.daddr)) {
+		trace_emit_at(&ev, VERDICT_FORWARDED, 0, OBS_FROM_LXC);
+		return TC_ACT_OK;
+	}
 	return hook_forward(&ev);
 drop:
 	return hook_drop(&ev, ret);

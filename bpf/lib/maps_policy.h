@@ -20,5 +20,11 @@ BPF_F_TABLE("lpm_trie", struct policy_key, struct policy_entry, labkit_policy_in
 /* Endpoint id (__u32) → that endpoint's policy map. At most one per local
  * endpoint: ENDPOINTS_MAP_SIZE, cilium_lxc's size. */
 BPF_HASH_OF_MAPS(labkit_policy, __u32, "labkit_policy_inner", ENDPOINTS_MAP_SIZE);
+/* Endpoint id (__u32) → the endpoint's POLICY_VERDICT_LOG_FILTER (__u32):
+ * POLICY_INGRESS when it enforces ingress, POLICY_EGRESS when it enforces
+ * egress (the agent's pkg/endpoint GetPolicyVerdictLogFilter). Cilium
+ * writes it into each endpoint's own program; here the agent writes it
+ * beside the endpoint's policy map. */
+BPF_HASH(labkit_policy_filter, __u32, __u32, ENDPOINTS_MAP_SIZE);
 
 #endif /* LABKIT_MAPS_POLICY_H */

@@ -99,11 +99,23 @@ static __always_inline int __policy_can_access4(__u32 ep_id, __u32 remote_id, __
 	return DROP_POLICY;
 }
 
+/* The directions whose verdicts endpoint ep_id reports: Cilium's
+ * POLICY_VERDICT_LOG_FILTER, which send_policy_verdict_notify tests against
+ * the verdict's direction (bpf/lib/policy_log.h). An endpoint the agent wrote
+ * no filter for reports both, as the macro's default 0xffff does. */
+static __always_inline __u32 policy_verdict_filter(__u32 ep_id)
+{
+	__u32 *filter = labkit_policy_filter.lookup(&ep_id);
+
+	return filter ? *filter : 0xffff;
+}
+
 /* policy_can_egress4 / policy_can_access_ingress, with the trace record as
  * Cilium's policy verdict notification: the verdict, after audit mode turned
  * a drop into an allow. 0 allowed, or the DROP_* reason. The record carries
- * the verdict only when `notify` (Cilium sends it for drops and for any
- * allowed packet but one of an established connection). *proxy_port is the
+ * the verdict when Cilium sends one: for drops and for any allowed packet but
+ * one of an established connection, in a direction the endpoint's filter
+ * names (policy_verdict_filter). *proxy_port is the
  * allowing entry's proxy port (host order), 0 when none or on a drop. */
 static __always_inline int policy_verdict4(struct trace_event *ev, __u32 ep_id, __u32 remote_id, __u8 dir,
 					   const struct pkt4 *p, __u32 len, int ct_result, __u16 *proxy_port)
@@ -111,7 +123,7 @@ static __always_inline int policy_verdict4(struct trace_event *ev, __u32 ep_id, 
 	/* ENABLE_ICMP_RULE (the agent's --enable-icmp-rules, on by default): an
 	 * ICMP packet is looked up with its type in the port's place. */
 	__be16 dport = p->proto == IPPROTO_ICMP ? lk_htons(p->icmp_type) : p->dport;
-	__u8 match_type, audited = 0;
+	__u8 match_type, pdir, audited = 0;
 	int ret;
 
 	*proxy_port = 0;
@@ -124,12 +136,16 @@ static __always_inline int policy_verdict4(struct trace_event *ev, __u32 ep_id, 
 		audited = 1;
 	}
 #endif
-	if (ret < 0 || ct_result != CT_ESTABLISHED) {
-		__u16 v = (dir == CT_EGRESS ? POLICY_EGRESS : POLICY_INGRESS) | (match_type << POLICY_V_MATCH_SHIFT) |
-			  (audited ? POLICY_V_AUDITED : 0) | (ret < 0 ? POLICY_V_DENIED : 0);
+	pdir = dir == CT_EGRESS ? POLICY_EGRESS : POLICY_INGRESS;
+	if ((ret < 0 || ct_result != CT_ESTABLISHED) && (policy_verdict_filter(ep_id) & pdir)) {
+		__u16 v = pdir | (match_type << POLICY_V_MATCH_SHIFT) | (audited ? POLICY_V_AUDITED : 0) |
+			  (ret < 0 ? POLICY_V_DENIED : 0);
 
 		ev->flags |= v << POLICY_V_SHIFT;
 		ev->remote_id = remote_id;
+		/* send_policy_verdict_notify: an allowed verdict's value is the
+		 * proxy port, which Hubble reads as REDIRECTED */
+		ev->proxy_port = ret < 0 ? 0 : *proxy_port;
 	}
 	return ret;
 }

@@ -57,7 +57,9 @@ static __always_inline void trace_ct(struct trace_event *ev, int dir, int result
 /* The trace notification Cilium sends for this hook's outcome. The pod's
  * program reports where the packet goes next (bpf_lxc.c: to-overlay when it
  * is tunnelled, to-stack when handed to the stack, to-endpoint when delivered
- * to a pod); labkit has no separate from-endpoint record. */
+ * to a pod); labkit has no separate from-endpoint record. A hook that knows
+ * better names its point itself (trace_emit_at: from-container's packet to a
+ * pod of its own node, or to the DNS proxy). */
 static __always_inline __u8 trace_obs_point(const struct trace_event *ev)
 {
 	switch (ev->hook) {
@@ -91,6 +93,15 @@ static __always_inline bool trace_reported(const struct trace_event *ev, __u32 l
 {
 	if (ev->verdict == VERDICT_DROPPED)
 		return true;
+	/* Cilium's tail_no_service_ipv4 answers with its ICMP error and sends
+	 * no notification: the record is labkit's, for the step's path. */
+	if (ev->flags & TRACE_F_NO_BACKEND_REPLY)
+		return false;
+	/* cil_to_overlay (bpf_overlay.c) and cil_xdp_entry (bpf_xdp.c) send
+	 * drop notifications only, whatever the level: their other records
+	 * are labkit's, for the step's path. */
+	if (ev->hook == HOOK_TO_OVERLAY || ev->hook == HOOK_XDP)
+		return false;
 	if (level >= TRACE_AGGREGATE_RX) {
 		switch (ev->obs_point) {
 		case OBS_FROM_LXC:
@@ -104,7 +115,8 @@ static __always_inline bool trace_reported(const struct trace_event *ev, __u32 l
 	return true;
 }
 
-static __always_inline void trace_emit(struct trace_event *ev, __u8 verdict, int reason)
+/* Write the record with its verdict, as observation point obs. */
+static __always_inline void trace_emit_at(struct trace_event *ev, __u8 verdict, int reason, __u8 obs)
 {
 	const struct lab_config *cfg = lab_config_get();
 	__u32 mode = cfg ? cfg->trace_mode : TRACE_ALL;
@@ -114,7 +126,7 @@ static __always_inline void trace_emit(struct trace_event *ev, __u8 verdict, int
 
 	ev->verdict = verdict;
 	ev->drop_reason = reason;
-	ev->obs_point = trace_obs_point(ev);
+	ev->obs_point = obs;
 	if (trace_reported(ev, cfg ? cfg->monitor_aggregation : MONITOR_AGG_NONE))
 		ev->report |= REPORT_REPORTED;
 	if (mode == TRACE_NONE || (mode == TRACE_DROPS && verdict != VERDICT_DROPPED))
@@ -124,6 +136,13 @@ static __always_inline void trace_emit(struct trace_event *ev, __u8 verdict, int
 		if (lost)
 			__sync_fetch_and_add(lost, 1);
 	}
+}
+
+/* Write the record with its verdict, at the hook's usual point (trace_obs_point). */
+static __always_inline void trace_emit(struct trace_event *ev, __u8 verdict, int reason)
+{
+	ev->verdict = verdict;
+	trace_emit_at(ev, verdict, reason, trace_obs_point(ev));
 }
 
 #endif /* LABKIT_TRACE_H */

@@ -50,6 +50,7 @@
 #define TRACE_F_DSR_OPT_STRIPPED 0x02 /* the backend node read and removed it */
 #define TRACE_F_SNAT             0x04 /* source rewritten through the NAT map */
 #define TRACE_F_REV_SNAT         0x08 /* destination restored through the NAT map */
+#define TRACE_F_NO_BACKEND_REPLY 0x10 /* answered with ICMP port unreachable: a Service without backends */
 
 /* A policy verdict: one byte in the high byte of trace_event.flags (the low
  * byte is TRACE_F_*), laid out as the flags of Cilium's policy_verdict_notify
@@ -68,6 +69,7 @@
  * there; Hubble's TraceObservationPoint in api/v1/flow/flow.proto, where 0 reads
  * TO_ENDPOINT). Which one a labkit record stands for: trace_obs_point() in trace.h. */
 #define OBS_TO_LXC       0  /* "to-endpoint" */
+#define OBS_TO_PROXY     1  /* "to-proxy": handed to an L7 proxy (the DNS proxy) */
 #define OBS_TO_STACK     3
 #define OBS_TO_OVERLAY   4
 #define OBS_FROM_LXC     5  /* "from-endpoint" */
@@ -133,7 +135,7 @@ struct trace_event {
 	__u16 flags;            /* TRACE_F_*; the high byte: a policy verdict (POLICY_V_*) */
 	__u8 obs_point;         /* OBS_*: the notification Cilium sends for this hook's outcome */
 	__u8 report;            /* REPORT_* */
-	__u16 pad2;
+	__u16 proxy_port;       /* the proxy port a reported policy verdict redirects to (host order), or 0 */
 	__u32 remote_id;        /* the peer's identity a policy verdict is about, or 0 */
 	__u32 pad3;
 };

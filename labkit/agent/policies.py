@@ -19,6 +19,8 @@ written, and only the difference:
   the datapath has one: an endpoint without an entry there has no policy map, which the
   datapath reads as allow-all — what Cilium's default enforcement mode gives an endpoint no
   policy selects (its map holds only the allow-all keys);
+- each enforced endpoint's policy verdict log filter in ``labkit_policy_filter`` (the directions it
+  enforces: :func:`verdict_log_filter`), so the datapath reports verdicts only there, as Cilium does;
 - the prefixes of ``toCIDR``/``fromCIDR`` rules (and their ``except`` prefixes) in every
   node's ``cilium_ipcache`` with their CIDR identities, so the datapath finds the identity the
   policy map names (a pod's or node's own /32 is never overwritten);
@@ -60,6 +62,7 @@ __all__ = [
     "OUTER_MAP",
     "policy_map_name",
     "enforcement_of",
+    "verdict_log_filter",
     "PolicyStore",
     "PolicyMaps",
     "Policies",
@@ -74,6 +77,8 @@ POLICIES_FILE = "policies.json"
 FQDN_FILE = "fqdn.json"
 #: The outer map (BPF_MAP_TYPE_HASH_OF_MAPS): __u32 endpoint id → the endpoint's policy map.
 OUTER_MAP = "labkit_policy"
+#: Endpoint id → the endpoint's policy verdict log filter (bpf/lib/maps_policy.h), when the datapath has it.
+FILTER_MAP = "labkit_policy_filter"
 #: Bytes of ``struct policy_entry`` the agent decides (proxy port, flags, auth type, pads); the rest
 #: are the packet and byte counters the datapath adds to.
 _DECIDED = 8
@@ -82,6 +87,13 @@ _DECIDED = 8
 def policy_map_name(ep_id: int) -> str:
     """The pinned name of endpoint ``ep_id``'s policy map (pkg/bpf LocalMapName: ``"%s%05d"``)."""
     return f"{POLICY_MAP_PREFIX}{ep_id:05d}"
+
+
+def verdict_log_filter(ep: EndpointPolicy) -> int:
+    """The directions whose policy verdicts endpoint ``ep`` reports, as cilium-agent v1.16 computes its
+    POLICY_VERDICT_LOG_FILTER (pkg/endpoint/bpf.go GetPolicyVerdictLogFilter): 0x1 with ingress enforced,
+    0x2 with egress enforced (bpf/lib/policy_log.h tests the verdict's direction against it)."""
+    return (0x1 if ep.ingress_enforced else 0) | (0x2 if ep.egress_enforced else 0)
 
 
 def enforcement_of(config) -> tuple[str, bool]:
@@ -208,6 +220,16 @@ class PolicyMaps:
     def exists(self, ep_id: int) -> bool:
         return os.path.lexists(self.path(ep_id))
 
+    def write_filter(self, ep_id: int, value: int) -> None:
+        """Endpoint ``ep_id``'s policy verdict log filter (:func:`verdict_log_filter`), when the datapath
+        has the map (one built before it existed reports every direction)."""
+        path = f"{self.pin_dir}/{FILTER_MAP}"
+        if os.path.lexists(path):
+            with PinnedMap(path, ctypes.c_uint32, ctypes.c_uint32) as m:
+                have = m.get(ctypes.c_uint32(ep_id))
+                if have is None or have.value != value:
+                    m[ctypes.c_uint32(ep_id)] = ctypes.c_uint32(value)
+
     def _create(self, ep_id: int) -> None:
         path = self.path(ep_id)
         ledger = Ledger(self.lab)
@@ -259,6 +281,9 @@ class PolicyMaps:
         if os.path.lexists(self.outer_path()):
             with PinnedMap(self.outer_path(), ctypes.c_uint32, ctypes.c_uint32) as outer:
                 outer.delete(ctypes.c_uint32(ep_id))
+        if os.path.lexists(f"{self.pin_dir}/{FILTER_MAP}"):
+            with PinnedMap(f"{self.pin_dir}/{FILTER_MAP}", ctypes.c_uint32, ctypes.c_uint32) as m:
+                m.delete(ctypes.c_uint32(ep_id))
         if not self.exists(ep_id):
             return False
         os.unlink(self.path(ep_id))
@@ -450,6 +475,7 @@ class Policies:
             no_fqdn = set(res.fqdn_ids.values()) if "fqdn-no-policy-key" in self.view.agent_faults() else set()
             for ep_id, (name, ep) in sorted(wanted.items()):
                 entries = {k: v for k, v in ep.entries().items() if k.sec_label not in no_fqdn}
+                maps.write_filter(ep_id, verdict_log_filter(ep))  # before the map is linked: no verdict unfiltered
                 report["endpoints"][name] = maps.write(ep_id, entries)
             for ep_id in maps.pinned():
                 if ep_id not in wanted and maps.remove(ep_id):

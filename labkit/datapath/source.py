@@ -56,7 +56,7 @@ MAP_NAMES = (
     "labkit_events_lost",
 )
 #: The maps a node pins besides MAP_NAMES when policy is compiled in (ENABLE_POLICY, bpf/lib/maps_policy.h).
-POLICY_MAP_NAMES = ("labkit_policy",)
+POLICY_MAP_NAMES = ("labkit_policy", "labkit_policy_filter")
 #: The maps a node pins besides MAP_NAMES with socket-level redirect (ENABLE_SOCKMAP, bpf/lib/maps_sockops.h).
 SOCKMAP_MAP_NAMES = ("cilium_sock_ops",)
 

@@ -104,7 +104,7 @@ class TraceEvent(ctypes.LittleEndianStructure):
         ("flags", ctypes.c_uint16),  # TRACE_F_*; the high byte: a policy verdict (POLICY_V_*)
         ("obs_point", ctypes.c_uint8),
         ("report", ctypes.c_uint8),
-        ("pad2", ctypes.c_uint16),
+        ("proxy_port", ctypes.c_uint16),  # the proxy port of a redirecting policy verdict (host order)
         ("remote_id", ctypes.c_uint32),  # the peer's identity of that verdict
         ("pad3", ctypes.c_uint32),
     ]

@@ -100,7 +100,7 @@ BUILDS = {
 }
 
 #: The policy builds' extra map, emptied by a reset.
-_POLICY_MAPS = ("labkit_policy",)
+_POLICY_MAPS = ("labkit_policy", "labkit_policy_filter")
 BPF_MAP_TYPE_LPM_TRIE, BPF_F_NO_PREALLOC = 11, 1
 
 

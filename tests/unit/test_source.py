@@ -229,10 +229,13 @@ def test_policy_never_adds_nothing(topo):
 
 
 def test_policy_build_pins_labkit_policy(topo):
-    """A policy build pins labkit_policy besides the usual maps; the name is declared in bpf/lib/maps_policy.h."""
+    """A policy build pins labkit_policy and labkit_policy_filter besides the usual maps; both are declared in
+    bpf/lib/maps_policy.h."""
     b = node_build(topo, DatapathConfig(policy="default"), "node-a", vxlan_ifindex=3)
-    assert b.map_names == MAP_NAMES + POLICY_MAP_NAMES == MAP_NAMES + ("labkit_policy",)
-    assert re.search(r"BPF_HASH_OF_MAPS\(labkit_policy\b", (BPF / "lib" / "maps_policy.h").read_text())
+    assert b.map_names == MAP_NAMES + POLICY_MAP_NAMES == MAP_NAMES + ("labkit_policy", "labkit_policy_filter")
+    text = (BPF / "lib" / "maps_policy.h").read_text()
+    assert re.search(r"BPF_HASH_OF_MAPS\(labkit_policy\b", text)
+    assert re.search(r"BPF_HASH\(labkit_policy_filter\b", text)
 
 
 def test_policy_code_is_behind_enable_policy():

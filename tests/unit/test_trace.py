@@ -237,6 +237,6 @@ def test_no_policy_byte_no_policy_text():
 
 
 def test_remote_id_follows_the_observation_bytes():
-    """remote_id sits after flags, obs_point, report and pad2 (bytes 96-99), before the final pad."""
+    """remote_id sits after flags, obs_point, report and proxy_port (bytes 96-99), before the final pad."""
     raw = bytes(syn_event(remote_id=0x01000001))
     assert raw[96:100] == struct.pack("<I", 0x01000001) and raw[100:104] == bytes(4)
