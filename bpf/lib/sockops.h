@@ -20,7 +20,6 @@ static __always_inline void sk_extract4_key(__be32 local_ip4, __be32 remote_ip4,
 	key->sip4 = local_ip4;
 	key->dip4 = remote_ip4;
 	key->family = ENDPOINT_KEY_IPV4;
-	key->protocol = IPPROTO_TCP;
 	key->sport = lk_ntohl(local_port) >> 16;
 	key->dport = remote_port >> 16;
 }

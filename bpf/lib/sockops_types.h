@@ -3,8 +3,8 @@
  *
  * Cilium's struct sock_key (bpf/sockops/bpf_sockops.h, Cilium 1.4 to 1.13;
  * removed in 1.14): 44 packed bytes, IPv4 addresses in the first word of
- * 16-byte IPv6-sized slots, ports as network-order 16-bit values held in
- * 32-bit fields. Python mirrors it in labkit/maps/sockmap.py. Keep in sync
+ * 16-byte IPv6-sized slots, the family byte and three bytes of zero padding,
+ * ports as network-order 16-bit values held in 32-bit fields. Python mirrors it in labkit/maps/sockmap.py. Keep in sync
  * with that file.
  */
 #ifndef LABKIT_SOCKOPS_TYPES_H
@@ -23,7 +23,8 @@ struct sock_key {
 	__u32 pad5;
 	__u32 pad6;
 	__u8 family;    /* ENDPOINT_KEY_IPV4 */
-	__u8 protocol;  /* IPPROTO_TCP: only TCP sockets reach these hooks */
+	__u8 pad7;      /* 0: no protocol byte, only TCP sockets reach these hooks
+			 * (bpf/sockops/bpf_sockops.h:26-28@c9723a8d, v1.13.0) */
 	__u16 pad8;
 	__u32 sport;    /* source port, network order in the low 16 bits */
 	__u32 dport;    /* destination port, network order in the low 16 bits */

@@ -3,7 +3,8 @@
 (tests/unit/test_layout.py compares the layouts).
 
 The key is 44 packed bytes: each address in the first word of a 16-byte slot (room for IPv6), then
-family, protocol, and the ports as network-order 16-bit values in 32-bit fields. bpf_sockops.c stores a
+the family byte, three bytes of zero padding (no protocol: only TCP sockets reach these hooks), and the
+ports as network-order 16-bit values in 32-bit fields. bpf_sockops.c stores a
 socket under its *peer's* view (source = the peer), so one established pair of pods holds two keys, each
 the other swapped:
 
@@ -46,7 +47,7 @@ class SockKey(ctypes.LittleEndianStructure):
         ("pad5", ctypes.c_uint32),
         ("pad6", ctypes.c_uint32),
         ("family", ctypes.c_uint8),
-        ("protocol", ctypes.c_uint8),
+        ("pad7", ctypes.c_uint8),  # 0: Cilium's struct has no protocol byte (bpf/sockops/bpf_sockops.h:27@v1.13.0)
         ("pad8", ctypes.c_uint16),
         ("sport", ctypes.c_uint32),  # network-order port in the low 16 bits
         ("dport", ctypes.c_uint32),
@@ -58,13 +59,12 @@ class SockKey(ctypes.LittleEndianStructure):
         def addr(a: str) -> int:
             return int.from_bytes(socket.inet_aton(a), "little")
 
-        return cls(sip4=addr(src), dip4=addr(dst), family=_ENDPOINT_KEY_IPV4, protocol=socket.IPPROTO_TCP,
+        return cls(sip4=addr(src), dip4=addr(dst), family=_ENDPOINT_KEY_IPV4,
                    sport=socket.htons(sport), dport=socket.htons(dport))
 
     def swapped(self) -> "SockKey":
         """The same connection seen from the other end."""
-        return SockKey(sip4=self.dip4, dip4=self.sip4, family=self.family, protocol=self.protocol,
-                       sport=self.dport, dport=self.sport)
+        return SockKey(sip4=self.dip4, dip4=self.sip4, family=self.family, sport=self.dport, dport=self.sport)
 
     def endpoints(self) -> tuple[str, int, str, int]:
         """``(source, source port, destination, destination port)`` in host terms."""
@@ -78,8 +78,7 @@ class SockKey(ctypes.LittleEndianStructure):
 
     def __str__(self) -> str:
         src, sport, dst, dport = self.endpoints()
-        proto = "TCP" if self.protocol == socket.IPPROTO_TCP else str(self.protocol)
-        return f"{src}:{sport} -> {dst}:{dport} {proto}"
+        return f"{src}:{sport} -> {dst}:{dport} TCP"  # the sockhash holds TCP sockets only
 
     __repr__ = __str__
 

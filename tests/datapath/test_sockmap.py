@@ -206,6 +206,19 @@ def test_sockhash_holds_both_ends_while_connected(smlab):
     assert ex.keys_closed == set()
 
 
+def test_sockhash_keys_carry_family_then_zero_padding(smlab):
+    """Each key the kernel holds has family ENDPOINT_KEY_IPV4 (1) at byte 32 and zero padding at bytes 33-35:
+    Cilium's struct sock_key has `__u8 family; __u8 pad7; __u16 pad8;` there (bpf/sockops/bpf_sockops.h:26-28
+    at v1.13.0, c9723a8d; the sockops directory is gone at v1.16.0's 82999990), and sk_extract4_key writes
+    only the family (bpf/sockops/bpf_sockops.c:26-40 at v1.13.0): no protocol byte 0x06."""
+    ex = _exchange(smlab, "a1", "a2")
+    assert len(ex.keys_connected) == 2
+    for key in ex.keys_connected:
+        raw = bytes(key)
+        assert (raw[32], raw[33:36]) == (1, b"\0\0\0"), raw.hex()
+        assert raw[4:16] == raw[20:32] == bytes(12)  # the IPv6 rest of each address slot
+
+
 def test_ct_rows_stop_counting_after_the_handshake(smlab):
     """With CT accounting, the OUT and IN rows of a1 → a2 count the 3 handshake segments (each passes one
     lookup of each row: bpf/lib/conntrack.h counts every lookup that finds the entry) and stay at 3 after 1 MiB."""

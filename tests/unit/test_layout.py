@@ -315,10 +315,11 @@ def test_policy_mirrors_match_the_layout():
         "packets": (64, 64), "bytes": (128, 64)}
 
 
-# Cilium 1.4-1.13 (bpf/sockops/bpf_sockops.h): struct sock_key, __packed, 44 bytes; each IPv4 address is the
-# first word of a union with an IPv6 address (sip6, dip6), the rest of the 16 bytes padding.
+# Cilium 1.4-1.13 (bpf/sockops/bpf_sockops.h:7-31@c9723a8d, v1.13.0; gone at v1.16.0): struct sock_key, __packed,
+# 44 bytes; each IPv4 address is the first word of a union with an IPv6 address (sip6, dip6), the rest of the
+# 16 bytes padding; after family come pad7 and pad8, no protocol.
 CILIUM_SOCK_KEY = {"sip4": (0, 4), "pad1": (4, 4), "pad2": (8, 4), "pad3": (12, 4), "dip4": (16, 4), "pad4": (20, 4),
-                   "pad5": (24, 4), "pad6": (28, 4), "family": (32, 1), "protocol": (33, 1), "pad8": (34, 2),
+                   "pad5": (24, 4), "pad6": (28, 4), "family": (32, 1), "pad7": (33, 1), "pad8": (34, 2),
                    "sport": (36, 4), "dport": (40, 4)}
 
 
