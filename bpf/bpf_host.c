@@ -76,6 +76,8 @@ int cil_from_netdev(struct __sk_buff *skb)
 		return hook_forward(&ev);
 #endif
 	ret = nodeport_lb4(skb, &p, &ev);
+	if (ret == DROP_NO_SERVICE)
+		return lb4_no_service(skb, &p, &ev, false);
 	if (ret < 0)
 		goto drop;
 	if (ret == NP_FORWARD)

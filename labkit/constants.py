@@ -112,6 +112,7 @@ class TraceFlags(enum.IntFlag):
     DSR_OPT_STRIPPED = 0x02
     SNAT = 0x04
     REV_SNAT = 0x08
+    NO_BACKEND_REPLY = 0x10
 
     @classmethod
     def names(cls, value: int) -> list[str]:

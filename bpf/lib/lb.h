@@ -15,6 +15,8 @@
 #include "parse.h"
 #include "conntrack.h"
 #include "hash.h"
+#include "dsr.h"
+#include "trace.h"
 
 #define TCP_CSUM_OFF 16 /* offsetof(struct tcphdr, check) */
 #define UDP_CSUM_OFF 6  /* offsetof(struct udphdr, check) */
@@ -280,6 +282,119 @@ static __always_inline int lb4_local_nodeport(struct __sk_buff *skb, const struc
 					      struct lb4_backend **backend)
 {
 	return __lb4_local(&skb->len, p, svc, scope, st, backend, true);
+}
+
+/* A Service without backends (DROP_NO_SERVICE). Cilium v1.16's default
+ * --service-no-backend-response=reject (SERVICE_NO_BACKEND_RESPONSE) answers
+ * the client with ICMP destination unreachable, port unreachable, instead of
+ * dropping the packet: bpf_lxc.c and nodeport.h tail-call
+ * tail_no_service_ipv4 (lib/lb.h), which turns the packet itself into the
+ * answer and sends it back out of the device it came in on. Build with
+ * SERVICE_NO_BACKEND_DROP for --service-no-backend-response=drop. */
+#ifndef SERVICE_NO_BACKEND_DROP
+#define SERVICE_NO_BACKEND_RESPONSE
+#endif
+#define ICMP_PACKET_MAX_SAMPLE_SIZE 64
+
+struct lb4_icmp_unreach {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	__u32 unused;
+};
+
+/* Cilium's __tail_no_service_ipv4, for a tc program: the frame is cut to
+ * Ethernet + 64 bytes (ctx_adjust_troom(sample_len + ETH_HLEN - len), with
+ * sample_len = min(len, 64) counting the Ethernet header: a frame of 64 bytes
+ * or less grows by 14 zero bytes, as Cilium's does), 28 bytes of room go in
+ * after the MAC header, and the new headers are written over the front: MACs
+ * swapped, an IPv4 header from the frontend to the client (the client's TOS,
+ * TTL 64, id 0) and the ICMP header, its checksum over the sample. 0 or a
+ * DROP_* reason. */
+static __always_inline int lb4_no_service_reply(struct __sk_buff *skb, const struct pkt4 *p)
+{
+	__u8 sample[ICMP_PACKET_MAX_SAMPLE_SIZE] = {};
+	struct lb4_icmp_unreach icmp = {};
+	struct iphdr ip = {};
+	__u8 macs[12], eth[ETH_HLEN];
+	__u32 sample_len = skb->len, size;
+	__s64 sum;
+	__u8 tos;
+
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0 ||
+	    bpf_skb_load_bytes(skb, p->l3_off + offsetof(struct iphdr, tos), &tos, 1) < 0)
+		return DROP_INVALID;
+	if (sample_len > ICMP_PACKET_MAX_SAMPLE_SIZE)
+		sample_len = ICMP_PACKET_MAX_SAMPLE_SIZE;
+	bpf_skb_change_tail(skb, sample_len + ETH_HLEN, 0); /* Cilium does not check it either */
+	if (sample_len < 1)
+		return DROP_INVALID;
+	sample_len = ((sample_len - 1) & (ICMP_PACKET_MAX_SAMPLE_SIZE - 1)) + 1; /* 1..64, in a form the verifier sees */
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, sample, sample_len) < 0)
+		return DROP_INVALID;
+	size = (sample_len + 3) & ~3U; /* bpf_csum_diff takes whole words; the padding is 0 */
+	if (size > ICMP_PACKET_MAX_SAMPLE_SIZE)
+		return DROP_INVALID;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)sample, size, 0);
+	if (sum < 0)
+		return DROP_INVALID;
+	if (bpf_skb_adjust_room(skb, sizeof(ip) + sizeof(icmp), BPF_ADJ_ROOM_MAC, 0) < 0)
+		return DROP_INVALID;
+
+	__builtin_memcpy(eth, macs + 6, 6); /* to the client: the sender's MAC */
+	__builtin_memcpy(eth + 6, macs, 6);
+	eth[12] = 0x08;
+	eth[13] = 0x00;
+	ip.version = 4;
+	ip.ihl = sizeof(ip) >> 2;
+	ip.tos = tos;
+	ip.tot_len = lk_htons(sizeof(ip) + sizeof(icmp) + sample_len);
+	ip.ttl = 64; /* IPDEFTTL */
+	ip.protocol = IPPROTO_ICMP;
+	ip.saddr = p->daddr;
+	ip.daddr = p->saddr;
+	ip.check = csum_fold32((__u32)bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0));
+	icmp.type = ICMP_DEST_UNREACH;
+	icmp.code = ICMP_PORT_UNREACH;
+	icmp.checksum = csum_fold32((__u32)bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), (__u32)sum));
+	if (bpf_skb_store_bytes(skb, 0, eth, sizeof(eth), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), &icmp, sizeof(icmp), 0) < 0)
+		return DROP_WRITE_ERROR;
+	return 0;
+}
+
+/* What a hook does with DROP_NO_SERVICE: with SERVICE_NO_BACKEND_RESPONSE,
+ * answer and send the answer back where the packet came from — into the pod
+ * (to_pod: bpf_lxc's from-container; Cilium redirects to the lxc device,
+ * which hands it to the pod) or out of the uplink (from-netdev). The record
+ * says so (REDIRECTED, reason DROP_NO_SERVICE, flag NO_BACKEND_REPLY, the
+ * answer as its translated tuple) and is not reported to Hubble: Cilium sends
+ * no notification for it. A failure to build the answer is a drop with its
+ * reason (tail_no_service_ipv4's send_drop_notify_error). The tc verdict. */
+static __always_inline int lb4_no_service(struct __sk_buff *skb, const struct pkt4 *p, struct trace_event *ev,
+					  bool to_pod)
+{
+#ifdef SERVICE_NO_BACKEND_RESPONSE
+	struct pkt4 reply = {};
+	int ret = lb4_no_service_reply(skb, p);
+
+	if (ret < 0) {
+		trace_emit(ev, VERDICT_DROPPED, ret);
+		return TC_ACT_SHOT;
+	}
+	reply.saddr = p->daddr;
+	reply.daddr = p->saddr;
+	reply.proto = IPPROTO_ICMP;
+	reply.icmp_type = ICMP_DEST_UNREACH;
+	trace_tuple_set(&ev->after, &reply);
+	ev->flags |= TRACE_F_NO_BACKEND_REPLY;
+	trace_emit(ev, VERDICT_REDIRECTED, DROP_NO_SERVICE);
+	return to_pod ? bpf_redirect_peer(skb->ifindex, 0) : bpf_redirect(skb->ifindex, 0);
+#else
+	trace_emit(ev, VERDICT_DROPPED, DROP_NO_SERVICE);
+	return TC_ACT_SHOT;
+#endif
 }
 
 #endif /* LABKIT_LB_H */

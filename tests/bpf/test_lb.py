@@ -77,12 +77,66 @@ def test_new_flows_skip_terminating_backend(native):
     assert seen == {B1.ip}
 
 
-def test_service_without_backends_drops(native):
-    """A service whose head counts 0 backends drops the packet with DROP_NO_SERVICE."""
+def _icmp_reject_checks(r, frame: bytes, client: str, frontend: str, client_mac: str, node_mac: str) -> None:
+    """The answer Cilium's __tail_no_service_ipv4 builds (bpf/lib/lb.h:1718-1822@82999990), checked field by field
+    against the frame that went in: MACs swapped (lb.h:1786-1789), IPv4 ihl 5, the client's TOS, id 0, TTL 64 (IPDEFTTL),
+    protocol ICMP, frontend → client (lb.h:1792-1806), ICMP type 3 code 3 (lb.h:1810-1811), and as its payload the
+    frame from the IPv4 header on, cut or padded to sample_len = min(frame length, 64) bytes (lb.h:1756-1759:
+    ctx_adjust_troom by sample_len + ETH_HLEN - ctx_full_len), both checksums valid."""
+    import struct
+
+    from .packets import csum
+
+    out = r.frame
+    assert r.retval == TC_ACT_REDIRECT
+    macs = [":".join(f"{b:02x}" for b in out[i:i + 6]) for i in (0, 6)]
+    assert macs == [client_mac, node_mac] and out[12:14] == b"\x08\x00"
+    ip, icmp = out[14:34], out[34:42]
+    sample_len = min(len(frame), 64)
+    sample = (frame[14:] + bytes(14))[:sample_len]
+    assert ip[0] == 0x45 and ip[1] == frame[15] and struct.unpack("!HHHBB", ip[2:10]) == (28 + sample_len, 0, 0, 64, 1)
+    assert (socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20])) == (frontend, client)
+    assert csum(ip) == 0
+    assert (icmp[0], icmp[1], icmp[4:8]) == (3, 3, bytes(4))
+    assert out[42:] == sample and len(out) == 42 + sample_len
+    assert csum(icmp + sample) == 0
+
+
+def test_service_without_backends_answers_icmp_port_unreachable(native):
+    """A ClusterIP whose head counts 0 backends: with v1.16's default --service-no-backend-response=reject
+    (SERVICE_NO_BACKEND_RESPONSE) bpf_lxc tail-calls tail_no_service_ipv4 on DROP_NO_SERVICE (bpf/bpf_lxc.c:121-124@82999990)
+    and the SYN comes back to the pod as ICMP port unreachable from the VIP; the record is REDIRECTED with reason
+    DROP_NO_SERVICE, not reported (the tail call sends no notification, bpf/lib/lb.h:1825-1836@82999990), and no CT
+    row is written (lb4_local jumps to no_service before creating the SVC entry, bpf/lib/lb.h:1546-1547@82999990)."""
+    from labkit.constants import TraceFlags, Verdict
+    from labkit.observe.trace import Report
+
     native.service(VIP, VPORT, [], count=0)
-    r = native.run("cil_from_container", to_vip(SYN))
-    assert r.retval == TC_ACT_SHOT
-    assert r.event.drop_reason == DropReason.NO_SERVICE
+    frame = to_vip(SYN)
+    r = native.run("cil_from_container", frame)
+    _icmp_reject_checks(r, frame, A1.ip, VIP, parse(frame).src_mac, parse(frame).dst_mac)
+    ev = r.event
+    assert (ev.verdict, ev.drop_reason) == (Verdict.REDIRECTED, DropReason.NO_SERVICE)
+    assert ev.flags & TraceFlags.NO_BACKEND_REPLY and not ev.report & Report.REPORTED
+    assert native.ct() == []
+    # a frame longer than 64 bytes: the sample is its first 64 bytes
+    long = tcp(A1.ip, VIP, CP + 1, VPORT, SYN, payload=bytes(range(60)))
+    _icmp_reject_checks(native.run("cil_from_container", long), long, A1.ip, VIP, parse(long).src_mac,
+                        parse(long).dst_mac)
+
+
+def test_loadbalancer_without_backends_answers_the_outside_client(native):
+    """At from-netdev a LoadBalancer VIP without backends answers ext with ICMP port unreachable from the VIP, sent
+    back out of eth0 (nodeport_svc_lb4's tail call on DROP_NO_SERVICE, bpf/lib/nodeport.h:2849-2856@82999990)."""
+    from labkit.maps.lb import ServiceFlags
+
+    from .harness import EXT, LB_VIP
+
+    native.service(LB_VIP, VPORT, [], count=0, flags=ServiceFlags.LOADBALANCER | ServiceFlags.ROUTABLE)
+    frame = tcp(EXT, LB_VIP, CP, VPORT, SYN)
+    r = native.run("cil_from_netdev", frame)
+    _icmp_reject_checks(r, frame, EXT, LB_VIP, parse(frame).src_mac, parse(frame).dst_mac)
+    assert native.ct() == []
 
 
 def test_maglev_table_picks_the_flows_slot_at_the_uplink(native):

@@ -37,6 +37,7 @@ HUBBLE_DROP_TEXT = {
     180: "Proxy redirection not supported for protocol",
     133: "Policy denied",
     181: "Policy denied by denylist",
+    196: "TTL exceeded",  # pkg/monitor/api/drop.go:94@82999990
 }
 
 
