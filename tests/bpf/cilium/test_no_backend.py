@@ -11,16 +11,10 @@ which Cilium's CHECK states as client_mac and lb_mac.
 """
 from __future__ import annotations
 
-import pytest
-
 from labkit.datapath.testrun import TC_ACT_REDIRECT
 
 from ..harness import A1, VIP
 from .peer import CLIENT, CLIENT_PORT, FRONTEND, FRONTEND_PORT, add_service, icmp_port_unreachable, pktgen_tcp
-
-ITEM_11 = pytest.mark.xfail(strict=True, reason="issue 30 item 11: a Service without backends is dropped silently; "
-                                                "v1.16's default --service-no-backend-response=reject answers ICMP "
-                                                "port unreachable")
 
 
 def _assert_icmp_reply(r, frame: bytes, frontend: str, client: str):
@@ -32,7 +26,6 @@ def _assert_icmp_reply(r, frame: bytes, frontend: str, client: str):
     assert out[14:] == icmp_port_unreachable(frame, frontend, client)
 
 
-@ITEM_11
 def test_nodeport_no_backend(snat):
     """tc_nodeport_no_backend: a request from outside to a frontend without a backend is answered with ICMP port
     unreachable out of the device it came in on (bpf/tests/tc_nodeport_lb4_no_backend.c:96-153)."""
@@ -41,7 +34,6 @@ def test_nodeport_no_backend(snat):
     _assert_icmp_reply(snat.run("cil_from_netdev", frame), frame, FRONTEND, CLIENT)
 
 
-@ITEM_11
 def test_lxc_no_backend(native):
     """tc_lxc_no_backend: a pod's request to a service without a backend is answered with ICMP port unreachable
     back into the pod (bpf/tests/tc_lxc_lb4_no_backend.c:92-149)."""
