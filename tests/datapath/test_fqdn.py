@@ -358,3 +358,21 @@ def test_star_crosses_dots_fault_forwards_deeper_names(fl, faulted):
     faulted("dns-star-crosses-dots")
     assert resolve(fl, "deep.web.lab.example")["records"] == [[RECORDS["deep.web.lab.example"], DEFAULT_TTL]]
     assert resolve(fl, "lab.example")["rcode"] == dns.RCODE_REFUSED
+
+
+def test_query_is_traced_to_the_proxy_with_a_redirecting_verdict(fl):
+    """a1's DNS query, allowed by a DNS rule: its from-container record is to-proxy (bpf_lxc.c:1073@82999990,
+    TRACE_TO_PROXY before ctx_redirect_to_proxy4), not to-stack, and its policy verdict carries the proxy port,
+    the value Cilium's verdict notification takes (bpf/lib/policy_log.h:78-79@82999990) and Hubble decodes as
+    REDIRECTED (pkg/hubble/parser/threefour/parser.go:293-295@82999990)."""
+    from labkit.observe.monitor import flushed_past
+
+    assert resolve(fl, "web.lab.example")["rcode"] == 0
+    flushed_past(fl.name, fl.pin_dirs)
+    queries = [f for f in fl.events().read() if f.hook.label == "from-container" and f.device == "lxc-a1"
+               and f.event.before.proto == socket.IPPROTO_UDP and socket.ntohs(f.event.before.dport) == 53]
+    assert queries, "no record of a1's query"
+    ev = queries[-1].event
+    assert ev.obs_point == 1, f"observation point {ev.obs_point}: to-proxy is 1 (flow.proto TraceObservationPoint)"
+    assert queries[-1].policy is not None and queries[-1].policy.text().endswith("EGRESS ALLOWED")
+    assert ev.proxy_port == DNS_PROXY_PORT
