@@ -103,7 +103,7 @@ _REASON_POINTS = {0, 1, 2, 3, 4, 11}
 #: ``send_trace_notify``'s ifindex by observation point (v1.16): to-endpoint THIS_INTERFACE_IFINDEX, the
 #: endpoint's lxc (bpf_lxc.c:1976-1977, 2008); to-overlay ENCAP_IFINDEX, cilium_vxlan (lib/encap.h:52-53);
 #: to-stack and to-proxy from a pod TRACE_IFINDEX_UNKNOWN (bpf_lxc.c:1306-1308, 1073-1075): no interface.
-_NO_INTERFACE_POINTS = {1, 3}
+_NO_INTERFACE_POINTS = {1, 3, 5}  # ... and from-endpoint (bpf_lxc.c:1451-1453)
 #: flow.proto message Flow's fields in declaration order (api/v1/flow/flow.proto:14-137), the order protojson
 #: writes them in (hubble/cmd/observe/flows.go:665-673: ``-o json`` is JSONPB, api/v1/observer/observer.pb.json.go:
 #: protojson with UseProtoNames).
@@ -364,6 +364,8 @@ def _flow(ev: TraceEvent, wall_ns: int, node: str, names: Names) -> dict:
         if is_reply is not None:
             flow["trace_reason"] = _TRACE_REASONS.get(ev.ct_result, "")
         flow["interface"] = _interface(ev, node, names, pod)
+        if obs == 1:  # to-proxy carries the proxy port as its dst_id (bpf_lxc.c:1073-1075, parser.go:630-633)
+            flow["proxy_port"] = getattr(ev, "proxy_port", 0)
     flow["Summary"] = summary
     return {k: v for k, v in flow.items() if v not in ({}, "")}
 
@@ -399,9 +401,12 @@ def _policy_flow(ev: TraceEvent, wall_ns: int, node: str, names: Names) -> dict:
         source, destination = names.endpoint(src, node, ev.identity), names.endpoint(dst, node, ev.remote_id)
     else:
         source, destination = names.endpoint(src, node, ev.remote_id), names.endpoint(dst, node)
+    # threefour/parser.go:289-299 decodeVerdict: a verdict below 0 is DROPPED, above 0 (a proxy port) REDIRECTED.
+    redirected = not verdict.denied and getattr(ev, "proxy_port", 0)
     flow: dict = {
         "time": _rfc3339(wall_ns),
-        "verdict": "DROPPED" if verdict.denied else "AUDIT" if verdict.audited else "FORWARDED",
+        "verdict": "DROPPED" if verdict.denied else "REDIRECTED" if redirected else "AUDIT" if verdict.audited
+        else "FORWARDED",
     }
     if verdict.denied:
         flow["drop_reason"] = -ev.drop_reason
