@@ -57,10 +57,25 @@ LAB_DIFFERENCES = (
     "after a report interval or a flag change: each record says whether Cilium at the lab's level would have "
     "emitted it, and only those reach the Hubble ring (`labkit observe`)",
     "a pod's from-container hook sends one trace record, for where the packet goes next (to-overlay, to-stack, "
-    "to-endpoint); Cilium's cil_from_container also sends a from-endpoint trace (TRACE_FROM_LXC, monitor 0) as "
+    "to-proxy); Cilium's cil_from_container also sends a from-endpoint trace (TRACE_FROM_LXC, monitor 0) as "
     "each packet enters it, which only aggregation none reports (lowest and low drop every from-* point, medium "
     "and maximum every trace without CT information): at none a node's Hubble shows one FROM_ENDPOINT flow "
-    "more per packet a pod sends than `labkit observe`, and low leaves FROM_ENDPOINT out too",
+    "more per packet a pod sends to another node or the stack than `labkit observe`, and low leaves "
+    "FROM_ENDPOINT out too. A packet to a pod of the same node is the exception: its from-container record is "
+    "that from-endpoint trace, as on a node",
+    "a packet from a pod to a pod of the same node (a hairpin flow too) is routed by the node's kernel from one "
+    "veth to the other, where Cilium's from-container hands it straight to the destination endpoint "
+    "(ipv4_local_delivery with ENABLE_ROUTING, bpf/lib/l3.h): the packet passes the node's routing and "
+    "neighbour tables, so that to-container on the destination's veth is the one program that does a pod's "
+    "ingress work whatever the packet's origin; the trace is a node's: one to-endpoint flow per packet "
+    "(to-container's), none to-stack",
+    "cil_to_overlay and the XDP program keep a record per packet they forward or translate, for the step's "
+    "path; Cilium's send drop notifications only, so those records are never reported (`labkit observe` "
+    "shows their drops only)",
+    "the DNS proxy's L7 flows (Cilium's dns-request/dns-response records from pkg/proxy/dns.go, which Hubble's "
+    "parser/seven turns into L7 flows) are not in the Hubble ring: `labkit observe` shows the query's to-proxy "
+    "trace and its REDIRECTED policy verdict, and the proxy's own log (`lab.fqdn.resolve`, GET "
+    "/v1/fqdn/events) shows each question and answer",
     "IPv4 fragments are dropped (DROP_FRAG_NOSUPPORT), as Cilium does with --enable-ipv4-fragment-tracking=false "
     "(its default tracks them): lab traffic never fragments, and the datapath stays short enough to read",
     "traffic reaching a node is routed to the pod by the node's kernel, and the CT ingress work Cilium does in "
@@ -101,7 +116,10 @@ LAB_DIFFERENCES = (
     "with policy enforcement on, one program serves every pod of a node, so it finds a pod's policy map (Cilium's "
     "cilium_policy_<id>, compiled into that endpoint's own program) through labkit_policy, a hash of maps keyed by "
     "the endpoint id; a pod with no map there is not enforced (allowed, no verdict reported), where every Cilium "
-    "endpoint has a map and an unselected one holds allow-all entries written by the agent",
+    "endpoint has a map and an unselected one holds allow-all entries written by the agent; likewise the "
+    "directions whose verdicts a pod reports (Cilium's POLICY_VERDICT_LOG_FILTER, a constant of the endpoint's "
+    "program) are in labkit_policy_filter, endpoint id → filter, which the agent writes with the pod's map (a "
+    "pod with a map but no filter reports both directions, the constant's default)",
     "policy verdicts travel in the packet's trace record (the high byte of its flags and its remote_id), not as "
     "separate policy-verdict notifications; the ingress source identity comes from cilium_ipcache even for "
     "packets from the tunnel (Cilium takes the tunnel key's identity; the lab's ipcache holds the same identities); "
