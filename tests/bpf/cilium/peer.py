@@ -103,8 +103,8 @@ def dsr_option(vip: str, port: int) -> bytes:
 
 
 def icmp_port_unreachable(frame: bytes, src: str, dst: str) -> bytes:
-    """The IPv4 + ICMP packet Cilium's ``__tail_no_service_ipv4`` makes of the Ethernet ``frame`` (bpf/lib/lb.h:
-    1718-1823@82999990): ``sample_len`` is the whole frame's length (``ctx_full_len``, Ethernet header included)
+    """The IPv4 + ICMP packet Cilium's ``__tail_no_service_ipv4`` makes of the Ethernet ``frame``
+    (bpf/lib/lb.h:1718-1823@82999990): ``sample_len`` is the whole frame's length (``ctx_full_len``, Ethernet header included)
     capped at 64, and the frame is cut or grown (zeros) to the Ethernet header plus ``sample_len`` bytes, so the
     sample is the original IP packet from its start, ``sample_len`` bytes long; in front of it an ICMP destination
     unreachable / port unreachable header (rest of header 0) and an IPv4 header from the frontend to the client:

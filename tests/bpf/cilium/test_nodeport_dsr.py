@@ -131,8 +131,9 @@ def test_dsr_backend_reply(native):
 
 
 def test_dsr_backend_redirect(native):
-    """tc_nodeport_dsr_backend_redirect: the same for a second client (bpf/tests/tc_nodeport_lb4_dsr_backend.c:
-    450-548); its reply's redirect to another device (:589) is declared (DECLARED_CHECKS)."""
+    """tc_nodeport_dsr_backend_redirect: the same for a second client
+    (bpf/tests/tc_nodeport_lb4_dsr_backend.c:450-548); its reply's redirect to another device (:589) is declared
+    (DECLARED_CHECKS)."""
     r = native.run("cil_from_netdev", _dsr_request(CLIENT_2))
     _assert_backend_request(r, CLIENT_2)
     _assert_backend_rows(native, CLIENT_2)

@@ -29,8 +29,8 @@ XFER_PKT_NO_SVC = 1  #: bpf/lib/common.h's XDP-to-skb metadata bit
 
 
 def _local_backend(node, client: str = CLIENT):
-    """SETUP tc_nodeport_local_backend: service (rev NAT 1) with the local backend 124 (tc_nodeport_lb4_nat_lb.c:
-    178-197), then the client's request."""
+    """SETUP tc_nodeport_local_backend: service (rev NAT 1) with the local backend 124
+    (tc_nodeport_lb4_nat_lb.c:178-197), then the client's request."""
     add_service(node, [(124, LOCAL_BACKEND, BACKEND_PORT, ACTIVE)])
     return node.run("cil_from_netdev", pktgen_tcp(client, FRONTEND, CLIENT_PORT, FRONTEND_PORT))
 

@@ -24,14 +24,24 @@ FAMILY_PATTERN = re.compile(r"nodeport|_lb[46]_|hairpin|conntrack|ct_tests|affin
 
 
 def _citations() -> dict[str, set[int]]:
-    """``bpf/tests/<file>:<line>`` citations in this package's test modules: file → lines."""
+    """``bpf/tests/<file>:<line>[-<line>][, <line>-<line>...]`` citations in this package's test modules: file →
+    every line they name (a range counts each of its lines)."""
     cited: dict[str, set[int]] = {}
     for path in HERE.glob("test_*.py"):
         if path.name == "test_tier.py":
             continue
-        for name, line in re.findall(r"bpf/tests/([\w.]+\.c):(\d+)", path.read_text()):
-            cited.setdefault(name, set()).add(int(line))
+        text = re.sub(r"\s+", " ", path.read_text())
+        for name, spans in re.findall(r"bpf/tests/([\w.]+\.c):((?:\d+(?:-\d+)?(?:, )?)+)", text):
+            lines = cited.setdefault(name, set())
+            for span in re.findall(r"(\d+)(?:-(\d+))?", spans):
+                first = int(span[0])
+                lines.update(range(first, int(span[1] or first) + 1))
     return cited
+
+
+def _tag_file(name: str) -> str:
+    return subprocess.run(["git", "-C", str(MIRROR), "show", f"{CILIUM_COMMIT}:bpf/tests/{name}"],
+                          capture_output=True, text=True, check=True).stdout
 
 
 def test_every_family_file_translated_or_declared():
@@ -61,6 +71,27 @@ def test_families_are_complete_at_the_tag():
     listed = {f for group in FAMILIES.values() for f in group}
     assert at_tag - listed == set(), "family files at the tag not in FAMILIES"
     assert listed - set(names) == set(), "FAMILIES names files the tag does not have"
+
+
+def test_every_check_of_a_translated_file_translated_or_declared():
+    """Each CHECK of a translated file at the tag is cited (a cited line falls between it and the next CHECK) or is
+    in DECLARED_CHECKS."""
+    if not (MIRROR / "HEAD").exists():
+        pytest.skip(f"the Cilium mirror is not on this machine ({MIRROR})")
+    cited = _citations()
+    missing = []
+    for name in sorted(cited):
+        if name == "pktgen.h":
+            continue
+        lines = _tag_file(name).splitlines()
+        checks = [i + 1 for i, line in enumerate(lines) if line.startswith("CHECK(")]
+        assert checks, name
+        for first, end in zip(checks, checks[1:] + [len(lines) + 1]):
+            if f"{name}:{first}" in DECLARED_CHECKS:
+                continue
+            if not any(first <= line < end for line in cited[name]):
+                missing.append(f"{name}:{first} {lines[first - 1]}")
+    assert not missing, "CHECKs neither translated nor declared:\n" + "\n".join(missing)
 
 
 def _opt(svc: str) -> bytes:
