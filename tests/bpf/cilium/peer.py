@@ -99,16 +99,18 @@ def dsr_option(vip: str, port: int) -> bytes:
     """Cilium's ``struct dsr_opt_v4`` as the CHECKs read it: type 0x9a, length 8, then ``opt->port ==
     __bpf_ntohs(FRONTEND_PORT)`` and ``opt->addr == __bpf_ntohl(FRONTEND_IP)``: port and address in host order,
     stored little-endian (tc_nodeport_lb4_dsr_lb.c:182-189@82999990)."""
-    return bytes([0x9A, 0x08]) + struct.pack("<H", port) + struct.pack("<I", struct.unpack("!I", socket.inet_aton(vip))[0])
+    addr = struct.unpack("!I", socket.inet_aton(vip))[0]
+    return bytes([0x9A, 0x08]) + struct.pack("<H", port) + struct.pack("<I", addr)
 
 
 def icmp_port_unreachable(frame: bytes, src: str, dst: str) -> bytes:
     """The IPv4 + ICMP packet Cilium's ``__tail_no_service_ipv4`` makes of the Ethernet ``frame``
-    (bpf/lib/lb.h:1718-1823@82999990): ``sample_len`` is the whole frame's length (``ctx_full_len``, Ethernet header included)
-    capped at 64, and the frame is cut or grown (zeros) to the Ethernet header plus ``sample_len`` bytes, so the
-    sample is the original IP packet from its start, ``sample_len`` bytes long; in front of it an ICMP destination
-    unreachable / port unreachable header (rest of header 0) and an IPv4 header from the frontend to the client:
-    TOS copied, id 0, no fragment bits, TTL IPDEFTTL (64), both checksums computed."""
+    (bpf/lib/lb.h:1718-1823@82999990): ``sample_len`` is the whole frame's length (``ctx_full_len``, Ethernet
+    header included) capped at 64; the frame is cut, or grown with zeros, to the Ethernet header plus
+    ``sample_len`` bytes, so the sample is the original IP packet from its start, ``sample_len`` bytes long. In
+    front of it go an ICMP destination unreachable / port unreachable header (rest of header 0) and an IPv4 header
+    from the frontend to the client: TOS copied, id 0, no fragment bits, TTL IPDEFTTL (64), both checksums
+    computed."""
     sample_len = min(len(frame), 64)
     sample = (frame[14:] + bytes(64))[:sample_len]
     icmp = struct.pack("!BBHI", 3, 3, 0, 0) + sample

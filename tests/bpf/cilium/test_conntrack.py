@@ -67,7 +67,7 @@ def test_ct_lookup(native):
     """conntrack_test.c's ct_lookup: a SYN is monitored and gets CT_SYN_TIMEOUT, the same again is not monitored but
     refreshed, a packet without SYN gets the TCP lifetime, a FIN is monitored and keeps the entry alive, the FIN of
     the other side is monitored and closes it (CT_CLOSE_TIMEOUT), a closed entry is no longer refreshed, a SYN on it
-    reopens it as CT_NEW, and an unknown tuple is CT_NEW and monitored (bpf/tests/conntrack_test.c:91-211)."""
+    reopens it as CT_NEW, and an unknown tuple is CT_NEW and monitored (bpf/tests/conntrack_test.c:91-211@82999990)."""
     clock = Clock(native)
     assert _egress(native, SYN).retval == TC_ACT_OK  # the entry (:103-112)
     steps = [  # (what, hook, flags, CT result, monitored, lifetime), :117-201
@@ -105,7 +105,8 @@ def test_ct_lookup(native):
 def test_ct_update_timeout(native):
     """conntrack_test.c's ct_update_timeout: an entry is reported again once a full report interval has passed
     (last_rx_report = now, tx side untouched), not within one, and at once when its seen flags change
-    (rx_flags_seen = SYN) but not for the same flags again (bpf/tests/conntrack_test.c:45-81). Its last step (:83-88,
+    (rx_flags_seen = SYN) but not for the same flags again (bpf/tests/conntrack_test.c:45-81@82999990). Its last
+    step (:83-88,
     flags ignored under a zero report mask) is a compile-time option here (CT_REPORT_FLAGS), not translated."""
     clock = Clock(native)
     _egress(native, SYN)
@@ -134,7 +135,7 @@ def _svc_row(node):
 def test_ct_lookup_svc(native):
     """conntrack_test.c's ct_lookup_svc: a service entry gets CT_SYN_TIMEOUT on SYNs, the service TCP lifetime
     without SYN, and CT_CLOSE_TIMEOUT at the first FIN (a service entry sees one direction and closes both); an
-    unknown tuple is CT_NEW (bpf/tests/conntrack_test.c:216-295). The trace record carries the backend lookup's
+    unknown tuple is CT_NEW (bpf/tests/conntrack_test.c:216-295@82999990). The trace record carries the backend lookup's
     monitor, not the service lookup's, so 'monitor' is not checked here."""
     clock = Clock(native)
     add_service(native, [(1, B1.ip, SP, 0)], frontend=VIP, port=VPORT, rev_nat=SVC_ID)
@@ -155,7 +156,7 @@ def test_ct_lookup_svc(native):
 def test_ct4_syn_then_rst(native):
     """bpf_ct_tests.c's ct4: a SYN creates the entry with tx_flags_seen SYN; the answer carrying SYN and RST (the
     test's second packet keeps the first's SYN bit: mkpkt rewrites one static buffer, :22-83) leaves rx_flags_seen
-    SYN|RST and a lifetime of at most 10 s; neither packet is modified (bpf/tests/bpf_ct_tests.c:85-217)."""
+    SYN|RST and a lifetime of at most 10 s; neither packet is modified (bpf/tests/bpf_ct_tests.c:85-217@82999990)."""
     first = packets.tcp(C, S, 3010, 3020, SYN)
     r = native.run("cil_from_container", first)
     assert r.frame == first  # :152-153

@@ -21,6 +21,7 @@ from .. import packets
 from .peer import add_service, frame_ip_header, ip_header, pktgen_tcp
 
 SRC_ONE, DST_ONE, SRC_TWO, SVC_PORT = 22330, 22331, 33440, 80  # pktgen.h:85-93
+SYN_ACK = packets.SYN | packets.ACK  # the reply's flags (:332 sets ack on pktgen's default SYN)
 ITEM_15 = pytest.mark.xfail(strict=True, reason="issue 30 item 15: labkit reverse-NATs the hairpin reply at the "
                                                 "pod's from-container; Cilium passes it on untranslated there and "
                                                 "reverse-NATs it at the pod's ingress (to-container)")
@@ -37,7 +38,7 @@ def _forward(node):
 
 def test_hairpin_forward(native):
     """hairpin_flow_1_forward_v4: the request is DNATed to the pod and SNATed to the loopback address, the SVC entry
-    exists and the OUT entry {loopback -> pod} has lb_loopback (bpf/tests/tc_nodeport_test.c:119-201)."""
+    exists and the OUT entry {loopback -> pod} has lb_loopback (bpf/tests/tc_nodeport_test.c:119-201@82999990)."""
     p = _forward(native).pkt
     assert (p.src, p.dst) == (LOOPBACK, A1.ip)  # :145-149
     assert (p.sport, p.dport) == (SRC_ONE, DST_ONE)  # :159-163
@@ -49,7 +50,7 @@ def test_hairpin_forward(native):
 @ITEM_1
 def test_hairpin_forward_delivery(native):
     """hairpin_flow_1_forward_v4's verdict and L3 checksum: redirected to the pod (TC_ACT_REDIRECT) with TTL 63
-    (-0x4f02 is the header with TTL 63) (bpf/tests/tc_nodeport_test.c:138,151)."""
+    (-0x4f02 is the header with TTL 63) (bpf/tests/tc_nodeport_test.c:138, 151@82999990)."""
     r = _forward(native)
     assert r.retval == TC_ACT_REDIRECT
     assert frame_ip_header(r.frame) == ip_header(LOOPBACK, A1.ip, ttl=63)
@@ -62,7 +63,7 @@ def _to_pod(native):
 
 def test_hairpin_forward_ingress(native):
     """hairpin_flow_2_forward_ingress_v4: at the pod's ingress the request passes unchanged (TTL 64: -0x5002) and
-    the IN entry {loopback -> pod} has lb_loopback (bpf/tests/tc_nodeport_test.c:244-311)."""
+    the IN entry {loopback -> pod} has lb_loopback (bpf/tests/tc_nodeport_test.c:244-311@82999990)."""
     r = _to_pod(native)
     assert r.retval == TC_ACT_OK  # :263
     p = r.pkt
@@ -74,13 +75,13 @@ def test_hairpin_forward_ingress(native):
 
 def _reply(native):
     _to_pod(native)
-    return native.run("cil_from_container", pktgen_tcp(A1.ip, LOOPBACK, DST_ONE, SRC_ONE, flags=packets.SYN | packets.ACK))
+    return native.run("cil_from_container", pktgen_tcp(A1.ip, LOOPBACK, DST_ONE, SRC_ONE, flags=SYN_ACK))
 
 
 @ITEM_15
 def test_hairpin_reverse(native):
     """hairpin_flow_3_reverse_v4: the pod's reply leaves from-container redirected, its addresses and ports
-    unchanged (bpf/tests/tc_nodeport_test.c:355-399)."""
+    unchanged (bpf/tests/tc_nodeport_test.c:355-399@82999990)."""
     r = _reply(native)
     assert r.retval == TC_ACT_REDIRECT  # :374
     p = r.pkt
@@ -91,9 +92,9 @@ def test_hairpin_reverse(native):
 @ITEM_15
 def test_hairpin_reverse_ingress(native):
     """hairpin_flow_4_reverse_ingress_v4: at the pod's ingress the reply is reverse-NATed to come from the service,
-    TTL 64 (0x402) (bpf/tests/tc_nodeport_test.c:442-489)."""
+    TTL 64 (0x402) (bpf/tests/tc_nodeport_test.c:442-489@82999990)."""
     _reply(native)
-    r = native.run("cil_to_container", pktgen_tcp(A1.ip, LOOPBACK, DST_ONE, SRC_ONE, flags=packets.SYN | packets.ACK))
+    r = native.run("cil_to_container", pktgen_tcp(A1.ip, LOOPBACK, DST_ONE, SRC_ONE, flags=SYN_ACK))
     assert r.retval == TC_ACT_OK  # :461
     p = r.pkt
     assert (p.src, p.dst) == (VIP, A1.ip)  # :468-472
@@ -103,7 +104,7 @@ def test_hairpin_reverse_ingress(native):
 
 def test_drop_no_backend(native_drop):
     """tc_drop_no_backend: built without SERVICE_NO_BACKEND_RESPONSE (--service-no-backend-response=drop), a
-    request to a service counting no backend is dropped (bpf/tests/tc_nodeport_test.c:491-533)."""
+    request to a service counting no backend is dropped (bpf/tests/tc_nodeport_test.c:491-533@82999990)."""
     add_service(native_drop, [], count=0, frontend=VIP)  # :501
     r = native_drop.run("cil_from_container", pktgen_tcp(A1.ip, VIP, SRC_TWO, SVC_PORT))
     assert r.retval == TC_ACT_SHOT  # :530

@@ -36,7 +36,7 @@ def _assert_to_local_backend(r):
 def test_terminating_backend_keeps_its_flow(snat):
     """tc_nodeport_lb_terminating_backend_0 then _1: a UDP flow is DNATed to the local backend; after the service
     loses its last active backend (count 0) and the backend turns terminating, the flow's next packet still goes
-    to it (bpf/tests/tc_nodeport_lb_terminating_backend.c:141-195, 227-299)."""
+    to it (bpf/tests/tc_nodeport_lb_terminating_backend.c:141-195, 227-299@82999990)."""
     frame = pktgen_udp(CLIENT, FRONTEND, CLIENT_PORT, FRONTEND_PORT)
     add_service(snat, [(125, LOCAL_BACKEND, BACKEND_PORT, BackendState.ACTIVE)], rev_nat=SVC_REV_NAT_ID)  # :120-139
     _assert_to_local_backend(snat.run("cil_from_netdev", frame))
@@ -79,8 +79,8 @@ def _affinity_setup(node) -> None:
 def test_session_affinity(xdp_snat):
     """session_affinity: a new flow from a client with a live affinity entry goes to that entry's backend (42, slot
     2) rather than to the slot selection would pick, and leaves XDP DNATed to it
-    (bpf/tests/session_affinity_test.c:177-227). Cilium forces slot 1 with LB_SELECTION_FIRST; labkit selects at
-    random, so 16 new flows (other client ports) must all go to backend 42."""
+    (bpf/tests/session_affinity_test.c:177-227@82999990). Cilium forces slot 1 with LB_SELECTION_FIRST; labkit
+    selects at random, so 16 new flows (other client ports) must all go to backend 42."""
     _affinity_setup(xdp_snat)
     for i in range(16):
         r = xdp_snat.run_xdp(pktgen_tcp(CLIENT, FRONTEND, 23445 + i, FRONTEND_PORT))

@@ -28,7 +28,7 @@ def _assert_icmp_reply(r, frame: bytes, frontend: str, client: str):
 
 def test_nodeport_no_backend(snat):
     """tc_nodeport_no_backend: a request from outside to a frontend without a backend is answered with ICMP port
-    unreachable out of the device it came in on (bpf/tests/tc_nodeport_lb4_no_backend.c:96-153)."""
+    unreachable out of the device it came in on (bpf/tests/tc_nodeport_lb4_no_backend.c:96-153@82999990)."""
     add_service(snat, [], count=1)  # :85: the head counts 1 backend, no slot exists
     frame = pktgen_tcp(CLIENT, FRONTEND, CLIENT_PORT, FRONTEND_PORT)
     _assert_icmp_reply(snat.run("cil_from_netdev", frame), frame, FRONTEND, CLIENT)
@@ -36,7 +36,7 @@ def test_nodeport_no_backend(snat):
 
 def test_lxc_no_backend(native):
     """tc_lxc_no_backend: a pod's request to a service without a backend is answered with ICMP port unreachable
-    back into the pod (bpf/tests/tc_lxc_lb4_no_backend.c:92-149)."""
+    back into the pod (bpf/tests/tc_lxc_lb4_no_backend.c:92-149@82999990)."""
     add_service(native, [], count=1, frontend=VIP)  # :81
     frame = pktgen_tcp(A1.ip, VIP, CLIENT_PORT, FRONTEND_PORT)
     _assert_icmp_reply(native.run("cil_from_container", frame), frame, VIP, A1.ip)

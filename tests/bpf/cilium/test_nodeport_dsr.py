@@ -44,7 +44,7 @@ def _assert_dsr_fwd(r):
 
 def test_dsr_fwd(native):
     """tc_nodeport_dsr_fwd: a request load-balanced to a remote DSR backend is DNATed, gets the DSR option and is
-    redirected back out (bpf/tests/tc_nodeport_lb4_dsr_lb.c:130-198)."""
+    redirected back out (bpf/tests/tc_nodeport_lb4_dsr_lb.c:130-198@82999990)."""
     r = _dsr_fwd(native, lambda f: native.run("cil_from_netdev", f))
     assert r.retval == TC_ACT_REDIRECT  # :150
     _assert_dsr_fwd(r)
@@ -52,7 +52,7 @@ def test_dsr_fwd(native):
 
 def test_dsr_fwd_l3_header(native):
     """tc_nodeport_dsr_fwd's L3 checksum 0x434a is the header with the option and TTL 63: the lab's frame carries
-    that header, rebuilt with the lab's addresses (bpf/tests/tc_nodeport_lb4_dsr_lb.c:179)."""
+    that header, rebuilt with the lab's addresses (bpf/tests/tc_nodeport_lb4_dsr_lb.c:179@82999990)."""
     r = _dsr_fwd(native, lambda f: native.run("cil_from_netdev", f))
     assert frame_ip_header(r.frame) == ip_header(CLIENT, REMOTE_BACKEND, ttl=63, options=OPT)
 
@@ -67,14 +67,15 @@ def _xdp_verdict_ok(r) -> bool:
 
 def test_xdp_dsr_fwd(xdp):
     """xdp_nodeport_dsr_fwd: the same request in XDP is DNATed and gets the DSR option
-    (bpf/tests/xdp_nodeport_lb4_dsr_lb.c:126-194)."""
+    (bpf/tests/xdp_nodeport_lb4_dsr_lb.c:126-194@82999990)."""
     r = _dsr_fwd(xdp, xdp.run_xdp)
     assert _xdp_verdict_ok(r)  # :146
     _assert_dsr_fwd(r)  # :169-191
 
 
 def test_xdp_dsr_fwd_l3_header(xdp):
-    """xdp_nodeport_dsr_fwd's L3 checksum 0x434a: TTL 63 with the option (bpf/tests/xdp_nodeport_lb4_dsr_lb.c:176)."""
+    """xdp_nodeport_dsr_fwd's L3 checksum 0x434a: TTL 63 with the option
+    (bpf/tests/xdp_nodeport_lb4_dsr_lb.c:176@82999990)."""
     r = _dsr_fwd(xdp, xdp.run_xdp)
     assert frame_ip_header(r.frame) == ip_header(CLIENT, REMOTE_BACKEND, ttl=63, options=OPT)
 
@@ -82,7 +83,7 @@ def test_xdp_dsr_fwd_l3_header(xdp):
 # -- at the backend's node ------------------------------------------------------------------------
 def _dsr_request(client: str) -> bytes:
     """What the LB node sends: DNATed to the local backend a2, the option after the header
-    (bpf/tests/tc_nodeport_lb4_dsr_backend.c:114-164)."""
+    (bpf/tests/tc_nodeport_lb4_dsr_backend.c:114-164@82999990)."""
     return pktgen_tcp(client, LOCAL_BACKEND, CLIENT_PORT, BACKEND_PORT, options=OPT)
 
 
@@ -111,7 +112,7 @@ def _assert_backend_request(r, client: str):
 def test_dsr_backend(native):
     """tc_nodeport_dsr_backend: the backend's node passes the DSR request on to the pod unchanged in addresses and
     ports, and creates the dsr_internal CT entry and the SNAT entry from the option
-    (bpf/tests/tc_nodeport_lb4_dsr_backend.c:181-279)."""
+    (bpf/tests/tc_nodeport_lb4_dsr_backend.c:181-279@82999990)."""
     r = native.run("cil_from_netdev", _dsr_request(CLIENT))
     _assert_backend_request(r, CLIENT)
     _assert_backend_rows(native, CLIENT)
@@ -119,7 +120,7 @@ def test_dsr_backend(native):
 
 def test_dsr_backend_reply(native):
     """tc_nodeport_dsr_backend_reply: the backend's reply leaves to-netdev (CTX_ACT_OK) rev-DNATed to the frontend,
-    TTL 64 (the checksum 0x4baa) (bpf/tests/tc_nodeport_lb4_dsr_backend.c:380-384, check_reply :307-360)."""
+    TTL 64 (the checksum 0x4baa) (bpf/tests/tc_nodeport_lb4_dsr_backend.c:380-384@82999990, check_reply :307-360)."""
     native.run("cil_from_netdev", _dsr_request(CLIENT))
     r = native.run("cil_to_netdev", pktgen_tcp(LOCAL_BACKEND, CLIENT, BACKEND_PORT, CLIENT_PORT))
     assert r.retval == TC_ACT_OK  # :325
@@ -132,8 +133,8 @@ def test_dsr_backend_reply(native):
 
 def test_dsr_backend_redirect(native):
     """tc_nodeport_dsr_backend_redirect: the same for a second client
-    (bpf/tests/tc_nodeport_lb4_dsr_backend.c:450-548); its reply's redirect to another device (:589) is declared
-    (DECLARED_CHECKS)."""
+    (bpf/tests/tc_nodeport_lb4_dsr_backend.c:450-548@82999990); its reply's redirect to another device (:589) is
+    declared (DECLARED_CHECKS)."""
     r = native.run("cil_from_netdev", _dsr_request(CLIENT_2))
     _assert_backend_request(r, CLIENT_2)
     _assert_backend_rows(native, CLIENT_2)

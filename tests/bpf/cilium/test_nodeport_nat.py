@@ -46,13 +46,13 @@ def _assert_local_backend(r, client: str):
 
 def test_local_backend(snat):
     """tc_nodeport_local_backend: a request to a local backend is DNATed, not SNATed
-    (bpf/tests/tc_nodeport_lb4_nat_lb.c:199-253)."""
+    (bpf/tests/tc_nodeport_lb4_nat_lb.c:199-253@82999990)."""
     _assert_local_backend(_local_backend(snat), CLIENT)
 
 
 def test_local_backend_reply(snat):
     """tc_nodeport_local_backend_reply: the local backend's reply is rev-DNATed at to-netdev and passed on,
-    TTL 64 (0x4baa) (bpf/tests/tc_nodeport_lb4_nat_lb.c:292-345)."""
+    TTL 64 (0x4baa) (bpf/tests/tc_nodeport_lb4_nat_lb.c:292-345@82999990)."""
     _local_backend(snat)
     r = snat.run("cil_to_netdev", pktgen_tcp(LOCAL_BACKEND, CLIENT, BACKEND_PORT, CLIENT_PORT))
     assert r.retval == TC_ACT_OK  # :311
@@ -64,13 +64,13 @@ def test_local_backend_reply(snat):
 
 def test_local_backend_redirect(snat):
     """tc_nodeport_local_backend_redirect: the same request from a second client
-    (bpf/tests/tc_nodeport_lb4_nat_lb.c:387-441); its reply's multi-device redirect (:482) is declared."""
+    (bpf/tests/tc_nodeport_lb4_nat_lb.c:387-441@82999990); its reply's multi-device redirect (:482) is declared."""
     _assert_local_backend(_local_backend(snat, CLIENT_2), CLIENT_2)
 
 
 def test_udp_local_backend(snat):
     """tc_nodeport_udp_local_backend: a UDP request to a local backend (rev NAT 2, backend 125) is DNATed, not
-    SNATed (bpf/tests/tc_nodeport_lb4_nat_lb.c:569-638)."""
+    SNATed (bpf/tests/tc_nodeport_lb4_nat_lb.c:569-638@82999990)."""
     add_service(snat, [(125, LOCAL_BACKEND, BACKEND_PORT, ACTIVE)], rev_nat=2)
     r = snat.run("cil_from_netdev", pktgen_udp(CLIENT, FRONTEND, CLIENT_PORT, FRONTEND_PORT))
     assert r.retval == TC_ACT_OK
@@ -97,7 +97,7 @@ def _assert_nat_fwd(r):
 
 def test_nat_fwd(snat):
     """tc_nodeport_nat_fwd: a request load-balanced to a remote backend is DNATed and SNATed to the LB's address,
-    TTL 63, and redirected back out (bpf/tests/tc_nodeport_lb4_nat_lb.c:688-748)."""
+    TTL 63, and redirected back out (bpf/tests/tc_nodeport_lb4_nat_lb.c:688-748@82999990)."""
     r = _nat_fwd(snat, lambda f: snat.run("cil_from_netdev", f))
     assert r.retval == TC_ACT_REDIRECT  # :708
     _assert_nat_fwd(r)
@@ -105,7 +105,7 @@ def test_nat_fwd(snat):
 
 def test_nat_fwd_reply(snat):
     """tc_nodeport_nat_fwd_reply: the remote backend's reply to the LB's NAT port is rev-SNATed and rev-DNATed back
-    to the client and redirected out (bpf/tests/tc_nodeport_lb4_nat_lb.c:853-857, check_reply :783-833)."""
+    to the client and redirected out (bpf/tests/tc_nodeport_lb4_nat_lb.c:853-857@82999990, check_reply :783-833)."""
     nat_port = _nat_fwd(snat, lambda f: snat.run("cil_from_netdev", f)).pkt.sport  # the CHECK's settings map, :745
     r = snat.run("cil_from_netdev", pktgen_tcp(REMOTE_BACKEND, LB_IP, BACKEND_PORT, nat_port))
     assert r.retval == TC_ACT_REDIRECT  # :801
@@ -117,7 +117,7 @@ def test_nat_fwd_reply(snat):
 
 def test_nat_backend(snat):
     """tc_nodeport_nat_backend: at the backend's node an SNATed request from the LB is left alone and passed on to
-    the pod (bpf/tests/tc_nodeport_lb4_nat_backend.c:112-166)."""
+    the pod (bpf/tests/tc_nodeport_lb4_nat_backend.c:112-166@82999990)."""
     add_service(snat, [(124, LOCAL_BACKEND, BACKEND_PORT, ACTIVE)])  # :97-99
     r = snat.run("cil_from_netdev", pktgen_tcp(REMOTE_LB_IP, LOCAL_BACKEND, LB_PORT, BACKEND_PORT))
     assert r.retval == TC_ACT_OK, "labkit: the kernel delivers (Cilium with ENABLE_HOST_ROUTING: redirect)"
@@ -140,7 +140,7 @@ def _xdp_passed_up(r, frame_in: bytes) -> bytes:
 
 def test_xdp_local_backend(xdp_snat):
     """xdp_nodeport_local_backend: XDP DNATs a request to a local backend, does not SNAT it, and passes it up to tc
-    with XFER_PKT_NO_SVC; MACs and TTL (64: 0x4112) untouched (bpf/tests/xdp_nodeport_lb4_nat_lb.c:157-217)."""
+    with XFER_PKT_NO_SVC; MACs and TTL (64: 0x4112) untouched (bpf/tests/xdp_nodeport_lb4_nat_lb.c:157-217@82999990)."""
     add_service(xdp_snat, [(124, LOCAL_BACKEND, BACKEND_PORT, ACTIVE)])
     frame = pktgen_tcp(CLIENT, FRONTEND, CLIENT_PORT, FRONTEND_PORT)
     out = _xdp_passed_up(xdp_snat.run_xdp(frame), frame)  # :192-194
@@ -151,7 +151,7 @@ def test_xdp_local_backend(xdp_snat):
 
 def test_xdp_nat_fwd(xdp_snat):
     """xdp_nodeport_nat_fwd: XDP DNATs and SNATs a request to a remote backend, TTL 63 (0xa711), and sends it
-    back out (bpf/tests/xdp_nodeport_lb4_nat_lb.c:267-327)."""
+    back out (bpf/tests/xdp_nodeport_lb4_nat_lb.c:267-327@82999990)."""
     r = _nat_fwd(xdp_snat, xdp_snat.run_xdp)
     assert _xdp_verdict_ok(r)  # :287 fib_ok
     _assert_nat_fwd(r)  # :306-319
@@ -159,7 +159,7 @@ def test_xdp_nat_fwd(xdp_snat):
 
 def test_xdp_nat_backend(xdp_snat):
     """xdp_nodeport_nat_backend: at the backend's node XDP leaves the SNATed request alone and passes it up with
-    XFER_PKT_NO_SVC, TTL 64 (0xa612) (bpf/tests/xdp_nodeport_lb4_nat_backend.c:106-166)."""
+    XFER_PKT_NO_SVC, TTL 64 (0xa612) (bpf/tests/xdp_nodeport_lb4_nat_backend.c:106-166@82999990)."""
     add_service(xdp_snat, [(124, LOCAL_BACKEND, BACKEND_PORT, ACTIVE)])  # :91-93
     frame = pktgen_tcp(REMOTE_LB_IP, LOCAL_BACKEND, LB_PORT, BACKEND_PORT)
     out = _xdp_passed_up(xdp_snat.run_xdp(frame), frame)  # :141-143

@@ -35,7 +35,7 @@ def _packet() -> bytes:
 
 def test_xdp_lb4_forward_to_other_node(xdp_snat):
     """xdp_lb4_forward_to_other_node: XDP DNATs the request to the remote backend and sends it back out, its payload
-    unchanged (bpf/tests/xdp_nodeport_lb4_test.c:117-198)."""
+    unchanged (bpf/tests/xdp_nodeport_lb4_test.c:117-198@82999990)."""
     add_service(xdp_snat, [(124, REMOTE_BACKEND, BACKEND_PORT, BackendState.ACTIVE)])  # :126-128
     r = xdp_snat.run_xdp(_packet())
     assert _xdp_verdict_ok(r)  # :149 XDP_TX
@@ -48,6 +48,6 @@ def test_xdp_lb4_forward_to_other_node(xdp_snat):
 
 def test_xdp_lb4_drop_no_backend(xdp_snat_drop):
     """xdp_lb4_drop_no_backend: built without SERVICE_NO_BACKEND_RESPONSE, a request to a service counting no
-    backend is XDP_DROP (bpf/tests/xdp_nodeport_lb4_test.c:200-236)."""
+    backend is XDP_DROP (bpf/tests/xdp_nodeport_lb4_test.c:200-236@82999990)."""
     add_service(xdp_snat_drop, [], count=0)  # :209
     assert xdp_snat_drop.run_xdp(_packet()).retval == XDP_DROP  # :222-233
