@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from labkit.addr import be32
-from labkit.constants import Hook, Verdict
+from labkit.constants import Hook, TraceFlags, Verdict
 from labkit.errors import LabkitError, LabTimeoutError
 from labkit.maps.ct import TcpFlags
 from labkit.maps.sockmap import SOCKOPS_MAP, SockKey, sock_keys
@@ -73,6 +73,9 @@ class Journey:
     dport: int | frozenset | None = None
     flags_all: int = 0  #: TCP flags that must be set
     flags_none: int = 0  #: TCP flags that must be clear
+    #: An answer that may also come as the ICMP port unreachable a Service without backends sends back
+    #: (--service-no-backend-response=reject: the record of the packet it answers carries NO_BACKEND_REPLY).
+    rejected: bool = False
 
     def matches(self, t) -> bool:
         if t.proto != self.proto:
@@ -89,6 +92,11 @@ class Journey:
         """True if ``flow`` is this packet's last hook. ``node_ips``: node id → its address."""
         ev = flow.event
         node_ips = node_ips or {}
+        if self.rejected and ev.flags & TraceFlags.NO_BACKEND_REPLY:
+            b = ev.before  # the packet the ICMP error answers: this answer's addresses and ports, reversed
+            return (b.proto == self.proto and (self.src is None or b.daddr == be32(self.src))
+                    and (self.dst is None or b.saddr == be32(self.dst))
+                    and _port_ok(self.sport, socket.ntohs(b.dport)) and _port_ok(self.dport, socket.ntohs(b.sport)))
         if not (self.matches(ev.before) or self.matches(ev.after)):
             return False
         if flow.dropped or ev.hook == Hook.TO_CONTAINER:
@@ -229,7 +237,7 @@ class TcpConn:
                 return [syn, self._j("SYN-ACK", True, flags_all=TcpFlags.SYN | TcpFlags.ACK),
                         self._j("ACK", flags_all=TcpFlags.ACK, flags_none=0xFF & ~TcpFlags.ACK)]
             if res.get("error") == "ECONNREFUSED":
-                return [syn, self._j("RST", True, flags_all=TcpFlags.RST)]
+                return [syn, self._j("RST", True, flags_all=TcpFlags.RST, rejected=True)]
             return []
 
         return self._keep(run_step(self.lab, f"{self.pod} → {self.target}:{self.port} TCP open", act, expect,

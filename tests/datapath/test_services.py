@@ -177,14 +177,21 @@ def test_terminating_backend_keeps_established_and_gets_no_new(lab):
     assert set(_gets(lab, "a2", vip, 40)) == {"b2"}
 
 
-def test_no_backends_drops_with_reason(lab):
-    """A Service with no backends: the per-packet path drops with 'Service backend not found'."""
+def test_no_backends_answers_icmp_port_unreachable(lab):
+    """A Service with no backends, per packet: from-container answers the SYN with ICMP port unreachable from the VIP
+    (v1.16's default --service-no-backend-response=reject: bpf/bpf_lxc.c:121-124@82999990 tail-calls
+    tail_no_service_ipv4, bpf/lib/lb.h:1718-1836@82999990), so connect() fails at once with ECONNREFUSED; the record
+    says redirected with reason 'Service backend not found' and no SVC row is written."""
+    from labkit.constants import TraceFlags
+
     svc = lab.services.add("empty", VIP_PORT, [])
     step = lab.pod("a1").tcp("empty", VIP_PORT).open()
-    assert not step.ok
-    drops = [f for f in step.flows if f.verdict == Verdict.DROPPED]
-    assert drops and drops[0].event.drop_reason == DropReason.NO_SERVICE
-    assert DropReason.text(drops[0].event.drop_reason) == "Service backend not found"
+    assert not step.ok and step.result["error"] == "ECONNREFUSED", step.result
+    assert step.seconds < 2.5, "answered, not timed out"
+    answered = [f for f in step.flows if f.event.flags & TraceFlags.NO_BACKEND_REPLY]
+    assert answered and answered[0].verdict == Verdict.REDIRECTED
+    assert DropReason.text(answered[0].event.drop_reason) == "Service backend not found"
+    assert not [f for f in step.flows if f.verdict == Verdict.DROPPED]
     assert not rows(lab, "node-a", "TCP", "SVC") and svc.vip
 
 

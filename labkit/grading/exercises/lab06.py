@@ -14,7 +14,7 @@ import socket
 from typing import Any
 
 from labkit.grading.checks import Outcome, compare_rows, exercise
-from labkit.constants import DropReason, Hook
+from labkit.constants import Hook, TraceFlags
 from labkit.grading.exercises.common import (ab_answer, addr_port, dst, flatten, is_syn, kinds_answer, row_kind, src, step_rows,
                      unhealthy, words)
 
@@ -221,16 +221,11 @@ def peer_name(answer, ev) -> Outcome:
 
 
 # -- 06.4 ---------------------------------------------------------------------------------
-_DROP = f"drop: {DropReason.text(DropReason.NO_SERVICE)}"
-
-
 def _failure(value: Any) -> str:
-    """A learner's failure in canonical form: the drop, or the errno name."""
+    """A learner's failure in canonical form: the errno name (a drop reason stays as written)."""
     text = str(value).strip().lower()
-    if any(w in text for w in ("backend not found", "no_service", "no service", "no backend", "-158")):
-        return _DROP
     for errno, spellings in (("EHOSTUNREACH", ("ehostunreach", "no route to host", "113")),
-                             ("ECONNREFUSED", ("econnrefused", "refused", "rst", "111")),
+                             ("ECONNREFUSED", ("econnrefused", "refused", "port unreachable", "111")),
                              ("ETIMEDOUT", ("etimedout", "timeout", "timed out", "110"))):
         if any(w in text for w in spellings):
             return errno
@@ -241,16 +236,17 @@ def _failure(value: Any) -> str:
     "06.4",
     "A Service with no backends",
     hints=(
-        "One lab drops a packet, the other never sends one.",
-        "Read the per-packet step's DROPPED (...) line, and the socket-LB step's result['error'].",
-        "The answer is {'per-packet': 'Service backend not found', 'socket': 'EHOSTUNREACH'}.",
+        "One lab answers the SYN, the other never sends one.",
+        "Read each step's result['error'] (and the per-packet from-container line: what came back to a1?).",
+        "The answer is {'per-packet': 'ECONNREFUSED', 'socket': 'EHOSTUNREACH'}.",
     ),
     fault="sock-no-reject",
     cells=(EMPTY,),
 )
 def no_backends(answer, ev) -> Outcome:
-    """How a1's connection to a Service without backends failed in each lab: the drop reason in the
-    per-packet trace, the error connect() returned with socket LB."""
+    """How a1's connection to a Service without backends failed in each lab: per packet, from-container answers
+    the SYN with ICMP port unreachable (v1.16's --service-no-backend-response=reject), which connect() reports
+    as ECONNREFUSED; with socket LB, connect() itself fails with EHOSTUNREACH."""
     steps = _steps(ev, "empty")
     if steps is None:
         return Outcome.needs(EMPTY, "it connects to 'empty' in both labs")
@@ -260,36 +256,37 @@ def no_backends(answer, ev) -> Outcome:
     for step in steps.values():
         if step.attrs.get("faults"):
             return unhealthy(EMPTY, "the connections to 'empty' made with a fault on", step)
-    drops = [f for f in _syn_at(per, Hook.FROM_CONTAINER) if f.dropped]
-    reasons = {DropReason.text(f.event.drop_reason) for f in drops}
+    answered = [f for f in _syn_at(per, Hook.FROM_CONTAINER) if f.event.flags & TraceFlags.NO_BACKEND_REPLY]
     sent = [f for f in sock.flows if f.event.before.proto == socket.IPPROTO_TCP]
-    if per.ok or reasons != {DropReason.text(DropReason.NO_SERVICE)}:
-        return unhealthy(EMPTY, f"the per-packet SYNs dropped with {sorted(reasons) or 'no reason'}", per)
+    if per.ok or per.result.get("error") != "ECONNREFUSED" or not answered:
+        return unhealthy(EMPTY, f"the per-packet connect() ending in {per.result.get('error') or 'success'} with "
+                                f"{len(answered)} SYN(s) answered by from-container", per)
     if sock.ok or sock.result.get("error") != "EHOSTUNREACH" or sent:
         return unhealthy(EMPTY, f"the socket-LB connect() ending in {sock.result.get('error') or 'success'} after "
                                 f"{len(sent)} TCP packet record(s)", sock)
-    live = {"per-packet": _DROP, "socket": "EHOSTUNREACH"}
+    live = {"per-packet": "ECONNREFUSED", "socket": "EHOSTUNREACH"}
     got = _dict(answer)
     if got is None:
-        return _bad_dict(answer, "what went wrong (a drop reason or an errno name)")
+        return _bad_dict(answer, "what connect() returned (an errno name)")
     norm = {k: _failure(v) for k, v in got.items()}
     diff = _pair_diff(live, norm)
     if norm == live:
-        return Outcome(True, "per packet, the SYN leaves a1 and from-container finds a head with count=0: it drops "
-                             "the packet (Service backend not found), and connect() waits until it times out "
-                             f"({per.seconds:.1f} s). At the socket, connect() itself finds count=0 and fails at once "
-                             f"with EHOSTUNREACH ({sock.seconds:.2f} s): no packet, no wait.", diff)
+        return Outcome(True, "per packet, the SYN leaves a1 and from-container finds a head with count=0: as a v1.16 "
+                             "node does by default (--service-no-backend-response=reject) it turns the SYN into an "
+                             "ICMP port unreachable from the VIP and hands it back to a1, and connect() fails with "
+                             f"ECONNREFUSED ({per.seconds:.2f} s). At the socket, connect() itself finds count=0 and "
+                             f"fails with EHOSTUNREACH ({sock.seconds:.2f} s): no packet at all.", diff)
     problems = []
     if norm["per-packet"] != live["per-packet"]:
-        if norm["per-packet"] == "ECONNREFUSED":
-            problems.append("nothing answered the per-packet SYN with an RST: from-container dropped it; read the "
-                            "reason in its DROPPED (...) line")
+        if "not found" in norm["per-packet"].lower() or "158" in norm["per-packet"]:
+            problems.append("per-packet: the SYN was not simply dropped: from-container answered it with ICMP port "
+                            "unreachable (its line says redirected); the question asks what connect() returned")
         elif norm["per-packet"] == "ETIMEDOUT":
-            problems.append("a timeout is what connect() saw in the end; the question asks for the reason in the "
-                            "per-packet trace's DROPPED (...) line")
+            problems.append(f"per-packet: connect() did not wait: it failed after {per.seconds:.2f} s; read the "
+                            "step's result['error']")
         else:
-            problems.append(f"per-packet: {got['per-packet']!r}: the SYN did leave a1 there, and from-container "
-                            "dropped it; read the reason in its DROPPED (...) line")
+            problems.append(f"per-packet: {got['per-packet']!r}: the SYN did leave a1 there and something answered "
+                            "it; read the step's result['error']")
     if norm["socket"] != live["socket"]:
         if norm["socket"] == "ETIMEDOUT":
             problems.append(f"connect() did not wait in the socket-LB lab: it failed after {sock.seconds:.2f} s; read "
