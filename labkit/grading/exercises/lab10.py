@@ -392,7 +392,8 @@ def reply_seen_as_new(answer, ev) -> Outcome:
     problems = []
     if got[0] != live[0]:
         if got[0] == "from-container":
-            problems.append("a1's SYN left with an EGRESS ALLOWED verdict: a1's policy only selects its ingress")
+            problems.append("a1's SYN left: a1's policy only selects its ingress, so its egress is not enforced "
+                            "(and reports no verdict)")
         else:
             problems.append(f"{answer[0]!r} is not the hook that dropped the packet: find the DROPPED line")
     if got[1] != live[1]:

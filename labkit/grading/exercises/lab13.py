@@ -115,8 +115,8 @@ def medium_count(answer, ev) -> Outcome:
                              "direction, a FIN, or 5 s since the last report), and the tunnel hooks, which look no "
                              "CT entry up, never do. Every other segment of the connection is aggregated away.", diff)
     if got == len(every.flows):
-        msg = "that is what Hubble kept at none, every record of the pods' and the tunnel's hooks; at medium most " \
-              "packets of an open connection are not reported."
+        msg = "that is what Hubble kept at none, every record of the pods' hooks and of from-overlay; at medium " \
+              "most packets of an open connection are not reported."
     elif got == _syn_flows(kept):
         msg = "more than the handshake's SYN and SYN-ACK asks for a report: a flag new to a direction (the first " \
               "ACK, the first PSH) and the close do too."
