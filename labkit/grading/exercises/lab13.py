@@ -14,7 +14,8 @@ Cilium v1.16's:
 - bpf/lib/drop.h ``send_drop_notify``: drops are never aggregated;
 - pkg/hubble/container/ring.go: Hubble keeps a fixed ring (``--hubble-event-buffer-capacity``, 4,095 by
   default) and overwrites the oldest entry; records the perf ring had no room for arrive as lost events
-  (``LostEventSource PERF_EVENT_RING_BUFFER``, ``EVENTS LOST:`` in ``hubble observe``).
+  (``LostEventSource PERF_EVENT_RING_BUFFER``, ``EVENTS LOST:`` in ``hubble observe`` from 1.17 on: v1.16's
+  CLI prints none, hubble/pkg/printer/printer.go:797-811, so the flood variant runs the 1.20 profile).
 
 (tests/datapath/test_observe.py counts the same rules on one connection of 100 segments.)
 """
