@@ -54,12 +54,12 @@ static __always_inline bool ct_entry_closing(const struct ct_entry *entry)
  * 8-bit seen flags, so it is always false as it executes: every RST closes
  * both directions, whatever its comment says, and Cilium's own test relies on
  * it (bpf/tests/bpf_ct_tests.c:207-212@82999990). labkit does what executes. */
-#define CILIUM_TCP_FLAG_SYN_BE32 lk_htonl(0x00020000)
+#define CT_SYN_BE32_FLAG_WORD lk_htonl(0x00020000)
 
 static __always_inline bool ct_entry_seen_both_syns(const struct ct_entry *entry)
 {
-	bool rx_syn = entry->rx_flags_seen & CILIUM_TCP_FLAG_SYN_BE32;
-	bool tx_syn = entry->tx_flags_seen & CILIUM_TCP_FLAG_SYN_BE32;
+	bool rx_syn = entry->rx_flags_seen & CT_SYN_BE32_FLAG_WORD;
+	bool tx_syn = entry->tx_flags_seen & CT_SYN_BE32_FLAG_WORD;
 
 	return rx_syn && tx_syn;
 }
