@@ -58,13 +58,11 @@ from labkit.config import POLICY_MODES
 from labkit.errors import PolicyError
 from labkit.maps.policy import (
     DPORT_BITS,
-    NEXTHDR_BITS,
     Direction,
     PolicyEntry,
     PolicyKey,
     PolicyRow,
     policy_get_lines,
-    sort_rows,
 )
 from labkit.policy.identity import (
     IDENTITY_HOST,
@@ -73,6 +71,7 @@ from labkit.policy.identity import (
     LabelSet,
     reserved_labels,
 )
+from labkit.policy.mapstate import MapState
 from labkit.policy.matchpattern import fqdn, matches
 from labkit.policy.rules import FqdnSelector, PeerRule, Policy, PortProto, Rule
 
@@ -101,6 +100,10 @@ _ANY_EXPANDS_TO = ("TCP", "UDP", "SCTP")
 #: "cluster" adds every pod identity, "world" every CIDR identity (they carry reserved:world),
 #: "all" is the wildcard identity 0.
 _CLUSTER_RESERVED = ("host", "remote-node", "init", "ingress", "health", "unmanaged", "kube-apiserver")
+#: Entities that stand for more than their own label (pkg/policy/api/entity.go:94-96@82999990): world is three
+#: selectors, reserved:world, reserved:world-ipv4 and reserved:world-ipv6 — identities 2, 9 and 10, which the
+#: selector cache holds on every node, single-stack too (pkg/identity/reserved.go:55-59@82999990).
+_ENTITY_LABELS = {"world": ("world", "world-ipv4", "world-ipv6")}
 #: --policy-enforcement (pkg/option): pkg/policy/repository.go computePolicyEnforcementAndRules enforces
 #: both directions of every endpoint with "always", neither with "never", and with "default" a direction
 #: only once a rule selecting the endpoint has rules in it.
@@ -178,52 +181,6 @@ def _l4_keys(identity: int, direction: Direction, ports: Sequence[PortProto]) ->
             for port, mask in masked_ports(pp.port, pp.end_port):
                 out.append(PolicyKey.make(identity, direction, _PROTO_NUMBERS[proto], port, mask))
     return out
-
-
-class _MapState:
-    """Allow and deny keys of one endpoint, inserted the way mapstate.go inserts them."""
-
-    def __init__(self) -> None:
-        self.allows: dict[PolicyKey, PolicyEntry] = {}
-        self.denies: dict[PolicyKey, PolicyEntry] = {}
-
-    @staticmethod
-    def _id_covers(a: PolicyKey, b: PolicyKey) -> bool:
-        return a.sec_label == 0 or a.sec_label == b.sec_label
-
-    def _broader_or_equal_denies(self, key: PolicyKey) -> list[PolicyKey]:
-        return [d for d in self.denies if self._id_covers(d, key) and covers(d, key)]
-
-    def insert(self, key: PolicyKey, deny: bool, proxy_port: int = 0) -> None:
-        """denyPreferredInsertWithChanges; an allow with ``proxy_port`` redirects to the proxy."""
-        for d in self._broader_or_equal_denies(key):
-            if d != key or not deny:
-                return  # covered by a deny key
-        if deny:
-            for a in [a for a in self.allows if self._id_covers(key, a) and covers(key, a)]:
-                del self.allows[a]
-            for d in [d for d in self.denies if d != key and self._id_covers(key, d) and covers(key, d)]:
-                del self.denies[d]
-            if key.sec_label != 0 and key.l4_prefix < NEXTHDR_BITS + DPORT_BITS:
-                # narrower identity-0 allows would win in the datapath: add (deny id, allow's L4) denies
-                for a in [a for a in self.allows if a.sec_label == 0 and covers(key, a) and a.l4_prefix > key.l4_prefix]:
-                    self._add_dependent(key.sec_label, a)
-            self.denies[key] = PolicyEntry.deny(key)
-            return
-        if key.sec_label == 0 and key.protocol != 0:
-            for d in [d for d in self.denies if d.sec_label != 0 and covers(d, key) and d.l4_prefix < key.l4_prefix]:
-                self._add_dependent(d.sec_label, key)
-        have = self.allows.get(key)
-        if have is None or (proxy_port and not have.proxy_port):
-            self.allows[key] = PolicyEntry.allow(key, proxy_port)
-
-    def _add_dependent(self, identity: int, l4: PolicyKey) -> None:
-        k = PolicyKey.from_bytes(bytes(l4))
-        k.sec_label = identity
-        self.denies[k] = PolicyEntry.deny(k)
-
-    def rows(self) -> list[PolicyRow]:
-        return sort_rows([PolicyRow(k, v) for k, v in {**self.allows, **self.denies}.items()])
 
 
 @dataclass
@@ -345,41 +302,58 @@ class _Peers:
 
     def entity_ids(self, entity: str) -> set[int] | None:
         """Identities of an entity; None for "all" (the wildcard identity 0)."""
+        got = self.entity_selectors(entity)
+        if got is None:
+            return None
+        return set().union(*(ids for _, ids in got))
+
+    def entity_selectors(self, entity: str) -> list[tuple[str, set[int]]] | None:
+        """An entity's selectors, each with the identities it selects; None for "all" (identity 0)."""
         if entity == "all":
             return None
         if entity == "none":
-            return set()
+            return []
         universe = self.universe()
         if entity == "cluster":
             names = set(_CLUSTER_RESERVED)
-            return set(self.pods) | {i for i, ls in self.reserved.items()
-                                     if any(lbl.key in names for lbl in ls)}
-        return {i for i, ls in universe.items() if any(lbl.source == "reserved" and lbl.key == entity for lbl in ls)}
+            return [("entity:cluster", set(self.pods) | {i for i, ls in self.reserved.items()
+                                                          if any(lbl.key in names for lbl in ls)})]
+        return [(f"reserved:{key}", {i for i, ls in universe.items()
+                                      if any(lbl.source == "reserved" and lbl.key == key for lbl in ls)})
+                for key in _ENTITY_LABELS.get(entity, (entity,))]
 
     def select(self, rule: PeerRule, warnings: list[str], where: str) -> set[int] | None:
         """The rule's peer identities; None means "any identity" (key identity 0)."""
+        owned = self.select_owned(rule, warnings, where)
+        if any(ids is None for _, ids in owned):
+            return None
+        return set().union(*(ids for _, ids in owned))
+
+    def select_owned(self, rule: PeerRule, warnings: list[str], where: str) -> list[tuple[str, set[int] | None]]:
+        """The rule's peer selectors, each as (the selector, its identities): Cilium's cached selectors, the
+        owners of the map entries they make. None for identities means "any identity" (key identity 0)."""
         if not rule.l3_given:
-            return None if rule.ports else set()  # L4-only rule, or an empty rule selecting nothing
-        ids: set[int] = set()
+            return [("wildcard", None)] if rule.ports else []  # L4-only rule, or an empty rule selecting nothing
+        out: list[tuple[str, set[int] | None]] = []
         universe = self.universe()
         for i, sel in enumerate(rule.endpoints or ()):
             hit = {ident for ident, ls in universe.items() if sel.matches(ls)}
             if not hit:
                 warnings.append(f"{where}.{'from' if rule.direction == 'ingress' else 'to'}Endpoints[{i}] "
                                 f"({sel}) selects no endpoint")
-            ids |= hit
+            out.append((f"endpoints:{sel}", hit))
         for c in rule.cidrs or ():
-            ids |= self.cidr_ids(c.cidr, c.except_)
+            out.append((f"cidr:{c.cidr} except {sorted(c.except_)}", self.cidr_ids(c.cidr, c.except_)))
         for e in rule.entities or ():
-            got = self.entity_ids(e)
-            if got is None:
-                return None
-            ids |= got
+            got = self.entity_selectors(e)
+            out += [("wildcard", None)] if got is None else got
         for f in rule.fqdns or ():
+            ids: set[int] = set()
             for name, ips in self.fqdns.items():
                 if fqdn_selects(f, name):
                     ids |= {self.fqdn_ids[ip] for ip in ips}
-        return ids
+            out.append((f"fqdn:{f.match_name or f.match_pattern}", ids))
+        return out
 
     def learn(self, selectors: Sequence[FqdnSelector]) -> None:
         """Give every cached IP its v1.16 FQDN identity: one per set of selectors that select
@@ -428,30 +402,38 @@ def resolve(endpoints: Sequence[Endpoint], policies: Sequence[Policy], alloc: Id
             if not any(rule.endpoint_selector.matches(ep.labels) for ep in endpoints):
                 warnings.append(f"{pol.name}: {rule.path}.endpointSelector ({rule.endpoint_selector}) selects no endpoint")
     out: dict[str, EndpointPolicy] = {}
+
+    def nets(ident: int):
+        net = alloc.cidr_networks().get(ident)
+        return (net,) if net is not None else ()
+
     for ep in endpoints:
         # "never": computePolicyEnforcementAndRules returns no matching rules at all
         selecting = [] if enforcement == "never" else [
             (pol, rule) for pol in policies for rule in pol.rules if rule.endpoint_selector.matches(ep.labels)]
         rules = [r for _, r in selecting]
-        ms = _MapState()
+        ms = MapState(nets)
         enforced = {}
         for direction, dir_enum in (("ingress", Direction.INGRESS), ("egress", Direction.EGRESS)):
             has, deny_default = _enforced(rules, direction)
             enforced[direction] = enforcement == "always" or (enforcement == "default" and has and deny_default)
             if not enforced[direction]:
-                ms.insert(PolicyKey.make(0, dir_enum), deny=False)  # allowAllIdentities
-            elif direction == "ingress" and allow_localhost:
-                ms.insert(PolicyKey.make(IDENTITY_HOST, dir_enum), deny=False)  # determineAllowLocalhostIngress
-            # denies first, then allows: the order does not change the result, it saves work
+                ms.allow_all(PolicyKey.make(0, dir_enum))  # allowAllIdentities (pkg/policy/resolve.go:113-116)
+        for direction, dir_enum in (("ingress", Direction.INGRESS), ("egress", Direction.EGRESS)):
+            # denies first, then allows: mapstate.go's result does not depend on the order
             items = [(pol, rule, pr) for pol, rule in selecting
                      for pr in (rule.ingress if direction == "ingress" else rule.egress)]
             for pol, rule, pr in sorted(items, key=lambda t: not t[2].deny):
-                ids = peers.select(pr, warnings, f"{pol.name}: {pr.path}")
-                for ident in ([0] if ids is None else sorted(ids)):
-                    for pp in (pr.ports or (None,)):
-                        proxy = DNS_PROXY_PORT if pp is not None and pp.dns is not None and not pr.deny else 0
-                        for key in _l4_keys(ident, dir_enum, () if pp is None else (pp,)):
-                            ms.insert(key, deny=pr.deny, proxy_port=proxy)
+                for owner, ids in peers.select_owned(pr, warnings, f"{pol.name}: {pr.path}"):
+                    for ident in ([0] if ids is None else sorted(ids)):
+                        for pp in (pr.ports or (None,)):
+                            proxy = DNS_PROXY_PORT if pp is not None and pp.dns is not None and not pr.deny else 0
+                            for key in _l4_keys(ident, dir_enum, () if pp is None else (pp,)):
+                                ms.insert(key, deny=pr.deny, proxy_port=proxy, owner=owner)
+        if allow_localhost:
+            # determineAllowLocalhostIngress, after the rules and whether ingress is enforced or not
+            # (pkg/policy/resolve.go:134-137, mapstate.go:1509-1519@82999990)
+            ms.insert(PolicyKey.make(IDENTITY_HOST, Direction.INGRESS), deny=False)
         out[ep.name] = EndpointPolicy(ep, enforced["ingress"], enforced["egress"], ms.rows(),
                                       [f"{p.name}/{r.path}" for p, r in selecting])
     # a selector warning is reported once, however many endpoints the rule applies to

@@ -38,10 +38,12 @@ def run(spec: str, fqdn_cache=None, pod="web"):
 
 
 def test_unselected_endpoint_allows_all():
-    """mapstate.go allowAllIdentities: a direction no rule selects gets the identity-0 any-port allow key."""
+    """mapstate.go allowAllIdentities: a direction no rule selects gets the identity-0 any-port allow key; ingress
+    from reserved:host is in the map all the same: DistillPolicy calls determineAllowLocalhostIngress for every
+    endpoint, enforced or not (pkg/policy/resolve.go:113-116 and 134-137@82999990, mapstate.go:1509-1519@82999990)."""
     res, web, _ = run("spec: {endpointSelector: {matchLabels: {app: db}}, ingress: [{}]}")
     assert (web.ingress_enforced, web.egress_enforced) == (False, False)
-    assert keys(web) == [("Egress: 0 ANY", False), ("Ingress: 0 ANY", False)]
+    assert keys(web) == [("Egress: 0 ANY", False), ("Ingress: 0 ANY", False), ("Ingress: 1 ANY", False)]
     assert web.verdict(2, IN, TCP, 80).allowed
 
 
@@ -162,14 +164,18 @@ spec:
 
 
 @pytest.mark.parametrize("entity,ids", [
-    ("world", {2}),              # reserved:world (and every CIDR identity, none here)
+    ("world", {2, 9, 10}),       # reserved:world, world-ipv4, world-ipv6 (and every CIDR identity, none here)
+    ("world-ipv4", {9}),
+    ("world-ipv6", {10}),
     ("host", {1}),
     ("remote-node", {6, 7}),     # kube-apiserver carries reserved:remote-node too
     ("cluster", {1, 3, 4, 5, 6, 7, 8, 256, 257, 258}),
     ("all", {0}),
 ])
 def test_to_entities(entity, ids):
-    """toEntities maps to reserved identities (pkg/policy/api/entity.go); `all` is identity 0."""
+    """toEntities maps to reserved identities (pkg/policy/api/entity.go:94-96@82999990: world is the selectors of
+    reserved:world, world-ipv4 and world-ipv6, identities 2, 9, 10, in the selector cache of every node,
+    pkg/identity/reserved.go:55-59@82999990); `all` is identity 0."""
     _, web, _ = run(f"spec: {{endpointSelector: {{matchLabels: {{app: web}}}}, egress: [{{toEntities: [{entity}]}}]}}")
     assert {k.sec_label for k in web.keys() if k.egress} == ids
 
@@ -307,7 +313,8 @@ def test_never_enforces_selected_endpoints():
   ingressDeny: [{fromEndpoints: [{matchLabels: {app: client}}]}]
 """), alloc, enforcement="never").endpoints["web"]
     assert (web.ingress_enforced, web.egress_enforced) == (False, False)
-    assert keys(web) == [("Egress: 0 ANY", False), ("Ingress: 0 ANY", False)]
+    # the host's allow is there too (pkg/policy/resolve.go:134-137@82999990: not only when enforced)
+    assert keys(web) == [("Egress: 0 ANY", False), ("Ingress: 0 ANY", False), ("Ingress: 1 ANY", False)]
     assert res.endpoints["web"].ingress_enforced  # the same policy under "default" enforces
 
 
@@ -362,3 +369,28 @@ def test_fqdn_ids_name_the_ipcache_entries():
     assert res.fqdn_ids == {"198.51.100.101": alloc.allocate_fqdn(["web.lab.example"])}
     # the cache's identities are given before the rules' CIDR prefixes': the first local identity, 2^24 + 1
     assert res.fqdn_ids["198.51.100.101"] == 1 << 24 | 1
+
+
+def test_l4_only_deny_carves_its_port_out_of_a_narrower_identity_allow():
+    """A deny of 80/TCP from every identity (fromEntities: all) and an allow of client on 80-83/TCP: Cilium adds
+    the deny `client 80/TCP` (mapstate.go:897-911@82999990, the allow's identity with the deny's port), so
+    the datapath's L3-L4 match denies port 80 and allows 81; without that row the client's 80-83 allow won."""
+    _, web, _ = run("""
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingress: [{fromEndpoints: [{matchLabels: {app: client}}], toPorts: [{ports: [{port: "80", endPort: 83, protocol: TCP}]}]}]
+  ingressDeny: [{fromEntities: [all], toPorts: [{ports: [{port: "80", protocol: TCP}]}]}]
+""")
+    assert ("Ingress: 257 80/TCP", True) in keys(web) and ("Ingress: 0 80/TCP", True) in keys(web)
+    v = web.verdict(257, IN, TCP, 80)
+    assert not v.allowed and v.match == "L3-L4"
+    assert web.verdict(257, IN, TCP, 81).allowed
+
+
+def test_world_entity_writes_three_rows():
+    """`toEntities: [world]` on an enforced egress writes world (2), world-ipv4 (9) and world-ipv6 (10): the three
+    selectors of pkg/policy/api/entity.go:94@82999990, each selecting its reserved identity."""
+    _, web, alloc = run("spec: {endpointSelector: {matchLabels: {app: web}}, egress: [{toEntities: [world]}]}")
+    assert [k for k, _ in keys(web) if k.startswith("Egress")] == ["Egress: 10 ANY", "Egress: 2 ANY", "Egress: 9 ANY"]
+    text = "\n".join(web.lines(alloc))
+    assert "reserved:world-ipv4" in text and "reserved:world-ipv6" in text
