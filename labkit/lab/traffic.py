@@ -99,8 +99,8 @@ class Journey:
                     and _port_ok(self.sport, socket.ntohs(b.dport)) and _port_ok(self.dport, socket.ntohs(b.sport)))
         if not (self.matches(ev.before) or self.matches(ev.after)):
             return False
-        if flow.dropped or ev.hook == Hook.TO_CONTAINER:
-            return True
+        if flow.dropped or ev.hook == Hook.TO_CONTAINER or ev.flags & TraceFlags.NO_BACKEND_REPLY:
+            return True  # delivered, dropped, or answered in its place (a Service without backends)
         if ev.hook == Hook.FROM_CONTAINER and flow.verdict == Verdict.REDIRECTED and not ev.tunnel_endpoint:
             return True  # a hairpin reply handed straight back into its pod
         if ev.hook == Hook.FROM_NETDEV and flow.verdict == Verdict.FORWARDED:

@@ -219,16 +219,21 @@ def test_nodeport_on_node_b_reaches_backend_on_node_a(native_lab):
     conn.close()
 
 
-def test_etp_local_drops_on_a_node_without_local_backend(native_lab):
-    """eTP=Local: node-b has no backend of its own, so its NodePort drops the SYN with 'Service backend not
-    found' and makes no CT row."""
+def test_etp_local_node_without_local_backend_answers_port_unreachable(native_lab):
+    """eTP=Local: node-b has no backend of its own, so its NodePort's external scope counts 0: from-netdev answers
+    ext's SYN with ICMP port unreachable from node-b's address (nodeport_svc_lb4 tail-calls tail_no_service_ipv4 on
+    DROP_NO_SERVICE, bpf/lib/nodeport.h:2849-2856@82999990; v1.16's default --service-no-backend-response=reject),
+    sent back out of eth0: connect() fails at once with ECONNREFUSED, no packet is dropped and no CT row is made."""
+    from labkit.constants import TraceFlags
+
     lab = native_lab
     lab.services.add("web", 80, ["a1:8080"], type="NodePort", node_port=30080, etp="Local")
     opened = lab.external("ext").tcp("node-b", 30080).open()
-    assert not opened.ok
-    drops = [f for f in opened.flows if f.dropped]
-    assert drops and all((f.node, f.hook) == ("node-b", Hook.FROM_NETDEV) for f in drops)
-    assert {f.event.drop_reason for f in drops} == {DropReason.NO_SERVICE}
+    assert not opened.ok and opened.result["error"] == "ECONNREFUSED", opened.result
+    answered = [f for f in opened.flows if f.event.flags & TraceFlags.NO_BACKEND_REPLY]
+    assert answered and all((f.node, f.hook) == ("node-b", Hook.FROM_NETDEV) for f in answered)
+    assert {f.event.drop_reason for f in answered} == {DropReason.NO_SERVICE}
+    assert not [f for f in opened.flows if f.dropped]
     assert lab.ct("node-b") == [] and lab.ct("node-a") == []
 
 
