@@ -9,7 +9,9 @@
  *                     DSR option: read and remove it (nodeport.h).
  *   cil_to_overlay    tc egress: packets about to be encapsulated. Those the
  *                     node's own stack routed here carry no tunnel key yet:
- *                     take the endpoint from cilium_ipcache.
+ *                     take the endpoint from cilium_ipcache. Cilium's sends
+ *                     drop notifications only: its other records are the
+ *                     step's path, never reported (trace.h trace_reported).
  */
 #include "lib/common.h"
 #include "lib/maps.h"

@@ -25,7 +25,8 @@
  * tc programs: this file handles the client's direction only. Traces: a
  * record (hook xdp) for each packet it drops or translates, none for the
  * packets it passes untouched (Cilium's XDP program sends drop notifications
- * only; labkit also reports its translations so the trace shows them).
+ * only; labkit also records its translations so the step's path shows them,
+ * never marked reported: Hubble sees the drops only, trace.h trace_reported).
  */
 #include "lib/common.h"
 #include "lib/maps.h"
