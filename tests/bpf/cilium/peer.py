@@ -130,3 +130,20 @@ def add_service(node, backends, rev_nat: int = 1, frontend: str = FRONTEND, port
     from labkit.maps.lb import ServiceFlags
 
     node.service(frontend, port, backends, flags=ServiceFlags.ROUTABLE, count=count, service_id=rev_nat)
+
+
+def lab_difference(fragment: str) -> str:
+    """The LAB_DIFFERENCES entry (labkit/config.py) that declares what a translation asserts in place of Cilium's
+    expectation: a test that checks labkit's declared behaviour calls this, so the declaration cannot go away
+    while the test still relies on it."""
+    from labkit.config import LAB_DIFFERENCES
+
+    found = [d for d in LAB_DIFFERENCES if fragment in d]
+    assert found, f"no LAB_DIFFERENCES entry says {fragment!r}"
+    return found[0]
+
+
+KERNEL_ROUTES = "routed to the pod by the node's kernel"
+DSR_OPTION_REMOVED = "removes the DSR IPv4 option"
+SAME_NODE_ROUTED = "ipv4_local_delivery"
+XDP_REQUESTS_ONLY = "XDP program load-balances the client's requests only"

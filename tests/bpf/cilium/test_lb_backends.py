@@ -16,15 +16,15 @@ from labkit.maps.lb import (BackendState, Lb4AffinityKey, Lb4Backend, Lb4Backend
                             LbAffinityVal, LookupScope, ServiceFlags)
 
 from ..harness import B1, B2
-from .peer import (BACKEND_PORT, CLIENT, CLIENT_PORT, FRONTEND, FRONTEND_PORT, IPPROTO_UDP, LOCAL_BACKEND,
-                   add_service, frame_ip_header, ip_header, pktgen_tcp, pktgen_udp)
+from .peer import (BACKEND_PORT, CLIENT, CLIENT_PORT, FRONTEND, FRONTEND_PORT, IPPROTO_UDP, KERNEL_ROUTES,
+                   LOCAL_BACKEND, add_service, frame_ip_header, ip_header, lab_difference, pktgen_tcp, pktgen_udp)
 from .test_nodeport_dsr import _xdp_verdict_ok
 
 SVC_REV_NAT_ID = 2  #: tc_nodeport_lb_terminating_backend.c:34
 
 
 def _assert_to_local_backend(r):
-    assert r.retval == TC_ACT_OK, "labkit: the kernel delivers (Cilium with ENABLE_HOST_ROUTING: redirect)"
+    assert r.retval == TC_ACT_OK, lab_difference(KERNEL_ROUTES)  # Cilium (ENABLE_HOST_ROUTING): redirect
     p = r.pkt
     assert (p.src, p.dst) == (CLIENT, LOCAL_BACKEND)  # :179-183, :283-287
     assert (p.sport, p.dport) == (CLIENT_PORT, BACKEND_PORT)  # :188-192, :292-296

@@ -20,8 +20,9 @@ from labkit.maps.ct import CtFlags
 from labkit.maps.lb import BackendState
 
 from ..harness import ip_of
-from .peer import (BACKEND_PORT, CLIENT, CLIENT_2, CLIENT_PORT, FRONTEND, FRONTEND_PORT, LOCAL_BACKEND,
-                   REMOTE_BACKEND, add_service, dsr_option, frame_ip_header, ip_header, pktgen_tcp, ttl)
+from .peer import (BACKEND_PORT, CLIENT, CLIENT_2, CLIENT_PORT, DSR_OPTION_REMOVED, FRONTEND, FRONTEND_PORT,
+                   KERNEL_ROUTES, LOCAL_BACKEND, REMOTE_BACKEND, add_service, dsr_option, frame_ip_header, ip_header,
+                   lab_difference, pktgen_tcp, ttl)
 from .. import packets
 
 ACTIVE = BackendState.ACTIVE
@@ -99,8 +100,9 @@ def _assert_backend_rows(node, client: str):
 
 
 def _assert_backend_request(r, client: str):
+    lab_difference(KERNEL_ROUTES), lab_difference(DSR_OPTION_REMOVED)
     p = r.pkt
-    assert r.retval == TC_ACT_OK, "labkit: the kernel delivers (Cilium with ENABLE_HOST_ROUTING: redirect)"
+    assert r.retval == TC_ACT_OK, lab_difference(KERNEL_ROUTES)  # Cilium (ENABLE_HOST_ROUTING): redirect
     assert (p.src, p.dst) == (client, LOCAL_BACKEND)  # :224-228
     assert (p.sport, p.dport) == (CLIENT_PORT, BACKEND_PORT)  # :242-246
     # :230 checks the header Cilium delivers (TTL 63, option kept); labkit leaves TTL 64 for the kernel's

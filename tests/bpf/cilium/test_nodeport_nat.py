@@ -18,9 +18,9 @@ from __future__ import annotations
 from labkit.datapath.testrun import TC_ACT_OK, TC_ACT_REDIRECT
 from labkit.maps.lb import BackendState
 
-from .peer import (BACKEND_PORT, CLIENT, CLIENT_2, CLIENT_PORT, FRONTEND, FRONTEND_PORT, IPPROTO_UDP, LB_IP,
-                   LOCAL_BACKEND, REMOTE_BACKEND, REMOTE_LB_IP, add_service, frame_ip_header, ip_header, pktgen_tcp,
-                   pktgen_udp)
+from .peer import (BACKEND_PORT, CLIENT, CLIENT_2, CLIENT_PORT, FRONTEND, FRONTEND_PORT, IPPROTO_UDP,
+                   KERNEL_ROUTES, LB_IP, LOCAL_BACKEND, REMOTE_BACKEND, REMOTE_LB_IP, add_service, frame_ip_header,
+                   ip_header, lab_difference, pktgen_tcp, pktgen_udp)
 from .test_nodeport_dsr import XDP_PASS, _xdp_verdict_ok
 
 ACTIVE = BackendState.ACTIVE
@@ -36,7 +36,7 @@ def _local_backend(node, client: str = CLIENT):
 
 
 def _assert_local_backend(r, client: str):
-    assert r.retval == TC_ACT_OK, "labkit: the kernel delivers (Cilium with ENABLE_HOST_ROUTING: redirect)"
+    assert r.retval == TC_ACT_OK, lab_difference(KERNEL_ROUTES)  # Cilium (ENABLE_HOST_ROUTING): redirect
     p = r.pkt
     assert (p.src, p.dst) == (client, LOCAL_BACKEND)  # tc_nodeport_lb4_nat_lb.c:237-241: DNATed, not SNATed
     assert (p.sport, p.dport) == (CLIENT_PORT, BACKEND_PORT)  # :246-250
@@ -73,7 +73,7 @@ def test_udp_local_backend(snat):
     SNATed (bpf/tests/tc_nodeport_lb4_nat_lb.c:569-638@82999990)."""
     add_service(snat, [(125, LOCAL_BACKEND, BACKEND_PORT, ACTIVE)], rev_nat=2)
     r = snat.run("cil_from_netdev", pktgen_udp(CLIENT, FRONTEND, CLIENT_PORT, FRONTEND_PORT))
-    assert r.retval == TC_ACT_OK
+    assert r.retval == TC_ACT_OK, lab_difference(KERNEL_ROUTES)  # :603
     p = r.pkt
     assert (p.src, p.dst) == (CLIENT, LOCAL_BACKEND)  # :623-626
     assert frame_ip_header(r.frame) == ip_header(CLIENT, LOCAL_BACKEND, proto=IPPROTO_UDP, ttl=64)  # :629
@@ -120,7 +120,7 @@ def test_nat_backend(snat):
     the pod (bpf/tests/tc_nodeport_lb4_nat_backend.c:112-166@82999990)."""
     add_service(snat, [(124, LOCAL_BACKEND, BACKEND_PORT, ACTIVE)])  # :97-99
     r = snat.run("cil_from_netdev", pktgen_tcp(REMOTE_LB_IP, LOCAL_BACKEND, LB_PORT, BACKEND_PORT))
-    assert r.retval == TC_ACT_OK, "labkit: the kernel delivers (Cilium with ENABLE_HOST_ROUTING: redirect)"
+    assert r.retval == TC_ACT_OK, lab_difference(KERNEL_ROUTES)  # Cilium (ENABLE_HOST_ROUTING): redirect
     p = r.pkt
     assert (p.src, p.dst) == (REMOTE_LB_IP, LOCAL_BACKEND)  # :150-154
     assert (p.sport, p.dport) == (LB_PORT, BACKEND_PORT)  # :159-163

@@ -15,7 +15,8 @@ import pytest
 
 from .. import packets
 from . import CILIUM_COMMIT, DECLARED, DECLARED_CHECKS, FAMILIES
-from .peer import CILIUM as C, DEFAULT_DATA, dsr_option, icmp_port_unreachable, ip_header, l3_check
+from .peer import (CILIUM as C, DEFAULT_DATA, XDP_REQUESTS_ONLY, dsr_option, icmp_port_unreachable, ip_header,
+                   l3_check, lab_difference)
 
 HERE = Path(__file__).parent
 MIRROR = Path("/work/.mirror/cybozu-go+cilium/repo")
@@ -154,3 +155,11 @@ def test_icmp_model_reproduces_cilium_constants():
     reply = icmp_port_unreachable(frame, C["v4_svc_two"], C["v4_ext_one"])
     assert l3_check(reply) == 0x4B8E
     assert struct.unpack_from("!H", reply, 22)[0] == 0x2DE7
+
+
+def test_declarations_rest_on_lab_differences():
+    """The declared XDP reply CHECKs and the DSR Geneve file rest on entries LAB_DIFFERENCES still has."""
+    assert "LAB_DIFFERENCES" in DECLARED_CHECKS["xdp_nodeport_lb4_nat_lb.c:435"]
+    lab_difference(XDP_REQUESTS_ONLY)
+    assert "LAB_DIFFERENCES" in DECLARED["nodeport_geneve_dsr_lb_xdp.c"]
+    lab_difference("dsr dispatch is the IPv4 option")
