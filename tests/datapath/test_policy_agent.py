@@ -385,3 +385,54 @@ def test_equal_labels_share_identity_and_a_deleted_pod_loses_its_map(_require_da
         assert [p["selects"] for p in lab.policy.list()] == [["a1"]]
     finally:
         lab.down()
+
+
+_CONNECT = r"""
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).close()
+    print("connected")
+except OSError as exc:
+    print("failed", type(exc).__name__)
+"""
+
+L4_DENY = """apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: b1-ports}
+spec:
+  endpointSelector: {matchLabels: {app: b1}}
+  ingress:
+  - fromEndpoints: [{matchLabels: {app: a1}}]
+    toPorts: [{ports: [{port: "8080", endPort: 8083, protocol: TCP}]}]
+  ingressDeny:
+  - fromEntities: [all]
+    toPorts: [{ports: [{port: "8080", protocol: TCP}]}]
+"""
+
+
+def test_l4_deny_beats_a_narrower_identitys_port_range_on_the_kernel(lab):
+    """A deny of 8080/TCP from every identity beside an allow of a1 on 8080-8083: b1's pinned map holds the
+    deny `a1 8080/TCP` Cilium adds (pkg/policy/mapstate.go:897-911@82999990), so a1's SYN to 8080 is dropped
+    by policy at b1 while one to 8081 reaches b1 (nobody listens: refused, not dropped)."""
+    lab.policy.apply(L4_DENY)
+    got = pinned(lab, "b1")
+    assert got[_key(IDS["a1"], IN, TCP, 8080)].is_deny and got[_key(0, IN, TCP, 8080)].is_deny
+    assert {bytes(k): bytes(v) for k, v in got.items()} == \
+        {bytes(k): bytes(v) for k, v in resolved_entries(lab, L4_DENY, "b1").items()}
+    b1 = lab.pod("b1").ip
+
+    def connect(port):
+        return lab.exec("a1", [sys.executable, "-c", _CONNECT, b1, str(port)], timeout=30).stdout.strip()
+
+    log = lab.events()
+    assert connect(8080).startswith("failed Timeout")
+    drop = next(f for f in log.read() if f.dropped and f.node == "node-b")
+    assert drop.policy.text() == "policy-verdict:L3-L4 INGRESS DENIED"
+    assert connect(8081) == "failed ConnectionRefusedError"
+
+
+def test_to_entities_world_pins_three_rows(lab):
+    """`toEntities: [world]` on a1's egress pins world (2), world-ipv4 (9) and world-ipv6 (10) in a1's map: the
+    three selectors of pkg/policy/api/entity.go:94@82999990."""
+    lab.policy.apply(EXT.replace("toCIDR: [198.51.100.100/32]", "toEntities: [world]"))
+    assert {k.sec_label for k in pinned(lab, "a1") if k.egress} == {2, 9, 10}
