@@ -30,6 +30,7 @@ TRACE_TO_LXC, which Hubble prints as TO_ENDPOINT).
 from __future__ import annotations
 
 import ctypes
+import socket
 
 from labkit.constants import DropReason, Hook, Verdict
 from labkit.datapath.testrun import TC_ACT_OK
@@ -39,7 +40,7 @@ from labkit.maps.policy import Direction, PolicyEntry, PolicyKey
 from labkit.observe.trace import Flow, Report
 
 from .harness import A1, A2, B1, EXT, LB_VIP, NODE_IP, VIP, VPORT
-from .packets import ACK, SYN, tcp, udp
+from .packets import ACK, SYN, eth, ipv4, tcp, tcp_segment, udp
 
 TO_LXC, TO_PROXY, TO_STACK, TO_OVERLAY, FROM_LXC = 0, 1, 3, 4, 5
 NONE, LOW, MEDIUM = 0, 2, 3  #: monitor aggregation levels (pkg/option/monitor.go)
@@ -122,15 +123,15 @@ def test_from_container_to_overlay_still_reported(tunnel):
 
 def test_xdp_translation_is_never_reported(xdp):
     """A NodePort request XDP load-balances to a local backend (translated, XDP_PASS) keeps its record for the
-    step, unreported at level none; an XDP drop is reported."""
+    step, unreported at level none; an XDP drop (a fragment) is reported."""
     level(xdp, NONE)
     xdp.service(LB_VIP, VPORT, [(1, A1.ip, 8080, BackendState.ACTIVE)], flags=LB_FLAGS)
     out = xdp.run_xdp(tcp(EXT, LB_VIP, 40600, VPORT, SYN))
     assert out.retval == XDP_PASS and out.event.hook == Hook.XDP and out.event.verdict == Verdict.FORWARDED
     assert not reported(out.event)
-    xdp.service(LB_VIP, VPORT + 1, [], flags=LB_FLAGS, service_id=2)
-    drop = xdp.run_xdp(tcp(EXT, LB_VIP, 40601, VPORT + 1, SYN))
-    assert drop.event.verdict == Verdict.DROPPED and reported(drop.event)
+    fragment = eth(ipv4(EXT, LB_VIP, socket.IPPROTO_TCP, tcp_segment(EXT, LB_VIP, 40601, VPORT, SYN), frag=0x2000))
+    drop = xdp.run_xdp(fragment)
+    assert drop.event.drop_reason == DropReason.FRAG_NOSUPPORT and reported(drop.event)
 
 
 # -- item 2: verdicts only in enforced directions ----------------------------------------------
