@@ -10,7 +10,8 @@
  *                  (nodeport.h) and, for a remote backend, sent straight
  *                  back out of eth0 (XDP_TX) — DNATed, and SNATed in snat
  *                  mode or given the DSR option in dsr mode; a service
- *                  without backends is DROP_NO_SERVICE before any skb exists.
+ *                  without backends is answered with ICMP port unreachable
+ *                  (XDP_TX) before any skb exists.
  *                  A local backend's packet is translated and passed up; the
  *                  tc program then sees a packet to a pod, not a frontend, and
  *                  does not load-balance it again. Everything else passes
@@ -52,6 +53,8 @@ int cil_xdp_entry(struct xdp_md *ctx)
 		goto drop;
 	}
 	ret = nodeport_lb4_xdp(ctx, &p, &ev);
+	if (ret == DROP_NO_SERVICE)
+		return xdp_no_service(ctx, &p, &ev);
 	if (ret < 0)
 		goto drop;
 	if (ret == NP_PASS)

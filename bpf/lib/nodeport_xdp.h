@@ -117,6 +117,96 @@ static __always_inline int xdp_dec_ttl4(struct xdp_md *ctx)
 	return 0;
 }
 
+/* bpf_xdp_load_bytes(), which BCC 0.26 does not declare. */
+static long (*lk_xdp_load_bytes)(struct xdp_md *ctx, __u32 off, void *buf, __u32 len) =
+	(void *)BPF_FUNC_xdp_load_bytes;
+
+/* lb4_no_service_reply() in XDP (Cilium's __tail_no_service_ipv4 under
+ * __ctx_is == __ctx_xdp: xdp_adjust_tail for ctx_adjust_troom, xdp_adjust_head
+ * for the room): the frame becomes ICMP port unreachable from the frontend to
+ * the client, MACs swapped, the sample min(length, 64) bytes from the IPv4
+ * header on. 0 or a DROP_* reason. */
+static __always_inline int xdp_no_service_reply(struct xdp_md *ctx, const struct pkt4 *p)
+{
+	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+	__u8 sample[ICMP_PACKET_MAX_SAMPLE_SIZE] = {};
+	struct lb4_icmp_unreach icmp = {};
+	struct iphdr ip = {};
+	__u32 len = xdp_len(ctx), sample_len = len, size;
+	__u8 eth[ETH_HLEN];
+	__s64 sum;
+
+	if (data + ETH_HLEN + IPV4_HLEN > data_end)
+		return DROP_INVALID;
+	__builtin_memcpy(eth, data + 6, 6); /* to the client: the sender's MAC */
+	__builtin_memcpy(eth + 6, data, 6);
+	eth[12] = 0x08;
+	eth[13] = 0x00;
+	ip.tos = ((struct iphdr *)(data + ETH_HLEN))->tos;
+	if (sample_len > ICMP_PACKET_MAX_SAMPLE_SIZE)
+		sample_len = ICMP_PACKET_MAX_SAMPLE_SIZE;
+	bpf_xdp_adjust_tail(ctx, (int)(sample_len + ETH_HLEN) - (int)len); /* unchecked, as Cilium's */
+	if (sample_len < 1)
+		return DROP_INVALID;
+	sample_len = ((sample_len - 1) & (ICMP_PACKET_MAX_SAMPLE_SIZE - 1)) + 1;
+	if (lk_xdp_load_bytes(ctx, ETH_HLEN, sample, sample_len) < 0)
+		return DROP_INVALID;
+	size = (sample_len + 3) & ~3U;
+	if (size > ICMP_PACKET_MAX_SAMPLE_SIZE)
+		return DROP_INVALID;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)sample, size, 0);
+	if (sum < 0)
+		return DROP_INVALID;
+	if (bpf_xdp_adjust_head(ctx, -(int)(sizeof(ip) + sizeof(icmp))) < 0)
+		return DROP_INVALID;
+	ip.version = 4;
+	ip.ihl = sizeof(ip) >> 2;
+	ip.tot_len = lk_htons(sizeof(ip) + sizeof(icmp) + sample_len);
+	ip.ttl = 64; /* IPDEFTTL */
+	ip.protocol = IPPROTO_ICMP;
+	ip.saddr = p->daddr;
+	ip.daddr = p->saddr;
+	ip.check = csum_fold32((__u32)bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0));
+	icmp.type = ICMP_DEST_UNREACH;
+	icmp.code = ICMP_PORT_UNREACH;
+	icmp.checksum = csum_fold32((__u32)bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), (__u32)sum));
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + ETH_HLEN + sizeof(ip) + sizeof(icmp) > data_end)
+		return DROP_INVALID;
+	__builtin_memcpy(data, eth, ETH_HLEN);
+	__builtin_memcpy(data + ETH_HLEN, &ip, sizeof(ip));
+	__builtin_memcpy(data + ETH_HLEN + sizeof(ip), &icmp, sizeof(icmp));
+	return 0;
+}
+
+/* lb4_no_service() in XDP: the answer goes back out of the device the frame
+ * came in on (Cilium's ctx_redirect to the ingress ifindex: XDP_TX). The XDP
+ * verdict. */
+static __always_inline int xdp_no_service(struct xdp_md *ctx, const struct pkt4 *p, struct trace_event *ev)
+{
+#ifdef SERVICE_NO_BACKEND_RESPONSE
+	struct pkt4 reply = {};
+	int ret = xdp_no_service_reply(ctx, p);
+
+	if (ret < 0) {
+		trace_emit(ev, VERDICT_DROPPED, ret);
+		return XDP_DROP;
+	}
+	reply.saddr = p->daddr;
+	reply.daddr = p->saddr;
+	reply.proto = IPPROTO_ICMP;
+	reply.icmp_type = ICMP_DEST_UNREACH;
+	trace_tuple_set(&ev->after, &reply);
+	ev->flags |= TRACE_F_NO_BACKEND_REPLY;
+	trace_emit(ev, VERDICT_REDIRECTED, DROP_NO_SERVICE);
+	return XDP_TX;
+#else
+	trace_emit(ev, VERDICT_DROPPED, DROP_NO_SERVICE);
+	return XDP_DROP;
+#endif
+}
+
 /* nodeport_lb4() in XDP: the same decisions and state, the frame rewritten in
  * place. NP_PASS, NP_LOCAL, NP_FORWARD or a DROP_* reason. */
 static __always_inline int nodeport_lb4_xdp(struct xdp_md *ctx, struct pkt4 *p, struct trace_event *ev)

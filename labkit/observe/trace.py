@@ -182,7 +182,7 @@ class Flow:
         if policy is not None:
             parts.append(f"{policy.text()} (ID:{ev.remote_id})")  # the peer, as Hubble prints identities
         verdict = self.verdict.name
-        if ev.verdict == Verdict.DROPPED:
+        if ev.verdict == Verdict.DROPPED or ev.flags & TraceFlags.NO_BACKEND_REPLY:  # dropped, or answered instead
             verdict += f" ({DropReason.text(ev.drop_reason)})"
         elif ev.tunnel_endpoint and self.hook in (Hook.FROM_CONTAINER, Hook.TO_OVERLAY):
             verdict += f" -> tunnel {ipv4(ev.tunnel_endpoint)}"

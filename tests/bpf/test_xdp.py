@@ -23,7 +23,7 @@ from .harness import B2, EXT, LB_VIP, NODE_IP, VPORT
 from .packets import SYN, ACK, eth, ipv4, tcp, tcp_segment, udp
 from .test_malformed import cut_header
 
-XDP_DROP, XDP_PASS = 1, 2
+XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
 ACTIVE = BackendState.ACTIVE
 LB_FLAGS = ServiceFlags.LOADBALANCER | ServiceFlags.ROUTABLE
 CP, BP = 50000, 8080
@@ -84,12 +84,22 @@ def test_udp_checksum_rewritten_like_tc(xdp_snat):
     assert xr[0].frame[12:] == tr[0].frame[12:] and xr[0].pkt.l4_csum_ok
 
 
-def test_no_backend_dropped_in_xdp(xdp):
-    """A LoadBalancer without backends: XDP_DROP with DROP_NO_SERVICE at hook xdp, and no CT row."""
+def test_no_backend_answered_in_xdp_as_tc_answers(xdp):
+    """A LoadBalancer without backends: cil_xdp_entry answers with ICMP port unreachable and sends it back out
+    (XDP_TX: Cilium's XDP build tail-calls the same tail_no_service_ipv4, whose ctx_redirect to the ingress device
+    is XDP_TX, bpf/lib/lb.h:1768-1822@82999990, bpf/include/bpf/ctx/xdp.h:343-349@82999990); the frame after the
+    MACs equals tc's answer, the record is REDIRECTED with reason DROP_NO_SERVICE at hook xdp, and no CT row."""
+    from labkit.constants import TraceFlags
+
     xdp.service(LB_VIP, VPORT, [], flags=LB_FLAGS)
-    r = xdp.run_xdp(tcp(EXT, LB_VIP, CP, VPORT, SYN))
-    assert r.retval == XDP_DROP
-    assert (r.event.hook, r.event.verdict, r.event.drop_reason) == (Hook.XDP, Verdict.DROPPED, DropReason.NO_SERVICE)
+    for frame in (tcp(EXT, LB_VIP, CP, VPORT, SYN), tcp(EXT, LB_VIP, CP, VPORT, SYN, payload=bytes(range(50)))):
+        r = xdp.run_xdp(frame)
+        assert r.retval == XDP_TX
+        assert (r.event.hook, r.event.verdict, r.event.drop_reason) == (Hook.XDP, Verdict.REDIRECTED,
+                                                                        DropReason.NO_SERVICE)
+        assert r.event.flags & TraceFlags.NO_BACKEND_REPLY
+        t = xdp.run("cil_from_netdev", frame)
+        assert r.frame == t.frame and r.frame[34] == 3 and r.frame[35] == 3
     assert xdp.ct() == []
 
 

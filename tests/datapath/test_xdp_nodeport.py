@@ -173,9 +173,13 @@ for i in range(n):
 """
 
 
-def test_flood_to_service_without_backends_dropped_in_xdp(xdp_lab):
-    """200 UDP datagrams to a LoadBalancer without backends: 200 DROP_NO_SERVICE records at hook xdp on node-a
-    (lb4_local finds svc->count == 0, Cilium's lb4_local), none at from-netdev, and no CT row."""
+def test_flood_to_service_without_backends_answered_in_xdp(xdp_lab):
+    """200 UDP datagrams to a LoadBalancer without backends: 200 records at hook xdp on node-a, each the packet
+    answered with ICMP port unreachable and sent back out (lb4_local finds svc->count == 0; Cilium's XDP build
+    tail-calls tail_no_service_ipv4, bpf/lib/nodeport.h:2849-2856@82999990, bpf/lib/lb.h:1718-1836@82999990),
+    none dropped, none at from-netdev, and no CT row."""
+    from labkit.constants import TraceFlags
+
     lab = xdp_lab
     svc = lab.services.add("void", 53, [], protocol="UDP", type="LoadBalancer")
     log = lab.events()
@@ -183,13 +187,14 @@ def test_flood_to_service_without_backends_dropped_in_xdp(xdp_lab):
     lab.exec("ext", [sys.executable, "-c", _UDP_FLOOD, svc.lb_vip, "53", "200"], check=True)
     seen: list = []
 
-    def all_dropped():
+    def all_answered():
         seen.extend(f for f in log.read() if f.node == "node-a")
-        return len([f for f in seen if f.dropped]) >= 200
+        return len([f for f in seen if f.event.flags & TraceFlags.NO_BACKEND_REPLY]) >= 200
 
-    wait_for(all_dropped, timeout=10, what="200 drops at node-a")
-    drops = [f for f in seen if f.dropped]
-    assert {(f.hook, f.event.drop_reason) for f in drops} == {(Hook.XDP, DropReason.NO_SERVICE)}
-    assert len(drops) == 200
+    wait_for(all_answered, timeout=10, what="200 answers at node-a")
+    answered = [f for f in seen if f.event.flags & TraceFlags.NO_BACKEND_REPLY]
+    assert {(f.hook, f.verdict, f.event.drop_reason) for f in answered} == {
+        (Hook.XDP, Verdict.REDIRECTED, DropReason.NO_SERVICE)}
+    assert len(answered) == 200 and not [f for f in seen if f.dropped]
     assert [f for f in seen if f.hook == Hook.FROM_NETDEV and f.event.before.daddr == _be32(svc.lb_vip)] == []
     assert lab.ct("node-a") == []

@@ -13,8 +13,8 @@ reason) and the CT rows before and after it. The rules the answers follow:
   counts each lookup that finds the entry, with CONNTRACK_ACCOUNTING).
 - Cilium v1.16's bpf_xdp.c (``--bpf-lb-acceleration=native``): nodeport_lb4 runs in XDP for traffic from outside
   to a NodePort/LoadBalancer frontend, with the same maps and rows as cil_from_netdev; a frontend without backends
-  is DROP_NO_SERVICE (lb4_local, ``svc->count == 0``) and an IPv4 fragment DROP_FRAG_NOSUPPORT before the kernel
-  builds an skb. Without the XDP program (tc only), cil_from_netdev takes the same decisions on the skb.
+  is DROP_NO_SERVICE (lb4_local, ``svc->count == 0``), answered with ICMP port unreachable (XDP_TX, the default
+  --service-no-backend-response=reject), and an IPv4 fragment DROP_FRAG_NOSUPPORT, before the kernel builds an skb. Without the XDP program (tc only), cil_from_netdev takes the same decisions on the skb.
 
 (tests/datapath/test_sockmap.py and tests/datapath/test_xdp_nodeport.py pin the same behaviour packet by packet.)
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from labkit.constants import DropReason, Hook
+from labkit.constants import DropReason, Hook, TraceFlags
 from labkit.grading.checks import Outcome, compare_rows, exercise
 from labkit.grading.exercises.common import broken_step, hook_name, is_syn, src, unhealthy
 from labkit.maps.ct import TcpFlags
@@ -287,33 +287,36 @@ def _drop_answer(answer: Any, live: tuple[str, int]):
     "12.4",
     "A Service without backends",
     hints=(
-        "Find the DROPPED line of ext's datagram to the Service `void` in the XDP lab: which hook, and the reason in "
-        "parentheses.",
+        "Find the line of ext's datagram to the Service `void` in the XDP lab (REDIRECTED [no-backend-reply]: node-a "
+        "answered it instead of forwarding it): which hook, and the reason in parentheses.",
         "The Service exists but has no backend to choose: the frontend lookup finds it, the backend pick fails. "
         "Which program of node-a looked it up first?",
-        "The answer is ('xdp', 'Service backend not found'): DROP_NO_SERVICE, in XDP, before an skb exists.",
+        "The answer is ('xdp', 'Service backend not found'): DROP_NO_SERVICE, answered in XDP before an skb exists.",
     ),
     fault="xdp-pass",
     cells=(DROPS,),
 )
 def no_backend_drop(answer, ev) -> Outcome:
-    """(hook, drop reason) of ext's datagram to the LoadBalancer void (no backends) in the XDP lab, section 4."""
+    """(hook, reason) of ext's datagram to the LoadBalancer void (no backends) in the XDP lab, section 4: the record
+    of the packet answered with ICMP port unreachable (v1.16's --service-no-backend-response=reject) in its place."""
     step = ev.variant("xdp").step(op="udp", actor="ext", target="void")
     if step is None:
         return Outcome.needs(DROPS, "ext's datagram to the Service without backends in the XDP lab")
-    drops = [f for f in step.flows if f.dropped and f.node == "node-a" and src(f.event.before)[1] == step.attrs.get("sport")]
+    drops = [f for f in step.flows if (f.dropped or f.event.flags & TraceFlags.NO_BACKEND_REPLY)
+             and f.node == "node-a" and src(f.event.before)[1] == step.attrs.get("sport")]
     if step.ok or not drops:
-        return unhealthy(DROPS, "the datagram to void answered" if step.ok else "no drop of the datagram on node-a",
-                         step)
+        return unhealthy(DROPS, "the datagram to void answered by a server" if step.ok
+                         else "no record of the datagram answered or dropped on node-a", step)
     live = (drops[0].hook.label, drops[0].event.drop_reason)
     unreadable, diff, got_hook, got_reason = _drop_answer(answer, live)
     if unreadable is not None:
         return unreadable
     if (got_hook, got_reason) == live:
         return Outcome(True, f"{live[0]}: {_reason_text(live[1])} (DROP_NO_SERVICE). The VIP is a frontend, so the "
-                             "XDP program looked it up, found no backend to pick (lb4_local) and dropped the frame "
-                             "in the driver: no skb, no CT row, no tc program. A flood to such a Service costs the "
-                             "node the least it can.", diff)
+                             "XDP program looked it up, found no backend to pick (lb4_local) and, as a v1.16 node "
+                             "does by default (--service-no-backend-response=reject), turned the frame into an ICMP "
+                             "port unreachable and sent it straight back (XDP_TX): no skb, no CT row, no tc program. "
+                             "A flood to such a Service costs the node the least it can.", diff)
     problems = []
     if got_hook != live[0]:
         if got_hook == "from-netdev":
