@@ -25,6 +25,7 @@ struct pkt4 {
 	__u8 tcp_flags;
 	__u8 icmp_type;
 	__u8 is_frag;    /* any fragment: ports unknown or incomplete */
+	__u8 icmp_code;
 };
 
 /* Parse IPv4 at l3_off. Returns 0, or a DROP_* reason for a malformed header. */
@@ -62,6 +63,7 @@ static __always_inline int parse_ipv4_at(struct __sk_buff *skb, __u32 l3_off, st
 		if (bpf_skb_load_bytes(skb, p->l4_off, l4, 8) < 0)
 			return DROP_CT_INVALID_HDR;
 		p->icmp_type = l4[0];
+		p->icmp_code = l4[1];
 		if (l4[0] == ICMP_ECHO || l4[0] == ICMP_ECHOREPLY)
 			__builtin_memcpy(&p->sport, &l4[4], 2);
 		return 0;

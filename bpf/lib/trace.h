@@ -16,6 +16,7 @@ static __always_inline void trace_tuple_set(struct trace_tuple *t, const struct 
 	t->proto = p->proto;
 	t->tcp_flags = p->tcp_flags;
 	t->icmp_type = p->icmp_type;
+	t->icmp_code = p->icmp_code;
 }
 
 /* What every hook's record starts with besides the time, device and length,

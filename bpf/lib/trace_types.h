@@ -108,7 +108,7 @@ struct trace_tuple {
 	__u8 proto;
 	__u8 tcp_flags;
 	__u8 icmp_type;
-	__u8 pad;
+	__u8 icmp_code;   /* Hubble's ICMPv4 code */
 };
 
 struct trace_event {

@@ -73,6 +73,7 @@ static __always_inline int xdp_parse4(struct xdp_md *ctx, struct pkt4 *p)
 		if ((void *)(l4 + 8) > data_end)
 			return DROP_CT_INVALID_HDR;
 		p->icmp_type = l4[0];
+		p->icmp_code = l4[1];
 		if (l4[0] == ICMP_ECHO || l4[0] == ICMP_ECHOREPLY)
 			__builtin_memcpy(&p->sport, &l4[4], 2);
 		return 0;

@@ -118,9 +118,30 @@ _HOST_SOURCE = -1  #: a trace's source endpoint is the host endpoint (bpf_host.c
 #: ECE, CWR), with their bit in the TCP header.
 _TCP_FLAGS = (("SYN", 0x02), ("ACK", 0x10), ("RST", 0x04), ("FIN", 0x01), ("PSH", 0x08), ("URG", 0x20),
               ("ECE", 0x40), ("CWR", 0x80))
-#: ICMPv4 type names as gopacket's ICMPv4TypeCode prints them (codes are not in the record).
-_ICMP_NAMES = {0: "EchoReply", 3: "DestinationUnreachable", 5: "Redirect", 8: "EchoRequest", 11: "TimeExceeded",
-               12: "ParameterProblem"}
+#: ICMPv4 types and codes as gopacket v1.1.19 (Cilium v1.16's, go.mod:54) names them in ICMPv4TypeCode.String()
+#: (layers/icmp4.go): type → (name, {code: name}); a type without a code table prints its name alone when the
+#: code is 0, ``Name(Code: n)`` otherwise; an unknown code of a typed table ``Name(Code: n)``, a known one
+#: ``Name(CodeName)``, an unknown type ``t(c)``.
+_ICMP_NAMES: dict[int, tuple[str, dict[int, str] | None]] = {
+    0: ("EchoReply", None),
+    3: ("DestinationUnreachable", dict(enumerate((
+        "Net", "Host", "Protocol", "Port", "FragmentationNeeded", "SourceRoutingFailed", "NetUnknown", "HostUnknown",
+        "SourceIsolated", "NetAdminProhibited", "HostAdminProhibited", "NetTOS", "HostTOS", "CommAdminProhibited",
+        "HostPrecedence", "PrecedenceCutoff")))),
+    4: ("SourceQuench", None),
+    5: ("Redirect", {0: "Net", 1: "Host", 2: "TOS+Net", 3: "TOS+Host"}),
+    8: ("EchoRequest", None),
+    9: ("RouterAdvertisement", None),
+    10: ("RouterSolicitation", None),
+    11: ("TimeExceeded", {0: "TTLExceeded", 1: "FragmentReassemblyTimeExceeded"}),
+    12: ("ParameterProblem", {0: "PointerIndicatesError", 1: "MissingOption", 2: "BadLength"}),
+    13: ("TimestampRequest", None),
+    14: ("TimestampReply", None),
+    15: ("InfoRequest", None),
+    16: ("InfoReply", None),
+    17: ("AddressMaskRequest", None),
+    18: ("AddressMaskReply", None),
+}
 _LOST_SOURCE = "PERF_EVENT_RING_BUFFER"  #: flow.proto LostEventSource: the datapath's ring overflowed
 
 
@@ -261,9 +282,24 @@ def _l4(t: TraceTuple) -> tuple[dict, str]:
     if t.proto == socket.IPPROTO_UDP:
         return {"UDP": _drop_zero({"source_port": sport, "destination_port": dport})}, "UDP"
     if t.proto == socket.IPPROTO_ICMP:
-        name = _ICMP_NAMES.get(t.icmp_type, str(t.icmp_type))
-        return {"ICMPv4": _drop_zero({"type": t.icmp_type})}, f"ICMPv4 {name}"
+        code = getattr(t, "icmp_code", 0)
+        # threefour/parser.go:392-399 decodeICMPv4 (type and code), 271-273 the summary.
+        return {"ICMPv4": _drop_zero({"type": t.icmp_type, "code": code})}, f"ICMPv4 {_icmp_text(t.icmp_type, code)}"
     return {}, ""
+
+
+def _icmp_text(icmp_type: int, code: int) -> str:
+    """gopacket's ICMPv4TypeCode.String() of a type and code (:data:`_ICMP_NAMES`).
+
+    >>> _icmp_text(8, 0), _icmp_text(3, 3), _icmp_text(0, 7), _icmp_text(42, 1)
+    ('EchoRequest', 'DestinationUnreachable(Port)', 'EchoReply(Code: 7)', '42(1)')
+    """
+    if icmp_type not in _ICMP_NAMES:
+        return f"{icmp_type}({code})"
+    name, codes = _ICMP_NAMES[icmp_type]
+    if codes is None and code == 0:
+        return name
+    return f"{name}({codes[code]})" if codes and code in codes else f"{name}(Code: {code})"
 
 
 def _ports(t: TraceTuple) -> tuple[int, int]:

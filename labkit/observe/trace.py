@@ -44,7 +44,7 @@ class TraceTuple(ctypes.LittleEndianStructure):
         ("proto", ctypes.c_uint8),
         ("tcp_flags", ctypes.c_uint8),
         ("icmp_type", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8),
+        ("icmp_code", ctypes.c_uint8),
     ]
 
     def text(self) -> str:

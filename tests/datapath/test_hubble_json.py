@@ -229,3 +229,22 @@ def test_v1_16_prints_no_lost_events_where_1_20_does(_require_datapath):
             lab.down()
     assert shown["1.16"] == []
     assert shown["1.20"] and all(line.startswith("EVENTS LOST: PERF_EVENT_RING_BUFFER CPU(0) ") for line in shown["1.20"])
+
+
+def test_icmp_flows_carry_the_code(hl):
+    """a1's UDP datagram to a closed port of b1: b1's kernel answers ICMP destination unreachable, code 3 (port);
+    its flows carry type 3 and code 3 (threefour/parser.go:392-399@82999990 decodeICMPv4) and the summary names
+    both as gopacket prints them (parser.go:271-273: ``ICMPv4 DestinationUnreachable(Port)``)."""
+    from labkit.observe.hubble import FlowFilter, last_flows
+    from labkit.observe.monitor import flushed_past
+
+    send = ("import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+            f"s.sendto(b'x',('{hl.pod('b1').ip}',9));s.settimeout(1)\n"
+            "try: s.recv(10)\nexcept OSError: pass")
+    assert hl.exec("a1", [sys.executable, "-c", send], timeout=30).returncode == 0
+    flushed_past(hl.name, hl.pin_dirs)
+    icmp = wait_for(lambda: [r["flow"] for r in last_flows(hl, FlowFilter(protocols=["icmp"])) if "flow" in r
+                             and r["flow"]["l4"]["ICMPv4"].get("type") == 3] or None, timeout=5,
+                    what="the ICMP port unreachable's flows")
+    assert {f["l4"]["ICMPv4"]["code"] for f in icmp} == {3}
+    assert {f["Summary"] for f in icmp} == {"ICMPv4 DestinationUnreachable(Port)"}
