@@ -76,6 +76,14 @@ LAB_DIFFERENCES = (
     "parser/seven turns into L7 flows) are not in the Hubble ring: `labkit observe` shows the query's to-proxy "
     "trace and its REDIRECTED policy verdict, and the proxy's own log (`lab.fqdn.resolve`, GET "
     "/v1/fqdn/events) shows each question and answer",
+    "`labkit observe -o json` fills each flow as a v1.16 node's Hubble does for the same event "
+    "(pkg/hubble/parser/threefour), except: no source_names/destination_names (the names an endpoint looked up "
+    "through the DNS proxy: labkit's DNS cache keys answers by endpoint id alone, which repeats across nodes), no "
+    "node_labels (a lab's nodes are no Kubernetes Node objects), no egress/ingress_allowed_by or _denied_by on "
+    "policy verdicts (the agent keeps no rule labels per policy map entry), ethernet only for frames on a pod's "
+    "veth (the endpoint map holds those MACs; the netdev's and the tunnel's frames have none), no ID for the "
+    "node's own address (the lab has no host endpoint), and a uuid derived from the ring entry where Cilium "
+    "draws a random one (reading the ring twice gives the same flows)",
     "IPv4 fragments are dropped (DROP_FRAG_NOSUPPORT), as Cilium does with --enable-ipv4-fragment-tracking=false "
     "(its default tracks them): lab traffic never fragments, and the datapath stays short enough to read",
     "traffic reaching a node is routed to the pod by the node's kernel, and the CT ingress work Cilium does in "
