@@ -268,9 +268,20 @@ def _drop_zero(d: dict) -> dict:
 
 
 def _rfc3339(wall_ns: int) -> str:
+    """A google.protobuf.Timestamp as protojson writes it: RFC 3339 in UTC with 0, 3, 6 or 9 fractional digits
+    (the fewest that hold the nanoseconds).
+
+    >>> _rfc3339(1_500_000_000), _rfc3339(1_123_456_000), _rfc3339(1_000_000_001)
+    ('1970-01-01T00:00:01.500Z', '1970-01-01T00:00:01.123456Z', '1970-01-01T00:00:01.000000001Z')
+    """
     secs, nanos = divmod(wall_ns, 1_000_000_000)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
-    return f"{stamp}.{nanos:09d}Z"
+    if not nanos:
+        return f"{stamp}Z"
+    frac = f"{nanos:09d}"
+    while frac.endswith("000"):
+        frac = frac[:-3]
+    return f"{stamp}.{frac}Z"
 
 
 def _l4(t: TraceTuple) -> tuple[dict, str]:
@@ -278,7 +289,8 @@ def _l4(t: TraceTuple) -> tuple[dict, str]:
     if t.proto == socket.IPPROTO_TCP:
         flags = {name: True for name, bit in _TCP_FLAGS if t.tcp_flags & bit}
         summary = "TCP Flags: " + ", ".join(name for name, bit in _TCP_FLAGS if t.tcp_flags & bit)
-        return {"TCP": _drop_zero({"source_port": sport, "destination_port": dport, "flags": flags})}, summary
+        # decodeTCP (threefour/parser.go:354-368) always sets Flags: protojson prints a set message, empty or not.
+        return {"TCP": {**_drop_zero({"source_port": sport, "destination_port": dport}), "flags": flags}}, summary
     if t.proto == socket.IPPROTO_UDP:
         return {"UDP": _drop_zero({"source_port": sport, "destination_port": dport})}, "UDP"
     if t.proto == socket.IPPROTO_ICMP:
@@ -531,9 +543,9 @@ def _host(ip: str, port: int, ep: dict, svc: dict, names: list[str]) -> str:
 
 def _stamp(rfc3339: str) -> str:
     """Go's time.StampMilli (``Jan _2 15:04:05.000``) of a UTC RFC 3339 time, as printer.go writes it."""
-    base, frac = rfc3339.rstrip("Z").split(".")
+    base, _, frac = rfc3339.rstrip("Z").partition(".")
     tm = time.strptime(base, "%Y-%m-%dT%H:%M:%S")
-    return f"{time.strftime('%b', tm)} {tm.tm_mday:>2} {time.strftime('%H:%M:%S', tm)}.{frac[:3]}"
+    return f"{time.strftime('%b', tm)} {tm.tm_mday:>2} {time.strftime('%H:%M:%S', tm)}.{(frac + '000')[:3]}"
 
 
 def compact(resp: dict, node_name: bool = False) -> str:
