@@ -38,7 +38,8 @@ NODEPORT_ACCEL_MODES = ("none", "xdp")
 #: Where Services live: the cilium_lb4_* maps, or kube-proxy's iptables on every node.
 SERVICE_MODES = ("ebpf", "iptables")
 #: --enable-policy: 'default' (an endpoint is enforced once a policy selects it), 'always', 'never'.
-#: labkit's default is 'never' (no policy code compiled in); the agent decides per endpoint what the map holds.
+#: labkit's default is Cilium's, 'default' (policy code compiled in; the agent decides per endpoint what the map
+#: holds, and a pod no policy selects is allowed everything); 'never' compiles no policy code.
 POLICY_MODES = ("default", "always", "never")
 #: --bpf-lb-maglev-table-size choices (prime); the default is Cilium's, 16381 (251 prints on a screen).
 #: --monitor-aggregation values Cilium accepts (pkg/option/monitor.go monitorAggregationOption); the levels
@@ -202,9 +203,9 @@ class DatapathConfig:
     #: count packets and bytes per CT entry (CONNTRACK_ACCOUNTING; the agent's --bpf-conntrack-accounting,
     #: off by default, so a node prints Packets=0 Bytes=0)
     ct_accounting: bool = False
-    #: network policy enforcement (--enable-policy): 'never' compiles no policy code; 'default' and 'always'
-    #: compile it in (ENABLE_POLICY), and what a pod's map holds is the agent's business
-    policy: str = "never"
+    #: network policy enforcement (--enable-policy): 'default' (Cilium's default, a node's) and 'always' compile it
+    #: in (ENABLE_POLICY), and what a pod's map holds is the agent's business; 'never' compiles no policy code
+    policy: str = "default"
     #: --policy-audit-mode: a packet policy would drop passes, its verdict marked audited (POLICY_AUDIT_MODE)
     policy_audit: bool = False
     #: --monitor-aggregation: none, lowest, low, medium (the default, as on a node) or maximum. Not a macro:

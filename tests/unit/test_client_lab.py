@@ -69,11 +69,11 @@ def test_up_sends_routing_and_keyword_options_as_given(door):
 
 def test_up_sends_only_how_a_given_config_differs_from_the_default(door):
     """A DatapathConfig is sent as its differences from the default config; keyword options and routing win."""
-    config = DatapathConfig(routing="native", ct_tcp_size=4096, policy="default")
+    config = DatapathConfig(routing="native", ct_tcp_size=4096, policy="always")
     Lab.up("demo", config=config, door=door)
-    assert door.calls[-1][4]["options"] == {"routing": "native", "ct_tcp_size": 4096, "policy": "default"}
+    assert door.calls[-1][4]["options"] == {"routing": "native", "ct_tcp_size": 4096, "policy": "always"}
     Lab.up("demo", config=config, routing="tunnel", ct_tcp_size=8192, door=door)
-    assert door.calls[-1][4]["options"] == {"routing": "tunnel", "ct_tcp_size": 8192, "policy": "default"}
+    assert door.calls[-1][4]["options"] == {"routing": "tunnel", "ct_tcp_size": 8192, "policy": "always"}
     Lab.up("demo", config=DatapathConfig(), door=door)
     assert door.calls[-1][4]["options"] == {}
 

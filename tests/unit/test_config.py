@@ -157,10 +157,12 @@ def test_lb_mode_and_maglev_size():
     assert DatapathConfig.from_dict(DatapathConfig(lb_mode="snat").to_dict()).lb_mode == "snat"
 
 
-def test_policy_defaults_to_never():
-    """Policy enforcement is off unless asked for (no policy code compiled in), audit mode off."""
+def test_policy_defaults_to_a_nodes_default():
+    """A lab is a default node: policy mode 'default' (Cilium's --enable-policy default,
+    daemon/cmd/daemon_main.go:370 and pkg/option/runtime_options.go:23@82999990), policy code compiled in, audit
+    mode off."""
     c = DatapathConfig()
-    assert (c.policy, c.policy_audit) == ("never", False)
+    assert (c.policy, c.policy_audit) == ("default", False)
     assert POLICY_MODES == ("default", "always", "never")  # Cilium's --enable-policy values
 
 
@@ -181,8 +183,9 @@ def test_invalid_policy_audit(value):
 def test_policy_audit_needs_policy():
     """Audit mode without policy code has nothing to audit: a ConfigError naming policy 'never'."""
     with pytest.raises(ConfigError, match=r"policy_audit: expected policy 'default' or 'always'.*got policy 'never'"):
-        DatapathConfig(policy_audit=True)
+        DatapathConfig(policy="never", policy_audit=True)
     assert DatapathConfig(policy="always", policy_audit=True).policy_audit
+    assert DatapathConfig(policy_audit=True).policy_audit  # the default mode has policy to audit
 
 
 def test_policy_round_trips():

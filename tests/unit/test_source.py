@@ -54,6 +54,7 @@ def test_tunnel_macros(topo):
         "CT_SYN_TIMEOUT": 7,
         "CT_CLOSE_TIMEOUT": 10,
         "CILIUM_SVC_CLOSE_BOTH": 1,  # the 1.16 profile's one release behaviour (labkit/release.py)
+        "ENABLE_POLICY": 1,  # policy mode 'default', a node's: policy code compiled in
     }
 
 
@@ -216,16 +217,19 @@ def test_policy_macros(topo, mode):
     assert b.macros["ENABLE_POLICY"] == 1 and "POLICY_AUDIT_MODE" not in b.macros
     a = node_build(topo, DatapathConfig(policy=mode, policy_audit=True), "node-a", vxlan_ifindex=3)
     assert a.macros["POLICY_AUDIT_MODE"] == 1
-    assert set(a.macros) - set(node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=3).macros) == \
+    assert set(a.macros) - set(node_build(topo, DatapathConfig(policy="never"), "node-a", vxlan_ifindex=3).macros) == \
         {"ENABLE_POLICY", "POLICY_AUDIT_MODE"}
 
 
 def test_policy_never_adds_nothing(topo):
-    """policy 'never' (the default) gives the same macros, cflags and pinned maps as a config without the option."""
+    """policy 'never' compiles no policy code: no ENABLE_POLICY, the plain pinned maps; the default ('default', as on
+    a node) is the same build plus ENABLE_POLICY=1 and the two policy maps."""
     b = node_build(topo, DatapathConfig(policy="never"), "node-a", vxlan_ifindex=3)
     assert not {"ENABLE_POLICY", "POLICY_AUDIT_MODE"} & set(b.macros)
-    assert b.cflags() == node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=3).cflags()
     assert b.map_names == MAP_NAMES
+    d = node_build(topo, DatapathConfig(), "node-a", vxlan_ifindex=3)
+    assert {k: v for k, v in d.macros.items() if k != "ENABLE_POLICY"} == b.macros and d.macros["ENABLE_POLICY"] == 1
+    assert d.map_names == MAP_NAMES + POLICY_MAP_NAMES
 
 
 def test_policy_build_pins_labkit_policy(topo):
@@ -253,7 +257,7 @@ def test_sockmap_off_adds_nothing(topo):
         d = node_build(topo, DatapathConfig(), node, vxlan_ifindex=3)
         assert (b.text(), b.cflags(), b.programs, b.map_names) == (d.text(), d.cflags(), d.programs, d.map_names)
         assert "ENABLE_SOCKMAP" not in b.macros and "sockops" not in b.text()
-        assert not {"bpf_sockops.c", "bpf_redir.c"} & set(b.files) and b.map_names == MAP_NAMES
+        assert not {"bpf_sockops.c", "bpf_redir.c"} & set(b.files) and b.map_names == MAP_NAMES + POLICY_MAP_NAMES
 
 
 def test_sockmap_on_adds_the_two_programs_and_the_sockhash(topo):
@@ -264,7 +268,7 @@ def test_sockmap_on_adds_the_two_programs_and_the_sockhash(topo):
     assert set(b.macros) - set(d.macros) == {"ENABLE_SOCKMAP"}
     extra = [(p.function, p.source, p.device, p.direction) for p in b.programs if p not in d.programs]
     assert extra == [("cil_redir", "bpf_redir.c", "sockmap", "sk_msg"), ("cil_sockops", "bpf_sockops.c", "pods", "sock_ops")]
-    assert b.map_names == MAP_NAMES + SOCKMAP_MAP_NAMES == MAP_NAMES + ("cilium_sock_ops",)
+    assert b.map_names == d.map_names + SOCKMAP_MAP_NAMES and SOCKMAP_MAP_NAMES == ("cilium_sock_ops",)
     assert re.search(r"BPF_SOCKHASH\(cilium_sock_ops\b", (BPF / "lib" / "maps_sockops.h").read_text())
     assert SOCKMAP_ATTACH == {"sock_ops": 3, "sk_msg": 7}  # BPF_CGROUP_SOCK_OPS, BPF_SK_MSG_VERDICT (uapi bpf.h)
 
@@ -284,7 +288,7 @@ def test_nodeport_accel_xdp_builds_the_xdp_programs(topo):
     assert b.macros["ENABLE_NODEPORT_ACCELERATION"] == 1 and "bpf_xdp.c" in b.files
     assert {(p.function, p.device) for p in b.programs if p.source == "bpf_xdp.c"} == {
         ("cil_xdp_entry", "xdp"), ("lab_xdp_pass", "xdp-peer")}
-    assert b.map_names == MAP_NAMES
+    assert b.map_names == node_build(topo, DatapathConfig(routing="native"), "node-a").map_names
 
 
 def test_xdp_code_is_behind_enable_nodeport_acceleration():
