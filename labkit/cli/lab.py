@@ -74,9 +74,9 @@ def add_commands(add) -> None:
                    help=f"slots of each Maglev table, a prime from {MAGLEV_TABLE_SIZES[0]} (fits on a screen) to "
                         f"{MAGLEV_TABLE_SIZES[-1]}; default 16381, Cilium's")
     p.add_argument("--policy-mode", choices=POLICY_MODES, default=None,
-                   help="network policy enforcement (Cilium's --policy-enforcement): default (an endpoint is "
-                        "enforced in a direction once a policy selects it there), always (every endpoint, "
-                        "default deny) or never")
+                   help="network policy enforcement (Cilium's --policy-enforcement): default (the default, as on "
+                        "a node: an endpoint is enforced in a direction once a policy selects it there), always "
+                        "(every endpoint, default deny) or never (no policy code compiled in)")
     p.add_argument("--policy-audit", action="store_true", default=None,
                    help="policy audit mode: a packet policy would deny is let through and reported as AUDITED")
     p.add_argument("--label", type=pod_label, action="append", default=[], metavar="POD:KEY=VALUE",
