@@ -119,9 +119,10 @@ class TestRun:
         return iter((self.retval, self.data, self.duration))
 
 
-def prog_test_run(prog_fd: int, data_in: bytes, repeat: int = 1, ctx: SkBuff | None = None,
+def prog_test_run(prog_fd: int, data_in: bytes, repeat: int = 1, ctx: ctypes.Structure | None = None,
                   data_out_size: int | None = None) -> TestRun:
-    """``BPF_PROG_TEST_RUN``: run program ``prog_fd`` on ``data_in``; ``ctx`` sets the ``__sk_buff``.
+    """``BPF_PROG_TEST_RUN``: run program ``prog_fd`` on ``data_in``; ``ctx`` sets the context (an
+    :class:`SkBuff` for a tc program, an ``xdp_md`` for XDP), read back into the same type after the run.
 
     ``data_out_size`` bounds the packet read back (default: the input plus 256 bytes, room for what a
     program adds). OSError carries the kernel's errno (EINVAL: the program type cannot be test-run, or
@@ -143,7 +144,7 @@ def prog_test_run(prog_fd: int, data_in: bytes, repeat: int = 1, ctx: SkBuff | N
     _bpf._sys(BPF_PROG_TEST_RUN, attr, "prog test run")
     _, retval, _, size_out = struct.unpack_from("=IIII", attr, 0)
     duration = struct.unpack_from("=I", attr, 36)[0]
-    ctx_after = SkBuff.from_buffer_copy(ctx_out.raw) if ctx_out is not None else None
+    ctx_after = type(ctx).from_buffer_copy(ctx_out.raw) if ctx_out is not None else None
     return TestRun(ctypes.c_int32(retval).value, out.raw[:size_out], duration, ctx_after)
 
 

@@ -46,3 +46,14 @@ def xdp_snat_drop(_xdp_snat_drop):
     """``xdp_snat`` built with SERVICE_NO_BACKEND_DROP; maps reset."""
     _xdp_snat_drop.reset()
     return _xdp_snat_drop
+
+
+@pytest.fixture(scope="session")
+def fib(_require_bpf):
+    """node-a's eth0, routes and neighbours in a namespace of the session's own, for XDP test runs whose FIB lookup
+    answers as on node-a (fibns.py); removed at the end."""
+    from .fibns import FibNamespace
+
+    ns = FibNamespace()
+    yield ns
+    ns.close()

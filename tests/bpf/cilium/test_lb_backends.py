@@ -18,7 +18,7 @@ from labkit.maps.lb import (BackendState, Lb4AffinityKey, Lb4Backend, Lb4Backend
 from ..harness import B1, B2
 from .peer import (BACKEND_PORT, CLIENT, CLIENT_PORT, FRONTEND, FRONTEND_PORT, IPPROTO_UDP, KERNEL_ROUTES,
                    LOCAL_BACKEND, add_service, frame_ip_header, ip_header, lab_difference, pktgen_tcp, pktgen_udp)
-from .test_nodeport_dsr import _xdp_verdict_ok
+from .test_nodeport_dsr import assert_xdp_tx
 
 SVC_REV_NAT_ID = 2  #: tc_nodeport_lb_terminating_backend.c:34
 
@@ -76,15 +76,15 @@ def _affinity_setup(node) -> None:
         _bpf.update(fd, key, ctypes.create_string_buffer(info.value_size))
 
 
-def test_session_affinity(xdp_snat):
+def test_session_affinity(xdp_snat, fib):
     """session_affinity: a new flow from a client with a live affinity entry goes to that entry's backend (42, slot
     2) rather than to the slot selection would pick, and leaves XDP DNATed to it
     (bpf/tests/session_affinity_test.c:177-227@82999990). Cilium forces slot 1 with LB_SELECTION_FIRST; labkit
     selects at random, so 16 new flows (other client ports) must all go to backend 42."""
     _affinity_setup(xdp_snat)
     for i in range(16):
-        r = xdp_snat.run_xdp(pktgen_tcp(CLIENT, FRONTEND, 23445 + i, FRONTEND_PORT))
-        assert _xdp_verdict_ok(r)  # :190 XDP_TX
+        r = fib.run_xdp(xdp_snat, pktgen_tcp(CLIENT, FRONTEND, 23445 + i, FRONTEND_PORT))
+        assert_xdp_tx(r)  # :190 XDP_TX, :201-205 the FIB's MACs
         p = r.pkt
         assert p.dst == B2.ip  # :214
         assert p.dport == BACKEND_PORT  # :223

@@ -8,7 +8,9 @@ xdp_nodeport_lb4_nat_backend.c (@82999990). Addresses are the lab's (peer.py): t
 198.18.1.12:8080, the remote backend b2 198.18.2.12:8080; in the *_backend.c files the LB is node-b 198.51.100.12
 (port 222) and the node under test, node-a, holds the backend a2.
 
-Not translated, and why: MAC checks (Cilium mocks fib_lookup; labkit's tc forwards with bpf_redirect_neigh). For a
+The XDP runs that forward go through the FIB namespace (fibns.py), so that Cilium's verdict and MAC checks
+translate. Not translated, and why: the tc CHECKs' MACs (Cilium mocks fib_lookup; labkit's tc forwards with
+bpf_redirect_neigh, the kernel writing the MACs after the program). For a
 backend on the node itself Cilium (ENABLE_HOST_ROUTING) redirects into the pod and so decrements the TTL there
 (0x4212, 0xa712 are TTL 63 headers); labkit hands the request to the node's kernel (TC_ACT_OK, TTL 64: the kernel's
 forwarding decrements it) — LAB_DIFFERENCES, "traffic reaching a node is routed to the pod by the node's kernel".
@@ -21,7 +23,7 @@ from labkit.maps.lb import BackendState
 from .peer import (BACKEND_PORT, CLIENT, CLIENT_2, CLIENT_PORT, FRONTEND, FRONTEND_PORT, IPPROTO_UDP,
                    KERNEL_ROUTES, LB_IP, LOCAL_BACKEND, REMOTE_BACKEND, REMOTE_LB_IP, add_service, frame_ip_header,
                    ip_header, lab_difference, pktgen_tcp, pktgen_udp)
-from .test_nodeport_dsr import XDP_PASS, _xdp_verdict_ok
+from .test_nodeport_dsr import XDP_PASS, assert_xdp_tx
 
 ACTIVE = BackendState.ACTIVE
 LB_PORT = 222  #: tc_nodeport_lb4_nat_backend.c:30
@@ -149,11 +151,11 @@ def test_xdp_local_backend(xdp_snat):
     assert out[34:38] == CLIENT_PORT.to_bytes(2, "big") + BACKEND_PORT.to_bytes(2, "big")  # :210-214
 
 
-def test_xdp_nat_fwd(xdp_snat):
+def test_xdp_nat_fwd(xdp_snat, fib):
     """xdp_nodeport_nat_fwd: XDP DNATs and SNATs a request to a remote backend, TTL 63 (0xa711), and sends it
     back out (bpf/tests/xdp_nodeport_lb4_nat_lb.c:267-327@82999990)."""
-    r = _nat_fwd(xdp_snat, xdp_snat.run_xdp)
-    assert _xdp_verdict_ok(r)  # :287 fib_ok
+    r = _nat_fwd(xdp_snat, lambda f: fib.run_xdp(xdp_snat, f))
+    assert_xdp_tx(r)  # :287 fib_ok, :301-304 MACs
     _assert_nat_fwd(r)  # :306-319
 
 

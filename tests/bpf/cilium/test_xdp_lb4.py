@@ -18,7 +18,7 @@ from labkit.maps.lb import BackendState
 from .. import packets
 from .peer import DEFAULT_DATA, FRONTEND, REMOTE_BACKEND, add_service
 from ..harness import EXT
-from .test_nodeport_dsr import XDP_DROP, _xdp_verdict_ok
+from .test_nodeport_dsr import XDP_DROP, assert_xdp_tx
 
 FRONTEND_PORT, BACKEND_PORT, CLIENT_PORT = 80, 8080, 23445  # :42-44, :95
 
@@ -33,12 +33,12 @@ def _packet() -> bytes:
                        dst="12:23:34:45:56:67", src="aa:bb:cc:dd:ee:ff")
 
 
-def test_xdp_lb4_forward_to_other_node(xdp_snat):
+def test_xdp_lb4_forward_to_other_node(xdp_snat, fib):
     """xdp_lb4_forward_to_other_node: XDP DNATs the request to the remote backend and sends it back out, its payload
     unchanged (bpf/tests/xdp_nodeport_lb4_test.c:117-198@82999990)."""
     add_service(xdp_snat, [(124, REMOTE_BACKEND, BACKEND_PORT, BackendState.ACTIVE)])  # :126-128
-    r = xdp_snat.run_xdp(_packet())
-    assert _xdp_verdict_ok(r)  # :149 XDP_TX
+    r = fib.run_xdp(xdp_snat, _packet())
+    assert_xdp_tx(r)  # :149 XDP_TX, :161-165 the FIB's MACs
     p = r.pkt
     assert p.dst == REMOTE_BACKEND  # :174
     assert p.dport == BACKEND_PORT  # :184
