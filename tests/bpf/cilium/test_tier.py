@@ -21,7 +21,8 @@ from .peer import (CILIUM as C, DEFAULT_DATA, XDP_REQUESTS_ONLY, dsr_option, icm
 HERE = Path(__file__).parent
 MIRROR = Path("/work/.mirror/cybozu-go+cilium/repo")
 #: Names of bpf/tests files that belong to a family labkit has (see FAMILIES).
-FAMILY_PATTERN = re.compile(r"nodeport|_lb[46]_|hairpin|conntrack|ct_tests|affinity|terminating|^xdp_|l4lb")
+FAMILY_PATTERN = re.compile(r"nodeport|_lb[46]_|hairpin|conntrack|ct_tests|nat_tests|affinity|terminating|^xdp_|l4lb|"
+                            r"socket_lb|wildcard")
 
 
 def _citations() -> dict[str, set[int]]:
