@@ -1,12 +1,16 @@
 """Hubble's view of a lab: the entries of the Hubble ring (:mod:`labkit.observe.ring`) as Hubble's
 ``GetFlowsResponse``, printed as ``hubble observe`` prints them, and ``hubble observe``'s filters.
 
+- :class:`Names` — what a node's Hubble resolves addresses with (its getters): pods and their labels, each
+  pod's endpoint on its own node (``cilium_lxc``), Services' frontends, devices, the lab's release;
 - :func:`response` — one entry as the JSON ``hubble observe -o json`` writes: ``{"flow": {...},
   "node_name": ..., "time": ...}`` or ``{"lost_events": {...}, ...}`` (observer.proto
-  GetFlowsResponse; field names and enum names of api/v1/flow/flow.proto, as protojson writes them
-  with proto names: zero values left out, enums by name, times in RFC 3339);
-- :func:`compact` — the ``-o compact`` line (hubble/pkg/printer/printer.go, ``WriteProtoFlow`` and
-  ``WriteLostEvent``);
+  GetFlowsResponse; the fields pkg/hubble/parser/threefour fills for the event, named and ordered as
+  api/v1/flow/flow.proto declares them, as protojson writes them with proto names: zero values left
+  out, enums by name, 64-bit integers as strings, times in RFC 3339);
+- :func:`printed` — the responses the release's ``hubble observe`` prints (v1.16: no lost events);
+- :func:`compact` — the ``-o compact`` line (hubble/pkg/printer/printer.go, ``WriteProtoFlow`` and,
+  from 1.17, ``WriteLostEvent``);
 - :class:`FlowFilter` — ``--from-pod``, ``--to-pod``, ``--pod``, ``--verdict``, ``--protocol``,
   ``--port``, ``--from-ip``, ``--to-ip``, ``--node``.
 
