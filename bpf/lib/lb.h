@@ -114,14 +114,19 @@ static __always_inline __u32 lb4_select_backend_id(const struct pkt4 *p, const s
 }
 
 /* The client's remembered backend while the affinity timeout (slot 0's
- * backend_id field) has not run out and the backend is still active. The
- * session is sticky for [last_used, last_used + timeout): an entry whose
- * last_used + timeout <= now is gone (Cilium's __lb4_affinity_backend_id). */
+ * backend_id field) has not run out and the backend still belongs to the
+ * service (Cilium's __lb4_affinity_backend_id). The session is sticky for
+ * [last_used, last_used + timeout): an entry whose last_used + timeout <= now
+ * is gone. Whether the backend is still the service's is the agent's
+ * cilium_lb_affinity_match, not the backend's state: a terminating backend
+ * keeps its affinity clients; one the agent removed loses them, and the
+ * client's entry is deleted. A backend id with no backend row falls back to a
+ * new choice (lb4_local's check). */
 static __always_inline __u32 lb4_affinity_backend(__be32 client, const struct lb4_service *svc, __u32 now)
 {
+	struct lb_affinity_match match = {};
 	struct lb4_affinity_key key = {};
 	struct lb_affinity_val *val;
-	struct lb4_backend *backend;
 
 	key.client_id = client;
 	key.rev_nat_id = svc->rev_nat_index;
@@ -132,10 +137,15 @@ static __always_inline __u32 lb4_affinity_backend(__be32 client, const struct lb
 		cilium_lb4_affinity.delete(&key);
 		return 0;
 	}
-	backend = lb4_lookup_backend(val->backend_id);
-	if (!backend || backend->flags != BE_STATE_ACTIVE)
+	match.backend_id = val->backend_id;
+	match.rev_nat_id = svc->rev_nat_index;
+	if (!cilium_lb_affinity_match.lookup(&match)) {
+		cilium_lb4_affinity.delete(&key);
 		return 0;
+	}
 	val->last_used = now;
+	if (!lb4_lookup_backend(val->backend_id))
+		return 0;
 	return val->backend_id;
 }
 

@@ -83,6 +83,16 @@ struct lb_affinity_val {
 	__u32 pad;
 } __attribute__((packed));
 
+/* Session affinity's check that the remembered backend still belongs to the
+ * service: the agent writes one key per (service id, backend) of every service
+ * with affinity, and removes it with the backend (Cilium's
+ * cilium_lb_affinity_match, bpf/lib/common.h struct lb_affinity_match). */
+struct lb_affinity_match {
+	__u32 backend_id;
+	__be16 rev_nat_id;   /* the service id, network byte order as in lb4_service */
+	__u16 pad;
+} __attribute__((packed));
+
 /* Socket LB: what connect() rewrote, so getpeername() can show the VIP. */
 struct ipv4_revnat_tuple {
 	__u64 cookie;        /* socket cookie */

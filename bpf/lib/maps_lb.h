@@ -24,6 +24,8 @@ BPF_F_TABLE("hash", __u32, struct lb4_backend, cilium_lb4_backends_v3, LB_MAP_SI
 BPF_F_TABLE("hash", __be16, struct lb4_reverse_nat, cilium_lb4_reverse_nat, LB_MAP_SIZE, 0);
 /* Session affinity: client → backend. */
 BPF_F_TABLE("lru_hash", struct lb4_affinity_key, struct lb_affinity_val, cilium_lb4_affinity, LB_MAP_SIZE, 0);
+/* Session affinity: which backends each affinity service has (value unused). */
+BPF_F_TABLE("hash", struct lb_affinity_match, __u8, cilium_lb_affinity_match, LB_MAP_SIZE, 0);
 /* Socket LB: {socket, backend} → the VIP its connect() or sendto() asked for. */
 BPF_F_TABLE("lru_hash", struct ipv4_revnat_tuple, struct ipv4_revnat_entry, cilium_lb4_reverse_sk,
 	    LB4_REVERSE_NAT_SK_MAP_SIZE, 0);

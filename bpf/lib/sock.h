@@ -82,15 +82,14 @@ static __always_inline bool sock_proto_enabled(__u32 proto)
  *
  * As Cilium: an entry is stale once last_used + timeout <= now ("Session is
  * sticky for range [current, last_used + affinity_timeout)") and is deleted;
- * a live one is refreshed. Cilium also deletes it when the backend is no
- * longer in LB_AFFINITY_MATCH_MAP; labkit has no match map (the agent deletes
- * affinity entries of backends that leave), so a backend that is gone or not
- * active counts as that miss. Times are on the lab clock, as tc's. */
+ * so is one whose backend is no longer the service's (no row in the agent's
+ * cilium_lb_affinity_match); a live one is refreshed. Times are on the lab
+ * clock, as tc's. */
 static __always_inline __u32 lb4_affinity_backend_id_by_netns(const struct lb4_service *svc, __u64 netns_cookie)
 {
+	struct lb_affinity_match match = {};
 	struct lb4_affinity_key key = {};
 	struct lb_affinity_val *val;
-	struct lb4_backend *backend;
 	__u32 now;
 
 	key.client_id = netns_cookie;
@@ -104,8 +103,9 @@ static __always_inline __u32 lb4_affinity_backend_id_by_netns(const struct lb4_s
 		cilium_lb4_affinity.delete(&key);
 		return 0;
 	}
-	backend = lb4_lookup_backend(val->backend_id);
-	if (!backend || backend->flags != BE_STATE_ACTIVE) {
+	match.backend_id = val->backend_id;
+	match.rev_nat_id = svc->rev_nat_index;
+	if (!cilium_lb_affinity_match.lookup(&match)) {
 		cilium_lb4_affinity.delete(&key);
 		return 0;
 	}

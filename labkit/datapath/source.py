@@ -48,6 +48,7 @@ MAP_NAMES = (
     "cilium_lb4_backends_v3",
     "cilium_lb4_reverse_nat",
     "cilium_lb4_affinity",
+    "cilium_lb_affinity_match",
     "cilium_lb4_reverse_sk",
     "cilium_lb4_maglev",
     "cilium_snat_v4_external",

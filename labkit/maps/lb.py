@@ -51,6 +51,7 @@ __all__ = [
     "Lb4RevNatKey",
     "Lb4AffinityKey",
     "LbAffinityVal",
+    "LbAffinityMatch",
     "Ipv4RevnatTuple",
     "Ipv4RevnatEntry",
     "ServiceFlags",
@@ -68,6 +69,7 @@ __all__ = [
     "BACKENDS_MAP",
     "REVNAT_MAP",
     "AFFINITY_MAP",
+    "AFFINITY_MATCH_MAP",
     "REVERSE_SK_MAP",
     "LB_MAPS",
     "MAGLEV_MAP",
@@ -79,6 +81,7 @@ SERVICES_MAP = "cilium_lb4_services_v2"
 BACKENDS_MAP = "cilium_lb4_backends_v3"
 REVNAT_MAP = "cilium_lb4_reverse_nat"
 AFFINITY_MAP = "cilium_lb4_affinity"
+AFFINITY_MATCH_MAP = "cilium_lb_affinity_match"
 REVERSE_SK_MAP = "cilium_lb4_reverse_sk"
 MAGLEV_MAP = "cilium_lb4_maglev"
 
@@ -489,6 +492,36 @@ class LbAffinityVal(ctypes.LittleEndianStructure):
         return f"backend {self.backend_id} last_used={self.last_used}"
 
 
+class LbAffinityMatch(ctypes.LittleEndianStructure):
+    """``struct lb_affinity_match`` (8 bytes, packed): the key of ``cilium_lb_affinity_match``, one per backend
+    of a service with session affinity (the value is one unused byte). ``rev_nat_id`` in network order, as
+    the service's ``rev_nat_index``. Its dump reads ``"<backend id> <rev nat id>"`` (pkg/maps/lbmap
+    ``AffinityMatchKey.String``).
+
+    >>> k = LbAffinityMatch.make(1, 7)
+    >>> bytes(k).hex(" "), str(k)
+    ('07 00 00 00 00 01 00 00', '7 1')
+    """
+
+    _pack_ = 1
+    _fields_ = [
+        ("backend_id", ctypes.c_uint32),
+        ("rev_nat_id", ctypes.c_uint16),
+        ("pad", ctypes.c_uint16),
+    ]
+
+    @classmethod
+    def make(cls, service_id: int, backend_id: int) -> "LbAffinityMatch":
+        return cls(backend_id=backend_id, rev_nat_id=socket.htons(service_id))
+
+    @property
+    def rev_nat(self) -> int:
+        return socket.ntohs(self.rev_nat_id)
+
+    def __str__(self) -> str:
+        return f"{self.backend_id} {self.rev_nat}"
+
+
 class Ipv4RevnatTuple(ctypes.LittleEndianStructure):
     """``struct ipv4_revnat_tuple`` (16 bytes, packed): a socket and the backend connect() chose."""
 
@@ -622,6 +655,7 @@ LB_MAPS: dict[str, tuple[type, type]] = {
     BACKENDS_MAP: (Lb4BackendKey, Lb4Backend),
     REVNAT_MAP: (Lb4RevNatKey, Lb4ReverseNat),
     AFFINITY_MAP: (Lb4AffinityKey, LbAffinityVal),
+    AFFINITY_MATCH_MAP: (LbAffinityMatch, ctypes.c_uint8),
     REVERSE_SK_MAP: (Ipv4RevnatTuple, Ipv4RevnatEntry),
     MAGLEV_MAP: (Lb4RevNatKey, MaglevLut),
 }

@@ -57,7 +57,7 @@ LOOPBACK = "169.254.42.1"
 VXLAN_IFINDEX = 7  #: what cilium_vxlan's ifindex would be in the tunnel build
 
 #: The maps a reset empties: every hash map the datapath or the agent writes.
-_STATE_MAPS = CT_MAPS + ("cilium_snat_v4_external", "cilium_lb4_affinity", "cilium_lb4_services_v2",
+_STATE_MAPS = CT_MAPS + ("cilium_snat_v4_external", "cilium_lb4_affinity", "cilium_lb_affinity_match", "cilium_lb4_services_v2",
                          "cilium_lb4_backends_v3", "cilium_lb4_reverse_nat", "cilium_lb4_maglev", "cilium_lxc",
                          "cilium_ipcache")
 

@@ -206,3 +206,42 @@ def test_hairpin_in_entry_and_reply(native):
     assert (p.src, p.sport, p.dst, p.dport) == (VIP, VPORT, A1.ip, CP)
     assert p.ip_csum_ok and p.l4_csum_ok
     assert (p.dst_mac, p.src_mac) == (pod_mac(A1), GW_MAC)
+
+
+def test_affinity_keeps_a_backend_only_while_the_agent_matches_it(native):
+    """Session affinity asks cilium_lb_affinity_match, not the backend's state (bpf/lib/lb.h:1413-1432@82999990,
+    __lb4_affinity_backend_id): a client's remembered backend that is terminating but still matched keeps its new
+    flows; one no longer matched (the agent took it out of the service; its backend row may live on for another
+    service) loses the entry, and the flow gets one of the service's backends, which the entry then remembers."""
+    import ctypes
+
+    from labkit.maps.lb import (Lb4AffinityKey, Lb4Backend, Lb4BackendKey, Lb4Key, Lb4Service, LbAffinityMatch,
+                                LbAffinityVal, ServiceFlags)
+
+    def setup(slots, matched, flags1):
+        native.reset()
+        head = Lb4Key.make(VIP, VPORT, 0)
+        with native.map("cilium_lb4_services_v2", Lb4Key, Lb4Service) as m:
+            m[head] = Lb4Service.head(1, SVC_ID, ServiceFlags.AFFINITY, 0, 60)
+            for slot, bid in enumerate(slots, start=1):
+                m[head.with_slot(slot)] = Lb4Service.slot(bid, SVC_ID)
+        with native.map("cilium_lb4_backends_v3", Lb4BackendKey, Lb4Backend) as m:
+            m[Lb4BackendKey(1)] = Lb4Backend.make(B1.ip, BP, 0, flags1)
+            m[Lb4BackendKey(2)] = Lb4Backend.make(B2.ip, BP, 0, ACTIVE)
+        with native.map("cilium_lb_affinity_match", LbAffinityMatch, ctypes.c_uint8) as m:
+            for bid in matched:
+                m[LbAffinityMatch.make(SVC_ID, bid)] = ctypes.c_uint8(0)
+        with native.map("cilium_lb4_affinity", Lb4AffinityKey, LbAffinityVal) as m:
+            m[Lb4AffinityKey.make(A1.ip, SVC_ID)] = LbAffinityVal(last_used=native.now(), backend_id=1)
+
+    def remembered():
+        with native.map("cilium_lb4_affinity", Lb4AffinityKey, LbAffinityVal) as m:
+            return m[Lb4AffinityKey.make(A1.ip, SVC_ID)].backend_id
+
+    # terminating (listed after count), still matched: the client keeps it
+    setup([2, 1], [1, 2], TERMINATING)
+    assert {native.run("cil_from_container", to_vip(SYN, sport=44000 + i)).pkt.dst for i in range(8)} == {B1.ip}
+    # active but no longer the service's (no match row, not in its slots): the entry goes, b2 is chosen and kept
+    setup([2], [2], ACTIVE)
+    assert native.run("cil_from_container", to_vip(SYN, sport=44100)).pkt.dst == B2.ip
+    assert remembered() == 2

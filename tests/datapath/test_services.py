@@ -162,6 +162,30 @@ def test_affinity_pins_a_client_to_one_backend(lab):
         assert len(served) == 1, (pod, served)
 
 
+def test_affinity_follows_the_agents_match_map(lab):
+    """Each node pins cilium_lb_affinity_match with one {backend_id, rev_nat_id} key per backend of an affinity
+    service (pkg/maps/lbmap/affinity.go:68-83@82999990, read by bpf/lib/lb.h:1429@82999990). When the client's
+    backend leaves the service, the agent deletes its keys and the client's next connection goes to a backend
+    that is still there, which it then keeps."""
+    import ctypes
+
+    from labkit.maps.base import PinnedMap
+    from labkit.maps.lb import AFFINITY_MATCH_MAP, LbAffinityMatch
+
+    svc = lab.services.add("sticky", VIP_PORT, ["b1:8080", "b2:8080"], affinity=300)
+
+    def matched(node: str) -> set:
+        with PinnedMap(f"{lab.pin_dir(node)}/{AFFINITY_MATCH_MAP}", LbAffinityMatch, ctypes.c_uint8) as m:
+            return {(k.rev_nat, k.backend_id) for k in m.keys()}
+
+    assert matched("node-a") == matched("node-b") == {(svc.id, b.id) for b in svc.backends}
+    (first,) = set(_gets(lab, "a1", svc.vip, 5))
+    svc = lab.services.remove_backend("sticky", f"{first}:8080")
+    assert matched("node-a") == {(svc.id, b.id) for b in svc.backends}
+    after = set(_gets(lab, "a1", svc.vip, 5))
+    assert len(after) == 1 and first not in after, (first, after)
+
+
 def test_terminating_backend_keeps_established_and_gets_no_new(lab):
     """A backend marked terminating keeps serving its open connection but is never picked again."""
     lab.services.add("web", VIP_PORT, ["b1:8080", "b2:8080"])

@@ -39,6 +39,7 @@ PAIRS = [
     (lb.Lb4ReverseNat, "lb4_reverse_nat"),
     (lb.Lb4AffinityKey, "lb4_affinity_key"),
     (lb.LbAffinityVal, "lb_affinity_val"),
+    (lb.LbAffinityMatch, "lb_affinity_match"),
     (lb.Ipv4RevnatTuple, "ipv4_revnat_tuple"),
     (lb.Ipv4RevnatEntry, "ipv4_revnat_entry"),
     (nat.NatKey4, "ipv4_ct_tuple"),  # the NAT map's key is the CT key (ports not swapped)
@@ -98,6 +99,8 @@ CILIUM_LB = {
     "lb4_affinity_key": (16, {"client_id": (0, 8), "rev_nat_id": (8, 2), "netns_cookie": (10, 1),
                               "pad1": (11, 1), "pad2": (12, 4)}),
     "lb_affinity_val": (16, {"last_used": (0, 8), "backend_id": (8, 4), "pad": (12, 4)}),
+    # bpf/lib/common.h:1138-1142@82999990
+    "lb_affinity_match": (8, {"backend_id": (0, 4), "rev_nat_id": (4, 2), "pad": (6, 2)}),
     "ipv4_revnat_tuple": (16, {"cookie": (0, 8), "address": (8, 4), "port": (12, 2), "pad": (14, 2)}),
     "ipv4_revnat_entry": (8, {"address": (0, 4), "port": (4, 2), "rev_nat_index": (6, 2)}),
 }

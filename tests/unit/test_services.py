@@ -268,15 +268,29 @@ def test_remove_order(svcs):
     assert svcs.list() == []
 
 
-def test_removing_a_backend_forgets_its_affinity(svcs):
-    """Clients stuck to a backend that left an affinity service lose that entry; others keep theirs."""
-    svcs.add("web", 80, ["b1:8080", "b2:8080"], affinity=60)
+def test_affinity_match_rows_follow_the_backends(svcs):
+    """An affinity service has one cilium_lb_affinity_match row per (frontend id, backend), terminating backends
+    included (v1.16 adds every svc.backends ID, pkg/service/service.go:1486-1499@82999990, key {backend_id,
+    rev_nat_id (network order)}, pkg/maps/lbmap/affinity.go:68-106@82999990); removing a backend deletes its rows
+    (service.go:1503) and leaves clients' affinity entries to the datapath, which drops one whose backend has no
+    match (bpf/lib/lb.h:1429-1432@82999990). A service without affinity has none."""
+    from labkit.maps.lb import AFFINITY_MATCH_MAP
+
+    svc = svcs.add("web", 80, ["b1:8080", "b2:8080"], affinity=60, type="NodePort")
+    svcs.set_backend_state("web", "b2:8080", "terminating")
+    svcs.add("plain", 81, ["b1:8080"])
+    b1, b2 = svc.backend("b1:8080").id, svc.backend("b2:8080").id
     for node in NODES:
-        svcs.maps.update(node, AFFINITY_MAP, Lb4AffinityKey.make("198.18.1.11", 1), LbAffinityVal(5, 1))
-        svcs.maps.update(node, AFFINITY_MAP, Lb4AffinityKey.make("198.18.1.12", 1), LbAffinityVal(5, 2))
+        svcs.maps.update(node, AFFINITY_MAP, Lb4AffinityKey.make("198.18.1.11", 1), LbAffinityVal(5, b1))
+        rows = {(k.rev_nat, k.backend_id) for k, _ in svcs.maps.items(node, AFFINITY_MATCH_MAP)}
+        assert rows == {(fid, bid) for fid in svc.ids for bid in (b1, b2)}
     svcs.remove_backend("web", "b1:8080")
-    left = [(str(k), v.backend_id) for k, v in svcs.maps.items("node-a", AFFINITY_MAP)]
-    assert left == [("client 198.18.1.12 rev_nat 1", 2)]
+    for node in NODES:
+        assert {(k.rev_nat, k.backend_id) for k, _ in svcs.maps.items(node, AFFINITY_MATCH_MAP)} == \
+            {(fid, b2) for fid in svc.ids}
+        assert [v.backend_id for _, v in svcs.maps.items(node, AFFINITY_MAP)] == [b1]  # the datapath's to drop
+    svcs.remove("web")
+    assert all(not svcs.maps.items(node, AFFINITY_MATCH_MAP) for node in NODES)
 
 
 def test_flush_clears_everything(svcs):
@@ -505,6 +519,8 @@ def test_lab_services_property(run_dir):
     assert isinstance(local.store, JsonStore) and local.store.path == run_dir / "demo" / "services.json"
     assert lab.services.lb_command("node-a")[0] == \
         "bpftool map dump pinned /sys/fs/bpf/labkit/demo/node-a/cilium_lb4_services_v2"
+    assert lab.services.lb_command("node-a")[-1] == \
+        "bpftool map dump pinned /sys/fs/bpf/labkit/demo/node-a/cilium_lb_affinity_match"
 
 
 def test_doctests():

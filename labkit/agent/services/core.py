@@ -31,9 +31,9 @@ from labkit.agent.services.model import (
 )
 from labkit.agent.services.plan import change_entries
 from labkit.agent.services.store import COMPACT_MIN, COMPACT_RATIO, JsonStore, Mark, MemoryStore, ServiceStore
-from labkit.errors import ConfigError, LabkitError, NotFoundError
+from labkit.errors import ConfigError, NotFoundError
 from labkit.maglev import LAB_DEFAULT_M
-from labkit.maps.lb import (AFFINITY_MAP, BACKENDS_MAP, LB_MAPS, MAGLEV_MAP, REVNAT_MAP, SERVICES_MAP, LbSnapshot,
+from labkit.maps.lb import (AFFINITY_MATCH_MAP, BACKENDS_MAP, LB_MAPS, MAGLEV_MAP, REVNAT_MAP, SERVICES_MAP, LbSnapshot,
                             Lb4RevNatKey, MaglevLut)
 from labkit.net.topology import CLUSTERIP_RANGE, LB_RANGE, Topology
 from labkit.release import DEFAULT_RELEASE, profile
@@ -172,10 +172,12 @@ class Services:
             self.maps.close()
 
     def lb_command(self, node: str) -> list[str]:
-        """The bpftool commands that show the same maps."""
+        """The bpftool commands that show the same maps (and session affinity's match map: one key
+        ``{backend_id, rev_nat_id}`` per backend of each affinity service, as Cilium's ``cilium_lb_affinity_match``)."""
+        shown = (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP, AFFINITY_MATCH_MAP)
         if isinstance(self.maps, PinnedMaps):
-            return [f"bpftool map dump pinned {self.maps.path(node, m)}" for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)]
-        return [f"bpftool map dump pinned <{node} pins>/{m}" for m in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP)]
+            return [f"bpftool map dump pinned {self.maps.path(node, m)}" for m in shown]
+        return [f"bpftool map dump pinned <{node} pins>/{m}" for m in shown]
 
     # -- changing ------------------------------------------------------------------
     def add(self, name: str, port: int, backends: Sequence["str | Backend"] = (), vip: str | None = None,
@@ -384,9 +386,8 @@ class Services:
         """Remove service ``name`` from every node (head first, then slots, reverse NAT, backends)."""
         with self.store.lock():
             state = self._state()
-            svc = self._find(state, name)
+            self._find(state, name)  # NotFoundError names the services
             self._commit(state.drop(name), f"removing service '{name}'")
-        self._forget_affinity(svc, {b.id for b in svc.backends})
 
     def add_backend(self, name: str, backend: "str | Backend", state: str = "active") -> Service:
         """Add one backend (``'pod:port'``) to service ``name``."""
@@ -408,7 +409,6 @@ class Services:
             gone = svc.backend(backend)
             out = self._change(current, replace(svc, backends=tuple(b for b in svc.backends if b != gone)),
                                f"removing backend '{gone.ref}'")
-        self._forget_affinity(svc, {gone.id})
         return out
 
     def set_backend_state(self, name: str, backend: "str | Backend", state: str) -> Service:
@@ -475,20 +475,6 @@ class Services:
         """``node``'s ``table`` as kube-proxy mode left it (``iptables-save -t nat`` in its namespace)."""
         self.topology.node(node)
         return self.tables(node).save(table)
-
-    def _forget_affinity(self, svc: Service, backend_ids: set[int]) -> None:
-        """Drop clients' affinity to backends that left ``svc`` (best effort: it is a cache)."""
-        if not svc.affinity_timeout or not backend_ids:
-            return
-        try:
-            for node in self.topology.nodes:
-                for key, value in self.maps.items(node.name, AFFINITY_MAP):
-                    if key.rev_nat in svc.ids and value.backend_id in backend_ids:
-                        self.maps.delete(node.name, AFFINITY_MAP, key)
-        except (OSError, LabkitError):
-            pass
-        finally:
-            self.maps.close()
 
     def _check_backends(self, name: str, backends: Sequence["str | Backend"]) -> list[Backend]:
         if isinstance(backends, (str, Backend)):

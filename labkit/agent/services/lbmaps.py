@@ -14,10 +14,43 @@ from labkit.agent.services.plan import GROW_PHASES, Op, change_entries, plan
 from labkit.errors import DatapathError, LabkitError, NotFoundError
 from labkit.maglev import LAB_DEFAULT_M
 from labkit.maps.base import PinnedMap
-from labkit.maps.lb import LB_MAPS, MAGLEV_MAP, SERVICES_MAP, PinnedMaglev
+from labkit.maps.lb import AFFINITY_MATCH_MAP, LB_MAPS, MAGLEV_MAP, SERVICES_MAP, PinnedMaglev
 from labkit.net.topology import Topology
 
 __all__ = ["MapWriter", "PinnedMaps", "MemoryMaps", "Txn", "LbMapsWriter"]
+
+
+class _Absent:
+    """A map the node's datapath was built without (``cilium_lb_affinity_match`` on a lab built before labkit
+    had it): nothing to read, and writes go nowhere, since a datapath without the map never reads it."""
+
+    def get(self, key):
+        return None
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+    def delete(self, key) -> bool:
+        return False
+
+    def items(self) -> list:
+        return []
+
+    def raw_items(self) -> dict:
+        return {}
+
+    def update_many(self, pairs) -> None:
+        pass
+
+    def clear(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+#: Maps a node may lack without being broken (see :class:`_Absent`).
+OPTIONAL_MAPS = (AFFINITY_MATCH_MAP,)
 
 
 class MapWriter(Protocol):
@@ -58,7 +91,13 @@ class PinnedMaps:
             m = self._open[(node, map_name)] = PinnedMaglev(self.path(node, map_name), self.maglev_m)
         if m is None:
             key_type, value_type = LB_MAPS[map_name]
-            m = self._open[(node, map_name)] = PinnedMap(self.path(node, map_name), key_type, value_type)
+            try:
+                m = PinnedMap(self.path(node, map_name), key_type, value_type)
+            except NotFoundError:
+                if map_name not in OPTIONAL_MAPS:
+                    raise
+                m = _Absent()
+            self._open[(node, map_name)] = m
         return m
 
     def get(self, node, map_name, key):

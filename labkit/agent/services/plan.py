@@ -5,6 +5,7 @@ at a slot not yet written (:func:`plan`).
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 from dataclasses import dataclass
 from typing import Callable
@@ -13,6 +14,7 @@ from labkit.agent.services.ids import AgentState
 from labkit.agent.services.model import Service
 from labkit.maglev import LAB_DEFAULT_M, MURMUR_SEED, backend_name, lookup_table
 from labkit.maps.lb import (
+    AFFINITY_MATCH_MAP,
     BACKENDS_MAP,
     MAGLEV_MAP,
     REVNAT_MAP,
@@ -24,6 +26,7 @@ from labkit.maps.lb import (
     Lb4ReverseNat,
     Lb4RevNatKey,
     Lb4Service,
+    LbAffinityMatch,
     LookupScope,
     MaglevLut,
     ServiceFlags,
@@ -33,22 +36,32 @@ from labkit.maps.lb import (
 from labkit.net.topology import Topology
 from labkit.release import DEFAULT_RELEASE, profile
 
-__all__ = ["Entries", "Op", "entries", "change_entries", "plan", "GROW_PHASES"]
+__all__ = ["Entries", "Op", "entries", "change_entries", "plan", "GROW_PHASES", "ROW_MAPS"]
 
 
 Entries = dict[str, dict[bytes, tuple]]  # map name -> raw key -> (key, value)
 
 #: Phases of one change; a growing service and a shrinking one take them in different orders.
 #: A Maglev table only names backends that exist, and is gone only once no head points at it.
-_GROW = ("be_new", "be_changed", "maglev_put", "slot_put", "revnat_put", "head_put", "head_del", "slot_del",
-         "maglev_del", "revnat_del", "be_del")
-_SHRINK = ("be_new", "revnat_put", "head_put", "head_del", "maglev_put", "be_changed", "slot_put", "slot_del",
-           "maglev_del", "revnat_del", "be_del")
+#: Affinity matches go as Cilium's upsertServiceIntoLBMaps has them: the obsolete ones first, the new ones once
+#: the service is written (a client whose backend has no match is given a new one, never a gone one).
+_GROW = ("match_del", "be_new", "be_changed", "maglev_put", "slot_put", "revnat_put", "head_put", "match_put",
+         "head_del", "slot_del", "maglev_del", "revnat_del", "be_del")
+_SHRINK = ("match_del", "be_new", "revnat_put", "head_put", "head_del", "maglev_put", "be_changed", "slot_put",
+           "match_put", "slot_del", "maglev_del", "revnat_del", "be_del")
 #: The phases of a growing change, in order (a bulk apply of new services writes every service's rows
 #: of one phase before the next: :meth:`labkit.agent.services.lbmaps.LbMapsWriter.commit_new`).
 GROW_PHASES = _GROW
-_PUT = {SERVICES_MAP: "slot_put", BACKENDS_MAP: "be_new", REVNAT_MAP: "revnat_put", MAGLEV_MAP: "maglev_put"}
-_DEL = {SERVICES_MAP: "slot_del", BACKENDS_MAP: "be_del", REVNAT_MAP: "revnat_del", MAGLEV_MAP: "maglev_del"}
+_PUT = {SERVICES_MAP: "slot_put", BACKENDS_MAP: "be_new", REVNAT_MAP: "revnat_put", MAGLEV_MAP: "maglev_put",
+        AFFINITY_MATCH_MAP: "match_put"}
+_DEL = {SERVICES_MAP: "slot_del", BACKENDS_MAP: "be_del", REVNAT_MAP: "revnat_del", MAGLEV_MAP: "maglev_del",
+        AFFINITY_MATCH_MAP: "match_del"}
+#: Every map whose rows :func:`entries` computes.
+ROW_MAPS = (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP, MAGLEV_MAP, AFFINITY_MATCH_MAP)
+
+
+def _empty() -> "Entries":
+    return {m: {} for m in ROW_MAPS}
 
 
 @functools.lru_cache(maxsize=256)
@@ -73,7 +86,7 @@ def entries(state: AgentState, topo: Topology, node: str, maglev_m: int = LAB_DE
 
     This is the whole state's rows (O(services)): what a change writes is :func:`change_entries`,
     the part of these rows one service owns."""
-    out: Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}}
+    out: Entries = _empty()
     proto_keys = profile(cilium).has("lb_proto_keys")
     backends: dict[int, tuple[str, int, int, bool]] = {}
     for svc in state.services.values():
@@ -97,7 +110,7 @@ def change_entries(svc: Service | None, shared: Callable[[int], bool | None], to
     service counts it. ``other`` is the same service on the other side of the change: its backends'
     rows are here too while another service keeps them. Two of these, before and after a change,
     are what :func:`plan` needs: every other row is the same in both."""
-    out: Entries = {SERVICES_MAP: {}, BACKENDS_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}}
+    out: Entries = _empty()
     proto_keys = profile(cilium).has("lb_proto_keys")
     mine = set()
     if svc is not None:
@@ -139,6 +152,10 @@ def _service_rows(out: Entries, svc: Service, topo: Topology, node: str, maglev_
                 out[SERVICES_MAP][bytes(key)] = (key, Lb4Service.slot(b.id, fe.id))
         rn_key = Lb4RevNatKey.make(fe.id)
         out[REVNAT_MAP][bytes(rn_key)] = (rn_key, Lb4ReverseNat.make(fe.address, fe.port))
+        if svc.affinity_timeout:  # every backend of the service, terminating ones too (v1.16's svc.backends)
+            for b in slots:
+                mk = LbAffinityMatch.make(fe.id, b.id)
+                out[AFFINITY_MATCH_MAP][bytes(mk)] = (mk, ctypes.c_uint8(0))
         if svc.algorithm == "maglev" and fe.type != "ClusterIP":
             ext_active = [b for b in scopes[0][1] if b.state == "active"]
             if ext_active:
@@ -172,8 +189,8 @@ def plan(old: Entries, new: Entries, grow: bool, ordered: bool = True) -> list[O
     """The writes that turn ``old`` into ``new``, in a safe order for the datapath (``ordered=False``: in
     any order, each marked with its phase, for a caller that orders many plans' writes together)."""
     ops = []
-    for map_name in (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP, MAGLEV_MAP):
-        before, after = old[map_name], new[map_name]
+    for map_name in ROW_MAPS:
+        before, after = old.get(map_name, {}), new.get(map_name, {})
         for raw, (key, value) in after.items():
             if raw in before and bytes(before[raw][1]) == bytes(value):
                 continue

@@ -42,11 +42,12 @@ from dataclasses import dataclass, field
 from labkit.agent.services.ids import AgentState, l4_key
 from labkit.agent.services.lbmaps import MapWriter, Txn
 from labkit.agent.services.model import MAX_BACKEND_ID, MAX_SERVICE_ID, Backend, Frontend, Service
-from labkit.agent.services.plan import Entries, change_entries, entries, plan
+from labkit.agent.services.plan import ROW_MAPS, Entries, change_entries, entries, plan
 from labkit.agent.services.store import Scan, ServiceStore
 from labkit.errors import DatapathError, LabkitError, NotFoundError
 from labkit.maglev import LAB_DEFAULT_M
 from labkit.maps.lb import (
+    AFFINITY_MATCH_MAP,
     BACKENDS_MAP,
     MAGLEV_MAP,
     REVNAT_MAP,
@@ -65,7 +66,8 @@ from labkit.release import DEFAULT_RELEASE, profile
 __all__ = ["Recovery", "SyncReport", "recover", "sync", "check", "matches", "rebuild_store", "read_rows", "ROW_MAPS"]
 
 #: The maps a node's services live in, in the order problems are listed.
-ROW_MAPS = (SERVICES_MAP, BACKENDS_MAP, REVNAT_MAP, MAGLEV_MAP)
+#: Maps a datapath may lack (built before it had them): read as empty.
+_OPTIONAL_MAPS = (MAGLEV_MAP, AFFINITY_MATCH_MAP)
 #: Row problems listed per node before the rest are counted.
 MAX_ROW_PROBLEMS = 20
 _PROTO_NAMES = {6: "TCP", 17: "UDP"}
@@ -129,7 +131,7 @@ def read_rows(maps: MapWriter, node: str) -> Entries:
         try:
             items = maps.items(node, map_name)
         except (NotFoundError, FileNotFoundError):
-            if map_name != MAGLEV_MAP:
+            if map_name not in _OPTIONAL_MAPS:
                 raise
             items = []
         out[map_name] = {bytes(k): (k, v) for k, v in items}
@@ -198,7 +200,9 @@ def _owned(svc: Service, node: str, rows: Entries, ctx: _Ctx) -> Entries:
     its reverse NAT and Maglev rows, and the backends it lists."""
     wire = ctx.wire(svc)
     by_ident = ctx.by_ident[node]
-    out: Entries = {SERVICES_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}, BACKENDS_MAP: {}}
+    out: Entries = {SERVICES_MAP: {}, REVNAT_MAP: {}, MAGLEV_MAP: {}, BACKENDS_MAP: {}, AFFINITY_MATCH_MAP: {}}
+    ids = set(svc.ids)
+    out[AFFINITY_MATCH_MAP] = {raw: kv for raw, kv in rows[AFFINITY_MATCH_MAP].items() if kv[0].rev_nat in ids}
     for fe in svc.frontends:
         for scope in LookupScope:
             out[SERVICES_MAP].update(by_ident.get(Lb4Key.make(fe.address, fe.port, wire, scope=scope).ident, {}))
@@ -221,7 +225,7 @@ def _matches(svc: Service, node: str, rows: Entries, ctx: _Ctx) -> bool:
     """Whether ``node`` holds ``svc``'s own rows exactly (a shared backend's state aside: another
     service may count it active)."""
     want, have = ctx.rows_of(svc, node), _owned(svc, node, rows, ctx)
-    for map_name in (SERVICES_MAP, REVNAT_MAP, MAGLEV_MAP):
+    for map_name in (SERVICES_MAP, REVNAT_MAP, MAGLEV_MAP, AFFINITY_MATCH_MAP):
         if _raw(want[map_name]) != _raw(have[map_name]):
             return False
     for raw, (_, value) in want[BACKENDS_MAP].items():
@@ -451,7 +455,8 @@ def _state(services: list[Service], journal: AgentState, rows: dict[str, Entries
         for b in svc.backends:
             backend_ids[l4_key(topology.pod(b.pod).ip, b.port, svc.protocol)] = b.id
     sids = {i for s in services for i in s.ids}
-    sids |= {k.rev_nat for r in rows.values() for m in (REVNAT_MAP, MAGLEV_MAP) for k, _ in r[m].values()}
+    sids |= {k.rev_nat for r in rows.values() for m in (REVNAT_MAP, MAGLEV_MAP, AFFINITY_MATCH_MAP)
+             for k, _ in r[m].values()}
     sids |= {v.rev_nat for r in rows.values() for _, v in r[SERVICES_MAP].values()}
     bids = set(backend_ids.values()) | {k.backend_id for r in rows.values() for k, _ in r[BACKENDS_MAP].values()}
     return AgentState.from_json({
@@ -528,7 +533,7 @@ def matches(state: AgentState, maps: MapWriter, topology: Topology, cilium: str 
                 try:
                     have = maps.raw(node, map_name)
                 except (NotFoundError, FileNotFoundError):
-                    if map_name != MAGLEV_MAP:
+                    if map_name not in _OPTIONAL_MAPS:
                         raise
                     have = {}
                 if have != want[map_name]:
