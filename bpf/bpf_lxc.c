@@ -20,6 +20,7 @@
 #include "lib/parse.h"
 #include "lib/conntrack.h"
 #include "lib/lb.h"
+#include "lib/nodeport.h" /* ipv4_dec_ttl: a hairpin reply's local delivery */
 #include "lib/encap.h"
 #include "lib/trace.h"
 #include "lib/hook.h"
@@ -65,26 +66,42 @@ static __always_inline int lb4_from_container(struct __sk_buff *skb, struct pkt4
 	return 0;
 }
 
-/* The reply of a hairpin flow: undo both translations and hand the packet
- * straight back into the pod (its destination is the pod itself). */
-static __always_inline int lb4_hairpin_reply(struct __sk_buff *skb, struct pkt4 *p, __be16 rev_nat_index,
-					     const struct endpoint_info *ep, struct trace_event *ev)
+/* The reply of a hairpin flow at the pod's ingress: v1.16 ipv4_policy
+ * reverse-NATs it with the OUT entry's loopback flag (bpf_lxc.c:1870-1885,
+ * lb.h __lb4_rev_nat:1065-1085@82999990): the source becomes the service
+ * again, and the destination, the loopback address, becomes the pod itself
+ * (the reply's own source: client and backend are one). */
+static __always_inline int lb4_rev_nat_loopback(struct __sk_buff *skb, struct pkt4 *p, __be16 rev_nat_index)
 {
+	struct lb4_reverse_nat *nat = cilium_lb4_reverse_nat.lookup(&rev_nat_index);
 	__be32 own = p->saddr;
-	__u64 macs[2];
 	int ret;
 
-	ret = lb4_rev_nat(skb, p, rev_nat_index);
+	if (!nat)
+		return 0;
+	ret = lb4_rewrite(skb, p, true, own, p->dport);
 	if (ret < 0)
 		return ret;
-	ret = lb4_rewrite(skb, p, true, own, p->dport);
+	return lb4_rewrite(skb, p, false, nat->address, nat->port);
+}
+
+/* The reply of a hairpin flow at from-container: v1.16 handle_ipv4_from_lxc
+ * delivers it, untranslated, to the endpoint its source names (hairpin_flow:
+ * "Loopback replies are addressed to IPV4_LOOPBACK", bpf_lxc.c:1106-1119@82999990)
+ * through ipv4_local_delivery: ipv4_l3 (the TTL, the node's and the pod's MACs,
+ * l3.h:52-69, 156-175) and then the pod's ingress program. Here that program
+ * is cil_to_container, on the egress of the same host veth. */
+static __always_inline int lb4_hairpin_reply(struct __sk_buff *skb, struct pkt4 *p, const struct endpoint_info *ep)
+{
+	__u64 macs[2];
+	int ret = ipv4_dec_ttl(skb, p);
+
 	if (ret < 0)
 		return ret;
 	macs[0] = ep->mac;      /* destination: the pod */
 	macs[1] = ep->node_mac; /* source: its gateway, the host veth */
 	if (bpf_skb_store_bytes(skb, 0, &macs[0], 6, 0) < 0 || bpf_skb_store_bytes(skb, 6, &macs[1], 6, 0) < 0)
 		return DROP_WRITE_ERROR;
-	trace_tuple_set(&ev->after, p);
 	return 0;
 }
 
@@ -169,21 +186,13 @@ int cil_from_container(struct __sk_buff *skb)
 	}
 #endif
 	if (ret == CT_REPLY && (st.flags & CT_F_LB_LOOPBACK)) {
-		/* The reply of a hairpin flow is also the pod's ingress: it
-		 * finds the OUT entry, whose service gives the reverse NAT. */
-		struct ipv4_ct_tuple out = {};
-		struct ct_state ost = {};
-
-		ret = ct_lookup4(&out, &p, skb->len, CT_INGRESS, &ost);
+		/* The reply of a hairpin flow goes back to the pod itself, to
+		 * be reverse-NATed at its ingress (lb4_hairpin_reply above). */
+		ret = lb4_hairpin_reply(skb, &p, ep);
 		if (ret < 0)
 			goto drop;
-		if (ret == CT_REPLY && ost.rev_nat_index && !lab_fault(FAULT_SKIP_REV_NAT)) {
-			ret = lb4_hairpin_reply(skb, &p, ost.rev_nat_index, ep, &ev);
-			if (ret < 0)
-				goto drop;
-			trace_emit(&ev, VERDICT_REDIRECTED, 0);
-			return bpf_redirect_peer(skb->ifindex, 0);
-		}
+		trace_emit_at(&ev, VERDICT_FORWARDED, 0, OBS_FROM_LXC);
+		return bpf_redirect(skb->ifindex, 0);
 	}
 
 #ifdef ROUTING_TUNNEL
@@ -293,8 +302,11 @@ int cil_to_container(struct __sk_buff *skb)
 		}
 	}
 	trace_ct(&ev, CT_INGRESS, ret, &st);
-	if (ret == CT_REPLY && st.rev_nat_index && !(st.flags & CT_F_LB_LOOPBACK) && !lab_fault(FAULT_SKIP_REV_NAT)) {
-		ret = lb4_rev_nat(skb, &p, st.rev_nat_index);
+	if (ret == CT_REPLY && st.rev_nat_index && !lab_fault(FAULT_SKIP_REV_NAT)) {
+		if (st.flags & CT_F_LB_LOOPBACK)
+			ret = lb4_rev_nat_loopback(skb, &p, st.rev_nat_index);
+		else
+			ret = lb4_rev_nat(skb, &p, st.rev_nat_index);
 		if (ret < 0)
 			goto drop;
 		trace_tuple_set(&ev.after, &p);

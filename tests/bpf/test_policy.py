@@ -408,12 +408,36 @@ def test_icmp_looks_up_its_type_as_port(policy):
     assert Flow(r.event, "node-a", "lxc-a1").policy.match == PolicyMatch.L3_L4
 
 
-def test_native_build_has_no_policy_map(native):
+@pytest.fixture(scope="module")
+def never(_require_bpf):
+    """node-a's pod programs built with policy 'never' (`up --policy-mode never`: no policy code). The shared
+    builds are a default node's, policy compiled in."""
+    from dataclasses import replace
+
+    from . import harness
+
+    harness.BUILDS.setdefault("never", (replace(harness.BUILDS["native"][0], policy="never"), ("bpf_lxc.c",)))
+    build = harness.loaded_build("never")
+    node = harness.Node("never", build)
+    node.reset()
+    yield node
+    build.close()
+
+
+def test_never_build_has_no_policy_map(never):
     """A build with policy 'never' has no labkit_policy map and reports no verdicts."""
-    assert "labkit_policy" not in native.build.loaded.maps
-    r = native.run("cil_from_container", tcp(A1.ip, B1.ip, 40000, 8080, SYN))
+    assert "labkit_policy" not in never.build.loaded.maps
+    r = never.run("cil_from_container", tcp(A1.ip, B1.ip, 40000, 8080, SYN))
     assert r.retval == TC_ACT_OK and Flow(r.event, "node-a", "lxc-a1").policy is None
     assert r.event.remote_id == 0
+
+
+def test_default_build_without_a_pods_map_reports_no_verdict(native):
+    """The default build (policy 'default', a node's) has labkit_policy; a pod no policy selects has no map in it
+    and its packets pass with no verdict."""
+    assert native.config.policy == "default" and "labkit_policy" in native.build.loaded.maps
+    r = native.run("cil_from_container", tcp(A1.ip, B1.ip, 40000, 8080, SYN))
+    assert r.retval == TC_ACT_OK and Flow(r.event, "node-a", "lxc-a1").policy is None
 
 
 
