@@ -10,8 +10,6 @@ loopback 169.254.42.1 (--ipv4-service-loopback-address's default) in place of th
 """
 from __future__ import annotations
 
-import pytest
-
 from labkit.datapath.testrun import TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT
 from labkit.maps.ct import CtFlags
 from labkit.maps.lb import BackendState
@@ -22,9 +20,6 @@ from .peer import SAME_NODE_ROUTED, add_service, frame_ip_header, ip_header, lab
 
 SRC_ONE, DST_ONE, SRC_TWO, SVC_PORT = 22330, 22331, 33440, 80  # pktgen.h:85-93
 SYN_ACK = packets.SYN | packets.ACK  # the reply's flags (:332 sets ack on pktgen's default SYN)
-ITEM_15 = pytest.mark.xfail(strict=True, reason="issue 30 item 15: labkit reverse-NATs the hairpin reply at the "
-                                                "pod's from-container; Cilium passes it on untranslated there and "
-                                                "reverse-NATs it at the pod's ingress (to-container)")
 
 
 def _forward(node):
@@ -76,7 +71,6 @@ def _reply(native):
     return native.run("cil_from_container", pktgen_tcp(A1.ip, LOOPBACK, DST_ONE, SRC_ONE, flags=SYN_ACK))
 
 
-@ITEM_15
 def test_hairpin_reverse(native):
     """hairpin_flow_3_reverse_v4: the pod's reply leaves from-container redirected, its addresses and ports
     unchanged (bpf/tests/tc_nodeport_test.c:355-399@82999990)."""
@@ -87,7 +81,6 @@ def test_hairpin_reverse(native):
     assert (p.sport, p.dport) == (DST_ONE, SRC_ONE)  # :392-396
 
 
-@ITEM_15
 def test_hairpin_reverse_ingress(native):
     """hairpin_flow_4_reverse_ingress_v4: at the pod's ingress the reply is reverse-NATed to come from the service,
     TTL 64 (0x402) (bpf/tests/tc_nodeport_test.c:442-489@82999990)."""
