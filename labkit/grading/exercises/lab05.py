@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from labkit.grading.checks import Outcome, compare_rows, exercise
-from labkit.constants import Hook, Verdict
+from labkit.constants import Hook
 from labkit.maps.ct import CtFlags
 from labkit.net.topology import LOOPBACK_SNAT_ADDR
 from labkit.grading.exercises.common import dst, hook_name, is_syn, kinds_answer, row_kind, src, step_rows, unhealthy
@@ -137,14 +137,16 @@ def loopback_rows(answer, ev) -> Outcome:
     hints=(
         "In lab 04 the reply came from node-b and was rewritten on its way into a1. Here the server is a1 itself.",
         "Find the SYN|ACK's line with `=>` in the open step: which hook is it?",
-        "The answer is 'from-container': the reply leaves a1 towards 169.254.42.1 and is rewritten, then handed "
-        "straight back.",
+        "The answer is 'to-container': from-container hands the reply back into a1 as it is, and a1's ingress "
+        "rewrites it, as it rewrites every reply.",
     ),
     fault="skip-rev-nat",
     cells=(PATH,),
 )
 def hairpin_reply_hook(answer, ev) -> Outcome:
-    """The hook that rewrote the SYN|ACK of section 2's connection back to the VIP, from its open step's trace."""
+    """The hook that rewrote the SYN|ACK of section 2's connection back to the VIP, from its open step's trace:
+    a1's ingress, as on a v1.16 node (bpf_lxc.c ipv4_policy → lb4_rev_nat with the loopback flag, 1870-1885@82999990;
+    handle_ipv4_from_lxc hands the reply back untranslated, 1106-1119)."""
     closed = _step(ev, "tcp-close")
     opened = closed and _step(ev, "tcp-open", conn=closed.attrs["conn"])
     if opened is None:
@@ -152,7 +154,7 @@ def hairpin_reply_hook(answer, ev) -> Outcome:
     a1, vip = ev.topology.pod("a1").ip, (opened.attrs["dst"], 80)
     replies = [f for f in opened.flows if f.node == "node-a" and is_syn(f.event.before, ack=True) and f.translated
                and src(f.event.before) == (a1, 8080) and src(f.event.after) == vip]
-    if len(replies) != 1 or replies[0].hook != Hook.FROM_CONTAINER or replies[0].verdict != Verdict.REDIRECTED \
+    if len(replies) != 1 or replies[0].hook != Hook.TO_CONTAINER \
             or dst(replies[0].event.before)[0] != LOOPBACK_SNAT_ADDR:
         saw = (f"the SYN|ACK rewritten to the VIP at {replies[-1].hook.label}" if replies
                else "no SYN|ACK rewritten back to the VIP")
@@ -160,14 +162,15 @@ def hairpin_reply_hook(answer, ev) -> Outcome:
     live = replies[0].hook.label
     got = hook_name(answer)
     if got == live:
-        return Outcome(True, f"from-container: the SYN|ACK leaves a1 addressed to {LOOPBACK_SNAT_ADDR}, the very "
-                             "first hook finds the OUT row (ct=reply), rewrites source and destination back to "
-                             f"{vip[0]}:{vip[1]} -> a1, and hands it straight back into a1 (REDIRECTED). Without the "
-                             "loopback SNAT the reply would never leave a1, and nothing could rewrite it.",
+        return Outcome(True, f"to-container: the SYN|ACK leaves a1 addressed to {LOOPBACK_SNAT_ADDR}; from-container "
+                             "finds the IN row (ct=reply) and hands it, untranslated, straight back to a1 (the "
+                             "reply's source names the pod), and a1's ingress finds the OUT row and rewrites source "
+                             f"and destination back to {vip[0]}:{vip[1]} -> a1. Without the loopback SNAT the reply "
+                             "would never leave a1, and nothing could rewrite it.",
                        (("=", live, got),))
-    if got == "to-container":
-        msg = "to-container is where lab 04's reply was rewritten, coming back from another node; this reply never " \
-              "came from another node. Find the SYN|ACK's line with `=>`."
+    if got == "from-container":
+        msg = "from-container is the first hook the reply meets, but it only hands the reply back into a1 as it is: " \
+              "find the SYN|ACK's line with `=>`."
     elif got in ("to-netdev", "from-netdev", "to-overlay", "from-overlay"):
         msg = "the hairpin reply never reaches node-a's eth0 or tunnel: it leaves a1 and is handed straight back."
     else:
