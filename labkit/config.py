@@ -125,7 +125,8 @@ LAB_DIFFERENCES = (
     "with policy enforcement on, one program serves every pod of a node, so it finds a pod's policy map (Cilium's "
     "cilium_policy_<id>, compiled into that endpoint's own program) through labkit_policy, a hash of maps keyed by "
     "the endpoint id; a pod with no map there is not enforced (allowed, no verdict reported), where every Cilium "
-    "endpoint has a map and an unselected one holds allow-all entries written by the agent; likewise the "
+    "endpoint has a map and an unselected one holds the allow-all entries and reserved:host's ingress allow the "
+    "agent writes (`labkit policy get` of an unselected pod says so instead of printing them); likewise the "
     "directions whose verdicts a pod reports (Cilium's POLICY_VERDICT_LOG_FILTER, a constant of the endpoint's "
     "program) are in labkit_policy_filter, endpoint id → filter, which the agent writes with the pod's map (a "
     "pod with a map but no filter reports both directions, the constant's default)",
