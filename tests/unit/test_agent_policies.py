@@ -91,6 +91,31 @@ def test_enforcement_defaults_to_ciliums():
     assert P.enforcement_of(With()) == ("always", True)
 
 
+@pytest.mark.parametrize("spec, a1_filter", [
+    ("ingress: [{fromEndpoints: [{matchLabels: {app: b1}}]}]", 0x1),
+    ("egress: [{toEndpoints: [{matchLabels: {app: b1}}]}]", 0x2),
+    ("ingress: [{fromEndpoints: [{}]}]\n  egress: [{toEndpoints: [{}]}]", 0x3),
+])
+def test_verdict_log_filter_is_the_enforced_directions(spec, a1_filter):
+    """pkg/endpoint/bpf.go:1538-1547@82999990 GetPolicyVerdictLogFilter: 0x1 when ingress is enforced, 0x2 when
+    egress is, from the endpoint's resolved policy; an endpoint no policy selects enforces nothing (0)."""
+    from labkit.policy.identity import pod_labels
+    from labkit.policy.resolve import Endpoint, resolve
+
+    text = f"""apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {{name: p}}
+spec:
+  endpointSelector: {{matchLabels: {{app: a1}}}}
+  {spec}
+"""
+    eps = [Endpoint(n, pod_labels({"app": n}), ident, ip)
+           for n, ident, ip in (("a1", 256, "198.18.1.11"), ("b1", 257, "198.18.2.11"))]
+    res = resolve(eps, parse_policies(text), IdentityAllocator())
+    assert P.verdict_log_filter(res.endpoints["a1"]) == a1_filter
+    assert P.verdict_log_filter(res.endpoints["b1"]) == 0
+
+
 def test_enforcement_mode_must_be_known():
     """A policy mode outside default/always/never is a PolicyError naming the modes."""
     class Config:
