@@ -26,7 +26,20 @@ NUD_PERMANENT = 0x80
 ETH0_MAC = "02:00:c6:33:64:0b"  #: node-a's eth0 in the namespace (its address's bytes)
 NODE_B_MAC = "02:00:c6:33:64:0c"  #: node-b's eth0, the next hop to its pods
 EXT_MAC = "02:00:c6:33:64:64"  #: the outside client's
+XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def mac(text: str) -> bytes:
+    return bytes(int(x, 16) for x in text.split(":"))
+
+
+def assert_xdp_tx(r) -> None:
+    """Cilium's ``fib_ok(status)`` (XDP_TX or XDP_REDIRECT; here XDP_TX, back out of eth0) and the MACs its mocked
+    fib_lookup handed the program (``lb_mac`` as source, ``remote_backend_mac`` as destination): run in the FIB
+    namespace, the kernel's lookup answers with eth0's MAC and node-b's, the next hop to node-b's pods."""
+    assert r.retval == XDP_TX, (r.retval, r.event.drop_reason)
+    assert (r.frame[0:6], r.frame[6:12]) == (mac(NODE_B_MAC), mac(ETH0_MAC))
 
 
 class XdpMd(ctypes.Structure):

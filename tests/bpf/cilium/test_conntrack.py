@@ -15,8 +15,6 @@ asserts name by macro.
 """
 from __future__ import annotations
 
-import pytest
-
 from labkit.datapath.testrun import TC_ACT_OK
 from labkit.maps.ct import CtResult, TcpFlags
 from labkit.observe.trace import Report

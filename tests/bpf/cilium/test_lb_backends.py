@@ -18,7 +18,7 @@ from labkit.maps.lb import (BackendState, Lb4AffinityKey, Lb4Backend, Lb4Backend
 from ..harness import B1, B2
 from .peer import (BACKEND_PORT, CLIENT, CLIENT_PORT, FRONTEND, FRONTEND_PORT, IPPROTO_UDP, KERNEL_ROUTES,
                    LOCAL_BACKEND, add_service, frame_ip_header, ip_header, lab_difference, pktgen_tcp, pktgen_udp)
-from .test_nodeport_dsr import assert_xdp_tx
+from .fibns import assert_xdp_tx
 
 SVC_REV_NAT_ID = 2  #: tc_nodeport_lb_terminating_backend.c:34
 

@@ -23,14 +23,9 @@ from .peer import (BACKEND_PORT, CLIENT, CLIENT_2, CLIENT_PORT, DSR_OPTION_REMOV
                    KERNEL_ROUTES, LOCAL_BACKEND, REMOTE_BACKEND, add_service, dsr_option, frame_ip_header, ip_header,
                    lab_difference, pktgen_tcp, ttl)
 from .. import packets
-from .fibns import ETH0_MAC, NODE_B_MAC
-
-
-def mac(text: str) -> bytes:
-    return bytes(int(x, 16) for x in text.split(":"))
+from .fibns import assert_xdp_tx
 
 ACTIVE = BackendState.ACTIVE
-XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
 OPT = dsr_option(FRONTEND, FRONTEND_PORT)
 
 
@@ -60,14 +55,6 @@ def test_dsr_fwd_l3_header(native):
     that header, rebuilt with the lab's addresses (bpf/tests/tc_nodeport_lb4_dsr_lb.c:179@82999990)."""
     r = _dsr_fwd(native, lambda f: native.run("cil_from_netdev", f))
     assert frame_ip_header(r.frame) == ip_header(CLIENT, REMOTE_BACKEND, ttl=63, options=OPT)
-
-
-def assert_xdp_tx(r) -> None:
-    """Cilium's ``fib_ok(status)`` (XDP_TX or XDP_REDIRECT; here XDP_TX, back out of eth0) and the MACs its mocked
-    fib_lookup handed the program (``lb_mac`` as source, ``remote_backend_mac`` as destination): run in the FIB
-    namespace (fibns.py), the kernel's lookup answers with eth0's MAC and node-b's, the next hop to b2."""
-    assert r.retval == XDP_TX, (r.retval, r.event.drop_reason)
-    assert (r.frame[0:6], r.frame[6:12]) == (mac(NODE_B_MAC), mac(ETH0_MAC))
 
 
 def test_xdp_dsr_fwd(xdp, fib):

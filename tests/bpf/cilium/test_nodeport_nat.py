@@ -23,7 +23,7 @@ from labkit.maps.lb import BackendState
 from .peer import (BACKEND_PORT, CLIENT, CLIENT_2, CLIENT_PORT, FRONTEND, FRONTEND_PORT, IPPROTO_UDP,
                    KERNEL_ROUTES, LB_IP, LOCAL_BACKEND, REMOTE_BACKEND, REMOTE_LB_IP, add_service, frame_ip_header,
                    ip_header, lab_difference, pktgen_tcp, pktgen_udp)
-from .test_nodeport_dsr import XDP_PASS, assert_xdp_tx
+from .fibns import XDP_PASS, assert_xdp_tx
 
 ACTIVE = BackendState.ACTIVE
 LB_PORT = 222  #: tc_nodeport_lb4_nat_backend.c:30

@@ -18,7 +18,7 @@ from labkit.maps.lb import BackendState
 from .. import packets
 from .peer import DEFAULT_DATA, FRONTEND, REMOTE_BACKEND, add_service
 from ..harness import EXT
-from .test_nodeport_dsr import XDP_DROP, assert_xdp_tx
+from .fibns import XDP_DROP, assert_xdp_tx
 
 FRONTEND_PORT, BACKEND_PORT, CLIENT_PORT = 80, 8080, 23445  # :42-44, :95
 
