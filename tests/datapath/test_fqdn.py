@@ -376,3 +376,10 @@ def test_query_is_traced_to_the_proxy_with_a_redirecting_verdict(fl):
     assert ev.obs_point == 1, f"observation point {ev.obs_point}: to-proxy is 1 (flow.proto TraceObservationPoint)"
     assert queries[-1].policy is not None and queries[-1].policy.text().endswith("EGRESS ALLOWED")
     assert ev.proxy_port == DNS_PROXY_PORT
+    from labkit.observe.hubble import FlowFilter, last_flows
+
+    sport = socket.ntohs(ev.before.sport)
+    flows = [r["flow"] for r in last_flows(fl, FlowFilter(from_pods=["a1"], ports=[sport]))
+             if r["flow"].get("l4", {}).get("UDP", {}).get("destination_port") == 53]
+    assert [f["verdict"] for f in flows if f["event_type"]["type"] == 5] == ["REDIRECTED"]
+    assert [f.get("trace_observation_point") for f in flows if f["event_type"]["type"] == 4] == ["TO_PROXY"]
