@@ -62,8 +62,9 @@ DECLARED: dict[str, str] = {
     "skip_tunnel_nodeport_revnat.c": "--skip-tunnel: not a labkit routing mode",
     "l4lb_ipip_health_check_host.c": "the standalone L4LB's IPIP health-check path (bpf_host from-host with "
                                      "ENABLE_HEALTH_CHECK): labkit has no IPIP and no from-host program",
-    "hairpin_sctp_flow.c": "SCTP: labkit tracks TCP, UDP and ICMP only; tc_nodeport_test.c is the same hairpin flow "
-                           "over TCP and is translated",
+    "hairpin_sctp_flow.c": "SCTP (ENABLE_SCTP): labkit's parser reads the ports of TCP and UDP only "
+                           "(bpf/lib/parse.h), so an SCTP flow has no ports to load-balance or translate; "
+                           "tc_nodeport_test.c is the same hairpin flow over TCP and is translated",
     "xdp_egressgw_reply.c": "the egress gateway: not a labkit feature",
     "bpf_nat_tests.c": "SNAT of ICMP: snat_v4_nat/snat_v4_rev_nat translating an ICMP error's inner header (frag "
                        "needed about a NATed TCP, UDP, ICMP or SCTP flow) and ICMP echo ids; labkit's NAT (bpf/lib/"
