@@ -95,7 +95,7 @@ def test_other_node_still_to_stack(native):
 
 def test_hairpin_request_is_from_endpoint(native):
     """a1 -> its own Service (backend a1): the request is delivered locally (ipv4_local_delivery with
-    hairpin_flow, bpf_lxc.c:1117-1147@82999990), so no to-stack either."""
+    hairpin_flow, bpf_lxc.c:1106-1147@82999990), so no to-stack either."""
     level(native, LOW)
     native.service(VIP, VPORT, [(1, A1.ip, 8080, BackendState.ACTIVE)])
     out = native.run("cil_from_container", tcp(A1.ip, VIP, 40300, VPORT, SYN))
