@@ -65,40 +65,39 @@ class _Entry:
         return PolicyEntry.deny(key) if self.deny else PolicyEntry.allow(key, self.proxy_port)
 
 
-def _port_range(k: PolicyKey) -> tuple[int, int]:
-    """(DestPort, EndPort) of Cilium's key: port 0 is the wildcard."""
-    if k.dport == 0:
-        return 0, 0xFFFF
-    return k.dport, k.dport | (~k.port_mask() & 0xFFFF)
+def _facts(k: PolicyKey) -> tuple[int, int, int, int, int, int, int]:
+    """(identity, egress, protocol, DestPort, its mask, first port, last port) of a key: port 0 is the wildcard."""
+    dport, mask = k.dport, k.port_mask()
+    first, last = (0, 0xFFFF) if dport == 0 else (dport, dport | (~mask & 0xFFFF))
+    return k.sec_label, k.egress, k.protocol, dport, mask, first, last
 
 
-def _port_is_equal(k: PolicyKey, c: PolicyKey) -> bool:
-    return k.dport == c.dport and k.port_mask() == c.port_mask()
+def _port_is_equal(k, c) -> bool:
+    return k[3] == c[3] and k[4] == c[4]
 
 
-def _port_is_broader(k: PolicyKey, c: PolicyKey) -> bool:
+def _port_is_broader(k, c) -> bool:
     """Key.PortIsBroader (pkg/policy/types/types.go:103-115@82999990): covers, not equal."""
-    if k.dport == 0 and c.dport != 0:
+    if k[3] == 0 and c[3] != 0:
         return True
-    if k.dport != 0 and c.dport == 0:
+    if k[3] != 0 and c[3] == 0:
         return False
-    (ks, ke), (cs, ce) = _port_range(k), _port_range(c)
-    return ks <= cs and ke >= ce and (ks, ke) != (cs, ce)
+    return k[5] <= c[5] and k[6] >= c[6] and (k[5], k[6]) != (c[5], c[6])
 
 
-def _portproto_is_broader(k: PolicyKey, c: PolicyKey) -> bool:
+def _portproto_is_broader(k, c) -> bool:
     """Key.PortProtoIsBroader (types.go:85-90@82999990)."""
-    if k.protocol == 0 and c.protocol != 0:
+    if k[2] == 0 and c[2] != 0:
         return _port_is_equal(k, c) or _port_is_broader(k, c)
-    return k.protocol == c.protocol and _port_is_broader(k, c)
+    return k[2] == c[2] and _port_is_broader(k, c)
 
 
-def _portproto_is_equal(k: PolicyKey, c: PolicyKey) -> bool:
-    return _port_is_equal(k, c) and k.protocol == c.protocol
+def _portproto_is_equal(k, c) -> bool:
+    return _port_is_equal(k, c) and k[2] == c[2]
 
 
-def _protocols_match(a: PolicyKey, b: PolicyKey) -> bool:
-    return a.protocol == 0 or b.protocol == 0 or a.protocol == b.protocol
+def _protocols_match(a, b) -> bool:
+    return a[2] == 0 or b[2] == 0 or a[2] == b[2]
 
 
 def _with_l4(key: PolicyKey, l4: PolicyKey) -> PolicyKey:
@@ -114,6 +113,52 @@ def _with_identity(key: PolicyKey, identity: int) -> PolicyKey:
     return out
 
 
+class _IdIndex:
+    """The keys of one table by identity, and the identities by their prefixes: which identities contain, or lie
+    within, a given one, without comparing it with every identity of the table."""
+
+    def __init__(self, nets_of: Callable[[int], tuple]) -> None:
+        self.keys: dict[int, set[PolicyKey]] = {}
+        self._nets_of = nets_of
+        self._exact: dict[tuple[int, int, int], set[int]] = {}   # a prefix → identities with exactly it
+        self._within: dict[tuple[int, int, int], set[int]] = {}  # a prefix → identities with a prefix inside it
+
+    def add(self, k: PolicyKey) -> None:
+        ident = k.sec_label
+        if ident not in self.keys:
+            self.keys[ident] = set()
+            for v, length, bits, _ in self._nets_of(ident):
+                self._exact.setdefault((v, length, bits), set()).add(ident)
+                for up in range(length + 1):
+                    self._within.setdefault((v, up, bits >> (length - up)), set()).add(ident)
+        self.keys[ident].add(k)
+
+    def discard(self, k: PolicyKey) -> None:
+        ident = k.sec_label
+        keys = self.keys.get(ident)
+        if keys is None:
+            return
+        keys.discard(k)
+        if not keys:
+            del self.keys[ident]
+            for v, length, bits, _ in self._nets_of(ident):
+                self._exact[(v, length, bits)].discard(ident)
+                for up in range(length + 1):
+                    self._within[(v, up, bits >> (length - up))].discard(ident)
+
+    def related(self, ident: int) -> list[PolicyKey]:
+        """Keys whose identity is ``ident`` or 0, or contains or lies within one of ``ident``'s prefixes (all of
+        them for identity 0): the only keys an insert of ``ident`` can interact with."""
+        if ident == 0:
+            return [k for keys in self.keys.values() for k in keys]
+        ids = {i for i in (0, ident) if i in self.keys}
+        for v, length, bits, _ in self._nets_of(ident):
+            ids |= self._within.get((v, length, bits), set())
+            for up in range(length + 1):
+                ids |= self._exact.get((v, up, bits >> (length - up)), set())
+        return [k for i in ids for k in self.keys.get(i, ())]
+
+
 class MapState:
     """Allow and deny entries of one endpoint, built the way mapstate.go builds them.
 
@@ -124,17 +169,42 @@ class MapState:
         self.allows: dict[PolicyKey, _Entry] = {}
         self.denies: dict[PolicyKey, _Entry] = {}
         self._nets = nets or (lambda ident: ())
+        self._key_facts: dict[PolicyKey, tuple] = {}
+        #: allows and denies by identity: an insert looks only at identities it can interact with
+        self._allow_ids = _IdIndex(self._nets_of)
+        self._deny_ids = _IdIndex(self._nets_of)
+        self._id_nets: dict[int, tuple] = {}
+        self._supersets: dict[tuple[int, int], bool] = {}
+
+    def _f(self, k: PolicyKey) -> tuple:
+        f = self._key_facts.get(k)
+        if f is None:
+            f = self._key_facts[k] = _facts(k)
+        return f
 
     # -- mapState's primitives --------------------------------------------------------------
     def _get(self, k: PolicyKey) -> _Entry | None:
         return self.denies.get(k) or self.allows.get(k)
 
     def _put(self, k: PolicyKey, e: _Entry) -> None:
-        (self.allows if e.deny else self.denies).pop(k, None)
+        self._drop(k)
         (self.denies if e.deny else self.allows)[k] = e
+        (self._deny_ids if e.deny else self._allow_ids).add(k)
 
-    def _nets_of(self, ident: int) -> Sequence[Net]:
-        return WORLD_NETS.get(ident, ()) if ident <= 10 else self._nets(ident)
+    def _drop(self, k: PolicyKey) -> None:
+        for table, index in ((self.allows, self._allow_ids), (self.denies, self._deny_ids)):
+            if table.pop(k, None) is not None:
+                index.discard(k)
+
+    def _nets_of(self, ident: int) -> tuple:
+        """(family, prefix length, the prefix's bits) of each prefix of an identity."""
+        got = self._id_nets.get(ident)
+        if got is None:
+            nets = WORLD_NETS.get(ident, ()) if ident <= 10 else self._nets(ident)
+            got = self._id_nets[ident] = tuple(
+                (n.version, n.prefixlen, int(n.network_address) >> (n.max_prefixlen - n.prefixlen), n.max_prefixlen)
+                for n in nets)
+        return got
 
     def _superset(self, primary: int, other: int) -> bool:
         """identityIsSupersetOf (mapstate.go:736-801@82999990): identity 0 contains every other; a prefix of
@@ -143,8 +213,12 @@ class MapState:
             return False
         if primary == 0:
             return True
-        return any(a.version == b.version and b.prefixlen >= a.prefixlen and b.network_address in a
-                   for a in self._nets_of(primary) for b in self._nets_of(other))
+        got = self._supersets.get((primary, other))
+        if got is None:
+            got = self._supersets[(primary, other)] = any(
+                av == bv and bl >= al and (bbits >> (bl - al)) == abits
+                for av, al, abits, _ in self._nets_of(primary) for bv, bl, bbits, _ in self._nets_of(other))
+        return got
 
     def _add(self, key: PolicyKey, entry: _Entry) -> None:
         """addKeyWithChanges (mapstate.go:631-675@82999990): merge into an existing entry (an allow never
@@ -183,14 +257,13 @@ class MapState:
                     self._remove_dependent(o, key)
         for dep in list(entry.dependents):
             self._delete(dep, key)
-        self.allows.pop(key, None)
-        self.denies.pop(key, None)
+        self._drop(key)
 
     # -- what resolve() calls -----------------------------------------------------------------
     def allow_all(self, key: PolicyKey) -> None:
         """allowAllIdentities (mapstate.go:1525-1556@82999990): the direction's identity-0 allow, upserted as
         is (no owner, no deny processing)."""
-        self.allows[key] = _Entry(False, owners={None})
+        self._put(key, _Entry(False, owners={None}))
 
     def insert(self, new_key: PolicyKey, deny: bool, proxy_port: int = 0, owner: Hashable | None = None) -> None:
         """denyPreferredInsertWithChanges for one key of a rule whose selector is ``owner``."""
@@ -203,20 +276,22 @@ class MapState:
             self._insert_allow(new_key, new)
 
     def _insert_deny(self, nk: PolicyKey, new: _Entry) -> None:
+        n = self._f(nk)
         deletes, updates = [], []
-        for k in list(self.allows):
-            if nk.egress != k.egress or not _protocols_match(nk, k):
+        for k in self._allow_ids.related(n[0]):
+            a = self._f(k)
+            if n[1] != a[1] or not _protocols_match(n, a):
                 continue
-            if self._superset(k.sec_label, nk.sec_label):
-                if _portproto_is_broader(nk, k):
+            if self._superset(a[0], n[0]):
+                if _portproto_is_broader(n, a):
                     updates.append((_with_l4(nk, k), _Entry(True, owners={nk})))
-            elif _portproto_is_broader(nk, k) or _portproto_is_equal(nk, k):
-                if nk.sec_label == 0 or nk.sec_label == k.sec_label:
+            elif _portproto_is_broader(n, a) or _portproto_is_equal(n, a):
+                if n[0] == 0 or n[0] == a[0]:
                     deletes.append(k)
-                elif self._superset(nk.sec_label, k.sec_label):
+                elif self._superset(n[0], a[0]):
                     updates.append((k, _Entry(True, owners={nk})))
-            elif self._superset(nk.sec_label, k.sec_label):
-                updates.append((_with_identity(nk, k.sec_label), _Entry(True, owners={nk})))
+            elif self._superset(n[0], a[0]):
+                updates.append((_with_identity(nk, a[0]), _Entry(True, owners={nk})))
         for k in deletes:
             self._delete(k, None)
         for k, e in updates:
@@ -224,38 +299,37 @@ class MapState:
             new.dependents.add(k)
 
         doomed = []
-        for k, v in list(self.denies.items()):
-            if nk.egress != k.egress or not _protocols_match(nk, k):
+        for k in self._deny_ids.related(n[0]):
+            v, d = self.denies[k], self._f(k)
+            if n[1] != d[1] or not _protocols_match(n, d):
                 continue
-            if (k.sec_label == 0 or k.sec_label == nk.sec_label) and \
-                    (_portproto_is_equal(k, nk) or _portproto_is_broader(k, nk)):
+            if (d[0] == 0 or d[0] == n[0]) and (_portproto_is_equal(d, n) or _portproto_is_broader(d, n)):
                 if k != nk or v.owners == new.owners:
                     return  # covered by a deny the datapath already matches (an identical key merges owners)
-            elif (nk.sec_label == 0 or nk.sec_label == k.sec_label) and \
-                    (_portproto_is_equal(nk, k) or _portproto_is_broader(nk, k)) and k not in new.dependents:
+            elif (n[0] == 0 or n[0] == d[0]) and (_portproto_is_equal(n, d) or _portproto_is_broader(n, d)) \
+                    and k not in new.dependents:
                 doomed.append(k)
         for k in doomed:
             self._delete(k, None)
         self._add(nk, new)
 
     def _insert_allow(self, nk: PolicyKey, new: _Entry) -> None:
-        updates, bailed, to_deny = [], False, False
-        for k, v in list(self.denies.items()):
-            if nk.egress != k.egress or not _protocols_match(nk, k):
+        n = self._f(nk)
+        updates, to_deny = [], False
+        for k in self._deny_ids.related(n[0]):
+            d = self._f(k)
+            if n[1] != d[1] or not _protocols_match(n, d):
                 continue
-            if self._superset(nk.sec_label, k.sec_label):
-                if _portproto_is_broader(k, nk):
+            if self._superset(n[0], d[0]):
+                if _portproto_is_broader(d, n):
                     updates.append((_with_l4(k, nk), _Entry(True, owners={k}), k))
-            elif _portproto_is_broader(k, nk) or _portproto_is_equal(k, nk):
-                if k.sec_label == 0 or k.sec_label == nk.sec_label:
-                    bailed = True
-                    break
-                if self._superset(k.sec_label, nk.sec_label):
+            elif _portproto_is_broader(d, n) or _portproto_is_equal(d, n):
+                if d[0] == 0 or d[0] == n[0]:
+                    return  # the datapath would match the deny first: the allow is not inserted
+                if self._superset(d[0], n[0]):
                     to_deny = True
-            elif self._superset(k.sec_label, nk.sec_label):
-                updates.append((_with_identity(k, nk.sec_label), _Entry(True, owners={k}), k))
-        if bailed:
-            return
+            elif self._superset(d[0], n[0]):
+                updates.append((_with_identity(k, n[0]), _Entry(True, owners={k}), k))
         for key, e, owner in updates:
             self._add(key, e)
             owner_entry = self._get(owner)

@@ -403,8 +403,12 @@ def resolve(endpoints: Sequence[Endpoint], policies: Sequence[Policy], alloc: Id
                 warnings.append(f"{pol.name}: {rule.path}.endpointSelector ({rule.endpoint_selector}) selects no endpoint")
     out: dict[str, EndpointPolicy] = {}
 
+    known: dict = {}
+
     def nets(ident: int):
-        net = alloc.cidr_networks().get(ident)
+        if ident not in known:
+            known.update(alloc.cidr_networks())
+        net = known.get(ident)
         return (net,) if net is not None else ()
 
     for ep in endpoints:
