@@ -20,10 +20,16 @@
  * in lib/sock.h); never Maglev. A service without backends fails connect()
  * and sendto() with EHOSTUNREACH.
  *
+ * A connect() to a node's address (this node's or another's, by its
+ * ipcache identity host or remote-node) on a port of the NodePort range that
+ * is no frontend here, since each node's maps hold only its own NodePort
+ * addresses, takes the NodePort's surrogate frontend 0.0.0.0:port (Cilium's
+ * sock4_wildcard_lookup_full, NodePort part).
+ *
  * Left out, as labkit has no use for them: the health-check redirect
- * (__sock4_health_fwd), L7 load balancers, the NodePort/hostPort wildcard
- * lookup (the agent writes no 0.0.0.0 surrogate frontends), and bind4 /
- * post_bind4 (health-check binds; refusing a bind() on a NodePort).
+ * (__sock4_health_fwd), L7 load balancers, the hostPort half of the wildcard
+ * lookup and its loopback case (127.0.0.0/8 from the host namespace), and
+ * bind4 / post_bind4 (health-check binds; refusing a bind() on a NodePort).
  */
 #include "lib/common.h"
 #include "lib/maps.h"
@@ -51,6 +57,38 @@
 #ifndef EHOSTUNREACH
 #define EHOSTUNREACH 113
 #endif
+/* Cilium's node_config.h defaults (the agent writes its --node-port-range). */
+#ifndef NODEPORT_PORT_MIN
+#define NODEPORT_PORT_MIN 30000
+#endif
+#ifndef NODEPORT_PORT_MAX
+#define NODEPORT_PORT_MAX 32767
+#endif
+
+/* Cilium's sock4_wildcard_lookup(key, include_remote_hosts = true, inv_match =
+ * false) under sock4_wildcard_lookup_full: a node's address (identity host or
+ * remote-node in the ipcache) on a NodePort-range port reads the surrogate
+ * frontend 0.0.0.0:port, in the scope a socket reads (internal for two-scope
+ * frontends); only a NodePort frontend counts. NULL otherwise. */
+static __always_inline struct lb4_service *sock4_wildcard_lookup(__be32 addr, __be16 port, __u8 proto, __u8 *scope)
+{
+	struct remote_endpoint_info *info;
+	__u16 p = lk_ntohs(port);
+	struct lb4_service *svc;
+
+	if (p < NODEPORT_PORT_MIN || p > NODEPORT_PORT_MAX)
+		return NULL;
+	info = ipcache_lookup4(addr);
+	if (!info || (info->sec_identity != IDENTITY_HOST && info->sec_identity != IDENTITY_REMOTE_NODE))
+		return NULL;
+	*scope = LB_LOOKUP_SCOPE_EXT;
+	svc = lb4_lookup_service(0, port, proto, 0, LB_LOOKUP_SCOPE_EXT);
+	if (svc && (svc->flags2 & SVC_FLAG_TWO_SCOPES)) {
+		*scope = LB_LOOKUP_SCOPE_INT;
+		svc = lb4_lookup_service(0, port, proto, 0, LB_LOOKUP_SCOPE_INT);
+	}
+	return svc && (svc->flags & SVC_FLAG_NODEPORT) ? svc : NULL;
+}
 
 /* Cilium's sock4_update_revnat: write only when the entry differs, so a busy
  * UDP socket does not rewrite the same LRU entry on every datagram. */
@@ -119,7 +157,7 @@ static __always_inline bool sock4_skip_xlate_if_same_netns(struct bpf_sock_addr 
 static __always_inline int __sock4_xlate_fwd(struct bpf_sock_addr *ctx, const bool udp_only)
 {
 	__u64 netns_cookie = bpf_get_netns_cookie(ctx);
-	__be32 vip = ctx->user_ip4;
+	__be32 vip = ctx->user_ip4, frontend = vip; /* frontend: 0 when the surrogate answered */
 	__be16 vport = ctx_dst_port(ctx);
 	__u8 proto = ctx->protocol;
 	__u8 scope = LB_LOOKUP_SCOPE_EXT;
@@ -141,6 +179,10 @@ static __always_inline int __sock4_xlate_fwd(struct bpf_sock_addr *ctx, const bo
 		scope = LB_LOOKUP_SCOPE_INT;
 		svc = lb4_lookup_service(vip, vport, proto, 0, scope);
 	}
+	if (!svc) {
+		svc = sock4_wildcard_lookup(vip, vport, proto, &scope);
+		frontend = 0;
+	}
 	if (!svc)
 		return -ENXIO;
 	if (svc->count == 0)
@@ -160,7 +202,7 @@ static __always_inline int __sock4_xlate_fwd(struct bpf_sock_addr *ctx, const bo
 	if (backend_id == 0) {
 		backend_from_affinity = false;
 		slot = (sock_select_slot(ctx) % svc->count) + 1;
-		backend_slot = lb4_lookup_service(vip, vport, proto, slot, scope);
+		backend_slot = lb4_lookup_service(frontend, vport, proto, slot, scope);
 		if (!backend_slot)
 			return -EHOSTUNREACH;
 		backend_id = backend_slot->backend_id;
@@ -203,6 +245,11 @@ static __always_inline int __sock4_xlate_rev(struct bpf_sock_addr *ctx)
 	svc = lb4_lookup_service(val->address, val->port, ctx->protocol, 0, LB_LOOKUP_SCOPE_EXT);
 	if (svc && (svc->flags2 & SVC_FLAG_TWO_SCOPES))
 		svc = lb4_lookup_service(val->address, val->port, ctx->protocol, 0, LB_LOOKUP_SCOPE_INT);
+	if (!svc) {
+		__u8 scope;
+
+		svc = sock4_wildcard_lookup(val->address, val->port, ctx->protocol, &scope);
+	}
 	if (!svc || svc->rev_nat_index != val->rev_nat_index || svc->count == 0) {
 		cilium_lb4_reverse_sk.delete(&key);
 		return -ENOENT;

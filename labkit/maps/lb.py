@@ -52,6 +52,7 @@ __all__ = [
     "Lb4AffinityKey",
     "LbAffinityVal",
     "LbAffinityMatch",
+    "LbAffinityMatchValue",
     "Ipv4RevnatTuple",
     "Ipv4RevnatEntry",
     "ServiceFlags",
@@ -522,6 +523,15 @@ class LbAffinityMatch(ctypes.LittleEndianStructure):
         return f"{self.backend_id} {self.rev_nat}"
 
 
+class LbAffinityMatchValue(ctypes.LittleEndianStructure):
+    """The value of ``cilium_lb_affinity_match``: one unused byte (Cilium's ``AffinityMatchValue``, ``__u8``)."""
+
+    _fields_ = [("pad", ctypes.c_uint8)]
+
+    def __str__(self) -> str:
+        return ""
+
+
 class Ipv4RevnatTuple(ctypes.LittleEndianStructure):
     """``struct ipv4_revnat_tuple`` (16 bytes, packed): a socket and the backend connect() chose."""
 
@@ -655,7 +665,7 @@ LB_MAPS: dict[str, tuple[type, type]] = {
     BACKENDS_MAP: (Lb4BackendKey, Lb4Backend),
     REVNAT_MAP: (Lb4RevNatKey, Lb4ReverseNat),
     AFFINITY_MAP: (Lb4AffinityKey, LbAffinityVal),
-    AFFINITY_MATCH_MAP: (LbAffinityMatch, ctypes.c_uint8),
+    AFFINITY_MATCH_MAP: (LbAffinityMatch, LbAffinityMatchValue),
     REVERSE_SK_MAP: (Ipv4RevnatTuple, Ipv4RevnatEntry),
     MAGLEV_MAP: (Lb4RevNatKey, MaglevLut),
 }

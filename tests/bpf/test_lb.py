@@ -213,10 +213,8 @@ def test_affinity_keeps_a_backend_only_while_the_agent_matches_it(native):
     __lb4_affinity_backend_id): a client's remembered backend that is terminating but still matched keeps its new
     flows; one no longer matched (the agent took it out of the service; its backend row may live on for another
     service) loses the entry, and the flow gets one of the service's backends, which the entry then remembers."""
-    import ctypes
-
     from labkit.maps.lb import (Lb4AffinityKey, Lb4Backend, Lb4BackendKey, Lb4Key, Lb4Service, LbAffinityMatch,
-                                LbAffinityVal, ServiceFlags)
+                                LbAffinityMatchValue, LbAffinityVal, ServiceFlags)
 
     def setup(slots, matched, flags1):
         native.reset()
@@ -228,9 +226,9 @@ def test_affinity_keeps_a_backend_only_while_the_agent_matches_it(native):
         with native.map("cilium_lb4_backends_v3", Lb4BackendKey, Lb4Backend) as m:
             m[Lb4BackendKey(1)] = Lb4Backend.make(B1.ip, BP, 0, flags1)
             m[Lb4BackendKey(2)] = Lb4Backend.make(B2.ip, BP, 0, ACTIVE)
-        with native.map("cilium_lb_affinity_match", LbAffinityMatch, ctypes.c_uint8) as m:
+        with native.map("cilium_lb_affinity_match", LbAffinityMatch, LbAffinityMatchValue) as m:
             for bid in matched:
-                m[LbAffinityMatch.make(SVC_ID, bid)] = ctypes.c_uint8(0)
+                m[LbAffinityMatch.make(SVC_ID, bid)] = LbAffinityMatchValue()
         with native.map("cilium_lb4_affinity", Lb4AffinityKey, LbAffinityVal) as m:
             m[Lb4AffinityKey.make(A1.ip, SVC_ID)] = LbAffinityVal(last_used=native.now(), backend_id=1)
 

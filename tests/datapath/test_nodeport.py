@@ -252,20 +252,38 @@ def test_etp_local_answers_locally_and_pods_still_reach_every_backend(native_lab
     row = next(r for r in lab.services.lb("node-b").rows() if r.vip == NODE_B)
     assert "Local" in row.to_json()["flags"]
 
-    seen = set()
     for _ in range(24):
-        conn = lab.pod("a2").tcp("node-b", 30080)
+        conn = lab.pod("a2").tcp("node-a", 30080)
         assert conn.open().ok
         conn.close()
     seen = {r.backend_id for r in rows(lab, "node-a", "SVC")}
     assert seen == {svc.backend("a1:8080").id, svc.backend("b1:8080").id}
 
 
+def test_pod_to_another_nodes_nodeport_is_balanced_there(native_lab):
+    """Each node's maps hold its own NodePort address and the surrogate 0.0.0.0:nodePort, not the other node's
+    (pkg/k8s/service.go:203-216,244-248@82999990): a pod's connection to node-b's NodePort finds no frontend at its
+    own from-container (lb4_lookup_service of the destination, bpf/bpf_lxc.c:100@82999990), so node-a makes no SVC
+    row and node-b's from-netdev load-balances it (bpf/lib/nodeport.h:2988@82999990)."""
+    lab = native_lab
+    svc = lab.services.add("web", 80, ["b1:8080", "b2:8080"], type="NodePort", node_port=30080)
+    keys = {r.frontend for r in lab.services.lb("node-a").rows()}
+    assert f"{NODE_B}:30080" not in keys and "0.0.0.0:30080" in keys
+    conn = lab.pod("a2").tcp("node-b", 30080)
+    opened = conn.open()
+    assert opened.ok
+    conn.close()
+    assert not rows(lab, "node-a", "SVC")
+    assert {r.backend_id for r in rows(lab, "node-b", "SVC")} <= {b.id for b in svc.backends}
+    assert [r for r in rows(lab, "node-b", "SVC")]
+
+
 def test_maglev_bpf_table_equals_python_table(native_lab):
     """The Maglev table the agent wrote into cilium_lb4_maglev (read back through the inner map) equals
-    labkit.maglev.lookup_table for every NodePort and LoadBalancer frontend on every node: the lab's default size is
-    Cilium's (16381), the seed Cilium's default's; the ClusterIP frontend has no table (svcInfo.useMaglev,
-    pkg/service/service.go:173@82999990)."""
+    labkit.maglev.lookup_table for every NodePort and LoadBalancer frontend a node holds: the lab's default size is
+    Cilium's (16381), the seed Cilium's default's; the ClusterIP frontend and the surrogate 0.0.0.0 have no table
+    (svcInfo.useMaglev, pkg/service/service.go:173,177@82999990), and a node has none for the other node's
+    NodePort address, which its maps do not hold."""
     lab = native_lab
     assert lab.config.maglev_table_size == 16381
     svc = lab.services.add("web", 80, ["a1:8080", "a2:8080", "b1:8080", "b2:8080"], type="LoadBalancer",
@@ -274,10 +292,15 @@ def test_maglev_bpf_table_equals_python_table(native_lab):
     for node in ("node-a", "node-b"):
         tables = lab.services.maglev("web", node)
         assert set(tables) == set(svc.ids)
-        assert tables[svc.id] == (None, None)
+        ip = lab.topology.node(node).ip
+        with_table = {fe.id for fe in svc.frontends if fe.type != "ClusterIP" and not fe.surrogate
+                      and svc.on_node(fe, ip)}
+        assert len(with_table) == 2  # the node's own NodePort address and the LoadBalancer VIP
         for fid, (bpf, expected) in tables.items():
-            if fid != svc.id:
+            if fid in with_table:
                 assert bpf is not None and list(bpf.backend_ids) == want == list(expected.backend_ids)
+            else:
+                assert (bpf, expected) == (None, None)
 
 
 _UDP_BURST = r"""

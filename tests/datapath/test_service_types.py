@@ -34,22 +34,26 @@ def _get(lab, address: str, port: int) -> tuple[int, str]:
     return int(sport), served
 
 
-def _svc_row(lab, sport: int, address: str, port: int):
-    """node-a's one SVC row, from a1:sport to the frontend address:port."""
+def _svc_row(lab, sport: int, address: str, port: int, node: str = "node-a"):
+    """``node``'s one SVC row, from a1:sport to the frontend address:port."""
     a1 = lab.pod("a1").ip
-    svc_rows = rows(lab, "node-a", "TCP", "SVC")
+    svc_rows = rows(lab, node, "TCP", "SVC")
     assert [(r.src, r.sport, r.dst, r.dport) for r in svc_rows] == [(a1, sport, address, port)]
     return svc_rows[0]
 
 
 def test_nodeport_from_a_pod_via_node_b_address(lab):
-    """a1 → node-b's address:nodePort is load-balanced to b1 with that frontend's own rev NAT id."""
+    """a1 → node-b's address:nodePort is not load-balanced at node-a, whose maps hold only node-a's NodePort address
+    and 0.0.0.0 (pkg/k8s/service.go:203-216,244-248@82999990): node-b's from-netdev balances it to b1 with that
+    frontend's own rev NAT id, and b1's reply, going back through the tunnel, gets node-b:nodePort as its source at
+    b1's from-container (bpf/bpf_lxc.c:1031-1037@82999990)."""
     svc = lab.services.add("web", 80, ["b1:8080"], type="NodePort", node_port=30080)
     node_b = lab.topology.node("node-b").ip
     fe = next(f for f in svc.frontends if f.address == node_b)
     sport, served = _get(lab, node_b, 30080)
     assert served == "pod=b1"
-    row = _svc_row(lab, sport, node_b, 30080)
+    assert not rows(lab, "node-a", "TCP", "SVC")
+    row = _svc_row(lab, sport, node_b, 30080, node="node-b")
     assert row.rev_nat == fe.id != svc.id
 
 
@@ -78,16 +82,20 @@ def test_loadbalancer_vip_from_a_pod(lab):
 
 
 def test_tcp_step_to_a_nodeport_address(lab):
-    """a1.tcp(node-b address, nodePort).open() is a step through the NodePort frontend: SVC row to that address."""
+    """a1.tcp(node-b address, nodePort).open() is a step through node-b's NodePort frontend: its SVC row is on
+    node-b, the node that address belongs to (node-a's maps do not hold it)."""
     svc = lab.services.add("web", 80, ["b1:8080"], type="NodePort")
     node_b = lab.topology.node("node-b").ip
     step = lab.pod("a1").tcp(node_b, svc.node_port).open()
     assert step.ok
-    assert [(r.dst, r.dport) for r in step.rows["node-a"] if r.dir == "SVC"] == [(node_b, svc.node_port)]
+    assert [(r.dst, r.dport) for r in step.rows["node-b"] if r.dir == "SVC"] == [(node_b, svc.node_port)]
+    assert not [r for r in step.rows["node-a"] if r.dir == "SVC"]
 
 
 def test_lb_list_shows_every_frontend_with_its_type(lab):
-    """`lb list node-a` (Python and CLI) lists the ClusterIP, NodePort and LoadBalancer frontends with their flags."""
+    """`lb list node-a` (Python and CLI) lists the ClusterIP, NodePort and LoadBalancer frontends with their flags:
+    node-a's own NodePort address and the surrogate 0.0.0.0 (NodePort, non-routable: pkg/maps/lbmap/lbmap.go:573
+    @82999990), not node-b's (pkg/k8s/service.go:203-216@82999990)."""
     np_ = lab.services.add("np", 80, ["b1:8080"], type="NodePort", node_port=30080)
     lb = lab.services.add("lb", 81, ["b2:8080"], type="LoadBalancer", node_port=30081, lb_vip="203.0.113.20")
     a, b = (lab.topology.node(n).ip for n in ("node-a", "node-b"))
@@ -96,16 +104,17 @@ def test_lb_list_shows_every_frontend_with_its_type(lab):
     assert got == {  # v1.16's service list prints no protocol after a frontend
         "198.19.0.10:80": ("ClusterIP", np_.ids[0], 0),
         f"{a}:30080": ("NodePort", np_.ids[1], np_flags),
-        f"{b}:30080": ("NodePort", np_.ids[2], np_flags),
+        "0.0.0.0:30080": ("NodePort", np_.ids[3], ServiceFlags.NODEPORT),
         "198.19.0.11:81": ("ClusterIP", lb.ids[0], 0),
         f"{a}:30081": ("NodePort", lb.ids[1], np_flags),
-        f"{b}:30081": ("NodePort", lb.ids[2], np_flags),
-        "203.0.113.20:81": ("LoadBalancer", lb.ids[3], lb_flags),
+        "0.0.0.0:30081": ("NodePort", lb.ids[3], ServiceFlags.NODEPORT),
+        "203.0.113.20:81": ("LoadBalancer", lb.ids[4], lb_flags),
     }
+    assert f"{b}:30080" in {r.frontend for r in lab.services.lb("node-b").rows()}
     proc = subprocess.run(LABKIT + ["--lab", lab.name, "lb", "list", "node-a"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     cli_types = {line.split()[1]: line.split()[2] for line in proc.stdout.splitlines()[1:] if line[:1].strip()}
     assert cli_types == {fe: t for fe, (t, _, _) in got.items()}
     lab.services.remove("lb")
-    assert {r.frontend for r in lab.services.lb("node-a").rows()} == {"198.19.0.10:80", f"{a}:30080", f"{b}:30080"}
+    assert {r.frontend for r in lab.services.lb("node-a").rows()} == {"198.19.0.10:80", f"{a}:30080", "0.0.0.0:30080"}

@@ -167,15 +167,13 @@ def test_affinity_follows_the_agents_match_map(lab):
     service (pkg/maps/lbmap/affinity.go:68-83@82999990, read by bpf/lib/lb.h:1429@82999990). When the client's
     backend leaves the service, the agent deletes its keys and the client's next connection goes to a backend
     that is still there, which it then keeps."""
-    import ctypes
-
     from labkit.maps.base import PinnedMap
-    from labkit.maps.lb import AFFINITY_MATCH_MAP, LbAffinityMatch
+    from labkit.maps.lb import AFFINITY_MATCH_MAP, LbAffinityMatch, LbAffinityMatchValue
 
     svc = lab.services.add("sticky", VIP_PORT, ["b1:8080", "b2:8080"], affinity=300)
 
     def matched(node: str) -> set:
-        with PinnedMap(f"{lab.pin_dir(node)}/{AFFINITY_MATCH_MAP}", LbAffinityMatch, ctypes.c_uint8) as m:
+        with PinnedMap(f"{lab.pin_dir(node)}/{AFFINITY_MATCH_MAP}", LbAffinityMatch, LbAffinityMatchValue) as m:
             return {(k.rev_nat, k.backend_id) for k in m.keys()}
 
     assert matched("node-a") == matched("node-b") == {(svc.id, b.id) for b in svc.backends}
@@ -260,6 +258,23 @@ def test_socket_lb_hostns_leaves_pods_per_packet_and_serves_nodes(lab):
             % (svc.vip, VIP_PORT))
     r = lab.node("node-b").exec(sys.executable, "-c", code)
     assert r.stdout.split()[0] == svc.vip and "pod=b1" in r.stdout, r.stdout + r.stderr
+
+
+def test_socket_lb_nodeport_of_another_node_takes_the_surrogate(lab):
+    """A node's process connecting to the other node's address:nodePort: that frontend is not in this node's maps,
+    so connect() looks up the surrogate 0.0.0.0:nodePort (the address has identity remote-node in the ipcache and
+    the port is in the NodePort range: sock4_wildcard_lookup, bpf/bpf_sock.c:186-216@82999990, tried after the
+    direct lookup fails, bpf/bpf_sock.c:320-323@82999990) and rewrites it to the backend; getpeername() shows the
+    address it asked for, and node-b makes no SVC row (no packet ever went to its frontend)."""
+    svc = lab.services.add("web", 80, ["b1:8080"], type="NodePort")
+    node_b = lab.topology.node("node-b").ip
+    assert f"{node_b}:{svc.node_port}" not in {r.frontend for r in lab.services.lb("node-a").rows()}
+    code = ("import socket;s=socket.create_connection(('%s',%d),timeout=3);print('%%s:%%d' %% s.getpeername());"
+            "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n');print(s.recv(300).split(b'\\r\\n\\r\\n')[1].decode())"
+            % (node_b, svc.node_port))
+    r = lab.node("node-a").exec(sys.executable, "-c", code)
+    assert r.stdout.split()[0] == f"{node_b}:{svc.node_port}" and "pod=b1" in r.stdout, r.stdout + r.stderr
+    assert not rows(lab, "node-b", "TCP", "SVC") and not rows(lab, "node-a", "TCP", "SVC")
 
 
 def test_close_after_the_server_closed_first(lab):

@@ -73,7 +73,7 @@ def test_map_table_key_and_value_sizes():
         "cilium_lb4_backends_v3": (4, 12),
         "cilium_lb4_reverse_nat": (2, 6),
         "cilium_lb4_affinity": (16, 16),
-        "cilium_lb_affinity_match": (8, 0),  # the value is one unused byte (a c_uint8, not a struct)
+        "cilium_lb_affinity_match": (8, 1),  # the value is one unused byte
         "cilium_lb4_reverse_sk": (16, 8),
         "cilium_lb4_maglev": (2, 0),  # the value is a table of M ids; MaglevLut sizes itself
     }

@@ -330,7 +330,7 @@ def one_row(svcs: Services, which: str):
         "head": ("node-b", SERVICES_MAP, Lb4Key.make(lb.lb_vip, lb.port, wire)),
         "slot": ("node-a", SERVICES_MAP, Lb4Key.make(web.vip, web.port, wire, slot=3)),
         "backend": ("node-a", BACKENDS_MAP, Lb4BackendKey(web.backends[0].id)),
-        "revnat": ("node-b", REVNAT_MAP, Lb4RevNatKey.make(np_.ids[1])),
+        "revnat": ("node-b", REVNAT_MAP, Lb4RevNatKey.make(np_.ids[2])),  # node-b's own NodePort frontend
         "maglev": ("node-a", MAGLEV_MAP, Lb4RevNatKey.make(lb.ids[-1])),  # the LoadBalancer frontend's table
     }[which]
 

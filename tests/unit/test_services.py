@@ -283,11 +283,13 @@ def test_affinity_match_rows_follow_the_backends(svcs):
     for node in NODES:
         svcs.maps.update(node, AFFINITY_MAP, Lb4AffinityKey.make("198.18.1.11", 1), LbAffinityVal(5, b1))
         rows = {(k.rev_nat, k.backend_id) for k, _ in svcs.maps.items(node, AFFINITY_MATCH_MAP)}
-        assert rows == {(fid, bid) for fid in svc.ids for bid in (b1, b2)}
+        here = [fe.id for fe in svc.frontends if svc.on_node(fe, svcs.topology.node(node).ip)]
+        assert rows == {(fid, bid) for fid in here for bid in (b1, b2)}
     svcs.remove_backend("web", "b1:8080")
     for node in NODES:
+        here = [fe.id for fe in svc.frontends if svc.on_node(fe, svcs.topology.node(node).ip)]
         assert {(k.rev_nat, k.backend_id) for k, _ in svcs.maps.items(node, AFFINITY_MATCH_MAP)} == \
-            {(fid, b2) for fid in svc.ids}
+            {(fid, b2) for fid in here}
         assert [v.backend_id for _, v in svcs.maps.items(node, AFFINITY_MAP)] == [b1]  # the datapath's to drop
     svcs.remove("web")
     assert all(not svcs.maps.items(node, AFFINITY_MATCH_MAP) for node in NODES)
@@ -388,7 +390,7 @@ def test_other_protocol_on_one_frontend_accepted_on_1_20(svcs20):
     svcs20.add("web", 80, ["b1:8080"], type="NodePort", node_port=30080)
     udp = svcs20.add("web-udp", 80, ["b2:8080"], vip=VIP, protocol="UDP", type="NodePort", node_port=30080)
     assert udp.frontend == "198.19.0.10:80/UDP" and udp.node_port == 30080
-    assert head(svcs20, "node-a", proto="TCP").rev_nat == 1 and head(svcs20, "node-a", proto="UDP").rev_nat == 4
+    assert head(svcs20, "node-a", proto="TCP").rev_nat == 1 and head(svcs20, "node-a", proto="UDP").rev_nat == 5
     assert svcs20.add("dns", 53, ["a1:53"], protocol="UDP", type="NodePort").node_port == 30000  # UDP's own range
 
 
@@ -668,26 +670,33 @@ def revnat(s: Services, node: str, rev_nat: int) -> str | None:
 
 
 def test_nodeport_frontends_flags_and_ids(svcs):
-    """A NodePort is its ClusterIP frontend plus nodeIP:nodePort per node, each with its own id and reverse NAT."""
+    """A NodePort is its ClusterIP frontend plus nodeIP:nodePort per node and the surrogate 0.0.0.0:nodePort, each
+    with its own id and reverse NAT. A node's maps hold its own address's frontend and the surrogate, not the other
+    node's (pkg/k8s/service.go:203-216@82999990 appends IPv4Unspecified to the node's own nodePortAddrs, and
+    :244-248 makes one frontend per address); the surrogate is NodePort but not routable
+    (pkg/maps/lbmap/lbmap.go:573@82999990: isRoutable := !fe.IsSurrogate() && ...)."""
     svc = svcs.add("web", 80, ["b1:8080", "b2:8080"], type="NodePort", node_port=30080)
     assert (svc.type, svc.node_port, svc.lb_vip, svc.id) == ("NodePort", 30080, None, 1)
     assert [(f.type, f.address, f.port, f.id) for f in svc.frontends] == [
-        ("ClusterIP", VIP, 80, 1), ("NodePort", NODE_IPS[0], 30080, 2), ("NodePort", NODE_IPS[1], 30080, 3)]
-    for node in NODES:
+        ("ClusterIP", VIP, 80, 1), ("NodePort", NODE_IPS[0], 30080, 2), ("NodePort", NODE_IPS[1], 30080, 3),
+        ("NodePort", "0.0.0.0", 30080, 4)]
+    for node, own, other in ((NODES[0], svc.frontends[1], svc.frontends[2]),
+                             (NODES[1], svc.frontends[2], svc.frontends[1])):
         assert head(svcs, node).flags == 0 and head(svcs, node).rev_nat == 1
-        for fe in svc.frontends[1:]:
+        for fe, flags in ((own, NP_FLAGS), (svc.frontends[3], ServiceFlags.NODEPORT)):
             h = head(svcs, node, fe.address, 30080)
-            assert (h.count, h.rev_nat, h.flags) == (2, fe.id, NP_FLAGS)
+            assert (h.count, h.rev_nat, h.flags) == (2, fe.id, flags)
             slots = [svcs.maps.get(node, SERVICES_MAP, Lb4Key.make(fe.address, 30080, 0).with_slot(i))
                      for i in (1, 2)]
             assert [(v.backend_id, v.rev_nat, v.flags) for v in slots] == [(1, fe.id, 0), (2, fe.id, 0)]
             assert revnat(svcs, node, fe.id) == f"{fe.address}:30080"
+        assert head(svcs, node, other.address, 30080) is None and revnat(svcs, node, other.id) is None
         assert len(svcs.maps.data[node][BACKENDS_MAP]) == 2  # shared by every frontend
     rows = svcs.lb("node-a").rows()
     assert [(r.id, r.frontend, r.type, r.count) for r in rows] == [
-        (1, f"{VIP}:80", "ClusterIP", 2), (2, f"{NODE_IPS[0]}:30080", "NodePort", 2),
-        (3, f"{NODE_IPS[1]}:30080", "NodePort", 2)]
+        (1, f"{VIP}:80", "ClusterIP", 2), (2, f"{NODE_IPS[0]}:30080", "NodePort", 2), (4, "0.0.0.0:30080", "NodePort", 2)]
     assert "non-routable" not in rows[1].to_json()["flags"] and "non-routable" in rows[0].to_json()["flags"]
+    assert "non-routable" in rows[2].to_json()["flags"]
 
 
 def test_loadbalancer_frontends_and_allocation(svcs):
@@ -695,14 +704,14 @@ def test_loadbalancer_frontends_and_allocation(svcs):
     svcs.add("api", 8080, ["a2:8080"])
     lb1 = svcs.add("web", 80, ["b1:8080"], type="LoadBalancer", affinity=30)
     lb2 = svcs.add("web2", 80, ["b2:8080"], type="loadbalancer")
-    assert (lb1.node_port, lb1.lb_vip, lb1.id, lb1.ids) == (30000, "203.0.113.10", 2, (2, 3, 4, 5))
-    assert (lb2.node_port, lb2.lb_vip, lb2.ids) == (30001, "203.0.113.11", (6, 7, 8, 9))
-    assert [f.type for f in lb1.frontends] == ["ClusterIP", "NodePort", "NodePort", "LoadBalancer"]
+    assert (lb1.node_port, lb1.lb_vip, lb1.id, lb1.ids) == (30000, "203.0.113.10", 2, (2, 3, 4, 5, 6))
+    assert (lb2.node_port, lb2.lb_vip, lb2.ids) == (30001, "203.0.113.11", (7, 8, 9, 10, 11))
+    assert [f.type for f in lb1.frontends] == ["ClusterIP", "NodePort", "NodePort", "NodePort", "LoadBalancer"]
     h = head(svcs, "node-b", "203.0.113.10", 80)
-    assert (h.rev_nat, h.flags, h.affinity_timeout) == (5, LB_FLAGS | ServiceFlags.AFFINITY, 30)
-    assert revnat(svcs, "node-b", 5) == "203.0.113.10:80"
+    assert (h.rev_nat, h.flags, h.affinity_timeout) == (6, LB_FLAGS | ServiceFlags.AFFINITY, 30)
+    assert revnat(svcs, "node-b", 6) == "203.0.113.10:80"
     assert head(svcs, "node-a", NODE_IPS[0], 30000).flags == NP_FLAGS | ServiceFlags.AFFINITY
-    types = {r.frontend: r.type for r in svcs.lb("node-a").rows()}
+    types = {r.frontend: r.type for r in svcs.lb("node-b").rows()}
     assert types["203.0.113.11:80"] == "LoadBalancer" and types[f"{NODE_IPS[1]}:30001"] == "NodePort"
     given = svcs.add("udp", 53, ["b1:5353"], protocol="udp", type="LoadBalancer", node_port=30005,
                      lb_vip="203.0.113.10")  # web's LB VIP on another port: fine
@@ -714,13 +723,13 @@ def test_nodeport_write_order_heads_last(svcs):
     svcs.add("web", 80, ["b1:8080"], type="NodePort", node_port=30080)
     assert ops(svcs) == [
         "update be backend 1",
+        "update svc 0.0.0.0:30080/ANY slot 1",
         f"update svc {VIP}:80/ANY slot 1",
         f"update svc {NODE_IPS[0]}:30080/ANY slot 1",
-        f"update svc {NODE_IPS[1]}:30080/ANY slot 1",
-        "update revnat rev_nat 1", "update revnat rev_nat 2", "update revnat rev_nat 3",
+        "update revnat rev_nat 1", "update revnat rev_nat 2", "update revnat rev_nat 4",
+        "update svc 0.0.0.0:30080/ANY slot 0",
         f"update svc {VIP}:80/ANY slot 0",
         f"update svc {NODE_IPS[0]}:30080/ANY slot 0",
-        f"update svc {NODE_IPS[1]}:30080/ANY slot 0",
     ]
     svcs.maps.ops.clear()
     svcs.add_backend("web", "b2:8080")
@@ -737,7 +746,7 @@ def test_remove_nodeport_removes_every_frontend(svcs):
     got = ops(svcs)
     assert all("slot 0" in o for o in got[:4]) and got[-1] == "delete be backend 1"
     again = svcs.add("web", 80, ["b1:8080"], type="NodePort")
-    assert again.node_port == 30000 and again.ids == (5, 6, 7)  # ids go on from where they were
+    assert again.node_port == 30000 and again.ids == (6, 7, 8, 9)  # ids go on from where they were
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -795,8 +804,9 @@ def test_frontends_survive_the_service_list(svcs):
     svc = svcs.add("web", 80, ["b1:8080"], type="LoadBalancer", node_port=31000)
     again = Services(svcs.lab, svcs.topology, svcs.maps, MemoryStore(svcs.store.data))
     assert again.get("web") == svc
-    assert svc.to_json()["frontends"][3] == {"address": "203.0.113.10", "port": 80, "type": "LoadBalancer",
-                                             "id": 4, "frontend": "203.0.113.10:80/TCP"}
+    assert svc.to_json()["frontends"][4] == {"address": "203.0.113.10", "port": 80, "type": "LoadBalancer",
+                                             "id": 5, "frontend": "203.0.113.10:80/TCP"}
+    assert svc.to_json()["frontends"][3]["frontend"] == "0.0.0.0:31000/TCP"
     old = Service.from_json({"name": "old", "vip": VIP, "port": 80, "protocol": "TCP", "id": 7, "backends": []})
     assert (old.type, old.node_port, old.ids, old.frontends[0].type) == ("ClusterIP", 0, (7,), "ClusterIP")
 
@@ -806,14 +816,15 @@ def test_cli_nodeport_and_loadbalancer(fake_lab, capsys):
     assert cli.main(["service", "add", "web", "--port", "80", "--backend", "b1:8080", "--type", "LoadBalancer",
                      "--node-port", "30080", "--lb-vip", "203.0.113.50"]) == 0
     out = capsys.readouterr().out
-    assert "LoadBalancer frontend 203.0.113.50:80/TCP id 4" in out and f"NodePort frontend {NODE_IPS[1]}:30080/TCP id 3" in out
+    assert "LoadBalancer frontend 203.0.113.50:80/TCP id 5" in out and f"NodePort frontend {NODE_IPS[1]}:30080/TCP id 3" in out
+    assert "NodePort frontend 0.0.0.0:30080/TCP id 4" in out
     assert cli.main(["service", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:8] == ["web", "LoadBalancer", VIP, "80", "TCP", "1", "30080", "203.0.113.50"]
     assert cli.main(["lb", "list", "node-a"]) == 0
     got = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
     assert got == [["1", f"{VIP}:80", "ClusterIP"], ["2", f"{NODE_IPS[0]}:30080", "NodePort"],
-                   ["3", f"{NODE_IPS[1]}:30080", "NodePort"], ["4", "203.0.113.50:80", "LoadBalancer"]]
+                   ["4", "0.0.0.0:30080", "NodePort"], ["5", "203.0.113.50:80", "LoadBalancer"]]  # node-a's own
     assert cli.main(["service", "add", "np", "--port", "80", "--type", "NodePort", "--node-port", "80"]) == 1
     assert "outside the node port range" in capsys.readouterr().err
     assert cli.main(["service", "add", "np", "--port", "80", "--type", "External"]) == 2
@@ -872,9 +883,12 @@ def test_maglev_tables_written_per_frontend(svcs):
     for node in ("node-a", "node-b"):
         tables = svcs.maglev("dns", node)
         assert set(tables) == set(svc.ids)
-        assert tables[svc.id] == (None, None)
+        # no table: the ClusterIP, the surrogate (service.go:177@82999990) and the other node's NodePort address
+        ip = svcs.topology.node(node).ip
+        none = {fe.id for fe in svc.frontends if fe.type == "ClusterIP" or fe.surrogate or not svc.on_node(fe, ip)}
+        assert len(none) == 3 and all(tables[i] == (None, None) for i in none)
         assert all(bpf == expected and list(bpf.backend_ids) == want for i, (bpf, expected) in tables.items()
-                   if i != svc.id)
+                   if i not in none)
     svcs.remove_backend("dns", "a1:8080")
     bpf, _ = svcs.maglev("dns", "node-a")[svc.ids[-1]]
     assert set(bpf.backend_ids) == {svc.backend("b1:8080").id}
@@ -890,7 +904,7 @@ def test_maglev_names_on_1_20(svcs20):
     want = lookup_table(names, 16381, cilium_seed())
     assert want != lookup_table({n[1:].split("/")[0]: i for n, i in names.items()}, 16381, cilium_seed())
     for fid, (bpf, expected) in svcs20.maglev("dns", "node-b").items():
-        if fid != svc.id:
+        if expected is not None:
             assert list(bpf.backend_ids) == want and bpf == expected
 
 
@@ -911,7 +925,7 @@ def test_cli_etp_algorithm_and_lb_maglev(fake_lab, capsys):
     fake_lab.pin_dir = lambda node: f"/sys/fs/bpf/labkit/demo/{node}"
     assert cli.main(["lb", "maglev", "dns", "--node", "node-b"]) == 0
     out = capsys.readouterr().out
-    assert out.count("equals labkit.maglev.lookup_table") == 3 and "M=16381" in out
+    assert out.count("equals labkit.maglev.lookup_table") == 2 and "M=16381" in out  # node-b's NodePort, the LB
     assert "ClusterIP" in out and "a ClusterIP gets none" in out
     assert cli.main(["service", "add", "np", "--port", "81", "--type", "NodePort", "--etp", "Local"]) == 0
     assert fake_lab.services.get("np").etp == "Local"
@@ -1005,8 +1019,8 @@ def test_ids_as_before_across_removes(svcs):
     svcs.add("b", 80, ["b1:80"], type="NodePort")
     svcs.remove("a")
     c = svcs.add("c", 80, ["a1:80"])
-    assert (c.id, [b.id for b in c.backends]) == (5, [4])
-    assert svcs.get("b").ids == (2, 3, 4) and c.vip == VIP  # the freed VIP is handed out again
+    assert (c.id, [b.id for b in c.backends]) == (6, [4])
+    assert svcs.get("b").ids == (2, 3, 4, 5) and c.vip == VIP  # the freed VIP is handed out again
 
 
 def test_journal_replayed_and_compacted(run_dir, monkeypatch):
@@ -1047,7 +1061,7 @@ def test_old_services_json_still_loads(run_dir):
     (run_dir / "demo" / "services.json").write_text(json.dumps(old.store.data))
     agent = Services("demo", topo, MemoryMaps(n.name for n in topo.nodes), JsonStore("demo"))
     assert agent.list() == old.list()
-    assert agent.add("db", 82, ["b2:8080"]).backends[0].id == 2 and agent.get("db").id == 5
+    assert agent.add("db", 82, ["b2:8080"]).backends[0].id == 2 and agent.get("db").id == 6
 
 
 # -- apply: many services in one call -------------------------------------------------

@@ -18,7 +18,9 @@ slots, then loses the backends nothing uses any more. A packet never sees a
 count that points at a slot not yet written.
 
 A NodePort service is its ClusterIP frontend plus one frontend per node address,
-``nodeIP:nodePort`` (flags NODEPORT and ROUTABLE); a LoadBalancer one is a NodePort
+``nodeIP:nodePort`` (flags NODEPORT and ROUTABLE), of which each node's maps hold only its
+own, and the surrogate ``0.0.0.0:nodePort`` (NODEPORT, non-routable) that every node's maps
+hold for socket LB's wildcard lookup; a LoadBalancer one is a NodePort
 plus ``lbVIP:port`` from 203.0.113.0/24 (LOADBALANCER, ROUTABLE). As in Cilium,
 every frontend has its own head and slots, its own service id and reverse NAT
 entry (back to that frontend's address:port), and they all share the backends.

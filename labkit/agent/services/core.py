@@ -14,6 +14,7 @@ from labkit.agent.services.model import (
     FIRST_VIP,
     NODE_PORT_RANGE,
     PROTOCOLS,
+    SURROGATE,
     TRAFFIC_POLICIES,
     Backend,
     Frontend,
@@ -373,6 +374,7 @@ class Services:
         wanted = [("ClusterIP", vip, port)]
         if type_ != "ClusterIP":
             wanted += [("NodePort", n.ip, node_port) for n in self.topology.nodes]
+            wanted.append(("NodePort", SURROGATE, node_port))  # every node's: socket LB's wildcard lookup
         if type_ == "LoadBalancer":
             wanted.append(("LoadBalancer", lb_vip, port))
         self._check_frontends_free(state, name, protocol, [(address, p) for _, address, p in wanted])

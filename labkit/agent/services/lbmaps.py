@@ -271,8 +271,9 @@ class LbMapsWriter:
         before and after): a change costs what it touches, whatever the number of services."""
         was, now = change.before, change.after
         grow = now is not None and (was is None or len(now.active) >= len(was.active))
-        # Nodes differ only for externalTrafficPolicy=Local: otherwise one plan serves every node.
-        per_node = any(s is not None and s.etp == "Local" for s in (was, now))
+        # Nodes differ for externalTrafficPolicy=Local and for NodePort frontends (each node holds its own
+        # address's): otherwise one plan serves every node.
+        per_node = any(s is not None and (s.etp == "Local" or s.node_port) for s in (was, now))
         if short is None:  # the agent fault lb-wrong-count, asked at every change
             short = "lb-wrong-count" in self.faults()
         out: dict[str, list[Op]] = {}

@@ -16,7 +16,7 @@ from labkit.net.topology import CLUSTERIP_RANGE, LB_RANGE, Topology
 if TYPE_CHECKING:
     from labkit.maps.lb import ServiceFlags
 
-__all__ = ["Backend", "Frontend", "Service", "FIRST_VIP", "FIRST_LB_VIP", "NODE_PORT_RANGE", "SERVICE_TYPES",
+__all__ = ["Backend", "Frontend", "Service", "FIRST_VIP", "FIRST_LB_VIP", "NODE_PORT_RANGE", "SURROGATE", "SERVICE_TYPES",
            "STATES", "TRAFFIC_POLICIES", "ALGORITHMS", "PROTOCOLS", "MAX_AFFINITY", "MAX_SERVICE_ID",
            "MAX_BACKEND_ID", "STATE_VERSION", "check_address_in", "check_affinity", "check_choice",
            "check_lb_vip", "check_name", "check_node_port", "check_port", "check_protocol", "check_state",
@@ -27,6 +27,8 @@ __all__ = ["Backend", "Frontend", "Service", "FIRST_VIP", "FIRST_LB_VIP", "NODE_
 FIRST_VIP = ipaddress.IPv4Address("198.19.0.10")
 #: Where automatic LoadBalancer VIPs start, in the LoadBalancer range.
 FIRST_LB_VIP = ipaddress.IPv4Address("203.0.113.10")
+#: The address of a NodePort's surrogate frontend (IPv4Unspecified).
+SURROGATE = "0.0.0.0"
 #: Kubernetes' default --service-node-port-range.
 NODE_PORT_RANGE = range(30000, 32768)
 #: Service types the agent can add; each adds frontends to the one before it.
@@ -104,12 +106,19 @@ class Frontend:
 
         flags = ServiceFlags(0)
         if self.type == "NodePort":
-            flags |= ServiceFlags.NODEPORT | ServiceFlags.ROUTABLE
+            # the surrogate 0.0.0.0:nodePort is not routable (pkg/maps/lbmap/lbmap.go:573: !fe.IsSurrogate())
+            flags |= ServiceFlags.NODEPORT | (ServiceFlags(0) if self.surrogate else ServiceFlags.ROUTABLE)
         elif self.type == "LoadBalancer":
             flags |= ServiceFlags.LOADBALANCER | ServiceFlags.ROUTABLE
         if affinity_timeout:
             flags |= ServiceFlags.AFFINITY
         return flags
+
+    @property
+    def surrogate(self) -> bool:
+        """The NodePort frontend ``0.0.0.0:nodePort`` every node's maps hold beside the node's own addresses
+        (pkg/k8s/service.go:203-216 at v1.16.0), for socket LB's wildcard lookup of any node's address."""
+        return self.address == SURROGATE
 
     def l4(self, protocol: str) -> str:
         return f"{self.address}:{self.port}/{protocol}"
@@ -128,8 +137,10 @@ class Service:
     """A service as the agent knows it: a ClusterIP, a NodePort or a LoadBalancer.
 
     ``frontends`` are its frontends, the ClusterIP one (``vip:port``) first, then for a
-    NodePort one per node address (``nodeIP:node_port``), then for a LoadBalancer
-    ``lb_vip:port``; each has its own id. ``id`` is the ClusterIP frontend's id.
+    NodePort one per node address (``nodeIP:node_port``) and the surrogate ``0.0.0.0:node_port``,
+    then for a LoadBalancer ``lb_vip:port``; each has its own id. ``id`` is the ClusterIP
+    frontend's id. A node's maps hold its own NodePort address and the surrogate, not the
+    other nodes' addresses (:meth:`on_node`).
     """
 
     name: str
@@ -232,6 +243,12 @@ class Service:
         if self.algorithm != "random":
             extra += f", {self.algorithm}"
         return f"{self.name} ({self.type} {self.frontend}, id {self.id}{extra}): {bes}"
+
+    def on_node(self, fe: Frontend, node_ip: str) -> bool:
+        """Whether the maps of the node with address ``node_ip`` hold frontend ``fe``: every frontend but
+        another node's NodePort address (Cilium's agent writes its own node's NodePort addresses and the
+        surrogate, pkg/k8s/service.go:203-248 at v1.16.0)."""
+        return fe.type != "NodePort" or fe.surrogate or fe.address == node_ip
 
     def local_scope(self, fe: Frontend) -> bool:
         """True if ``fe`` lists only node-local backends to outside clients (eTP=Local on a

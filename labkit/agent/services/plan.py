@@ -5,7 +5,6 @@ at a slot not yet written (:func:`plan`).
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 from dataclasses import dataclass
 from typing import Callable
@@ -27,6 +26,7 @@ from labkit.maps.lb import (
     Lb4RevNatKey,
     Lb4Service,
     LbAffinityMatch,
+    LbAffinityMatchValue,
     LookupScope,
     MaglevLut,
     ServiceFlags,
@@ -133,7 +133,10 @@ def _service_rows(out: Entries, svc: Service, topo: Topology, node: str, maglev_
     wire = proto_number(svc.protocol) if profile(cilium).has("lb_proto_keys") else 0
     slots = svc.slots  # once per service: every frontend lists the same backends
     n_active = sum(b.state == "active" for b in slots)
+    node_ip = topo.node(node).ip
     for fe in svc.frontends:  # each its own head, slots and reverse NAT; the same backends
+        if not svc.on_node(fe, node_ip):
+            continue  # another node's NodePort address: that node's maps hold it
         flags, flags2 = int(fe.flags(svc.affinity_timeout)), 0
         scopes = [(LookupScope.EXT, slots, n_active)]
         if svc.local_scope(fe):
@@ -155,8 +158,8 @@ def _service_rows(out: Entries, svc: Service, topo: Topology, node: str, maglev_
         if svc.affinity_timeout:  # every backend of the service, terminating ones too (v1.16's svc.backends)
             for b in slots:
                 mk = LbAffinityMatch.make(fe.id, b.id)
-                out[AFFINITY_MATCH_MAP][bytes(mk)] = (mk, ctypes.c_uint8(0))
-        if svc.algorithm == "maglev" and fe.type != "ClusterIP":
+                out[AFFINITY_MATCH_MAP][bytes(mk)] = (mk, LbAffinityMatchValue())
+        if svc.algorithm == "maglev" and fe.type != "ClusterIP" and not fe.surrogate:
             ext_active = [b for b in scopes[0][1] if b.state == "active"]
             if ext_active:
                 names = tuple(sorted((backend_name(topo.pod(b.pod).ip, b.port, svc.protocol, cilium), b.id)

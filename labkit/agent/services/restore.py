@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from labkit.agent.services.ids import AgentState, l4_key
 from labkit.agent.services.lbmaps import MapWriter, Txn
-from labkit.agent.services.model import MAX_BACKEND_ID, MAX_SERVICE_ID, Backend, Frontend, Service
+from labkit.agent.services.model import MAX_BACKEND_ID, MAX_SERVICE_ID, SURROGATE, Backend, Frontend, Service
 from labkit.agent.services.plan import ROW_MAPS, Entries, change_entries, entries, plan
 from labkit.agent.services.store import Scan, ServiceStore
 from labkit.errors import DatapathError, LabkitError, NotFoundError
@@ -312,14 +312,16 @@ def _groups(heads: dict[int, _Head], ctx: _Ctx, order: list[Service]) -> list[tu
 
 def _plausible(svc: Service, topology: Topology) -> bool:
     """Whether the agent could have written ``svc``: its ClusterIP frontend first, then one NodePort
-    frontend per node (a NodePort or LoadBalancer service), then one LoadBalancer frontend (a LoadBalancer)."""
+    frontend per node and the surrogate 0.0.0.0 (a NodePort or LoadBalancer service; services written
+    before labkit had the surrogate lack it), then one LoadBalancer frontend (a LoadBalancer)."""
     types = [fe.type for fe in svc.frontends]
     if svc.type == "ClusterIP":
         return types == ["ClusterIP"]
     nodes = [fe.address for fe in svc.frontends if fe.type == "NodePort"]
     tail = ["LoadBalancer"] if svc.type == "LoadBalancer" else []
-    return (types == ["ClusterIP"] + ["NodePort"] * len(topology.nodes) + tail
-            and nodes == [n.ip for n in topology.nodes]
+    ips = [n.ip for n in topology.nodes]
+    return (types == ["ClusterIP"] + ["NodePort"] * len(nodes) + tail
+            and nodes in (ips, ips + [SURROGATE])
             and len({fe.port for fe in svc.frontends if fe.type == "NodePort"}) == 1)
 
 
@@ -399,7 +401,9 @@ def recover(store: ServiceStore, maps: MapWriter, topology: Topology, cilium: st
             name = f"restored-{ids[0]}"
         best = None
         for n in holding:
-            cand, why = _rebuild(name, [heads[n][i] for i in ids if i in heads[n]], rows[n], ctx, maglev_ids, known)
+            # every frontend as some node holds it: a node's maps hold only its own NodePort address
+            cand, why = _rebuild(name, [heads[n][i] if i in heads[n] else union[i] for i in ids
+                                        if i in heads[n] or i in union], rows[n], ctx, maglev_ids, known)
             if _matches(cand, n, rows[n], ctx) and _plausible(cand, topology):
                 best = (cand, why, n)
                 break
@@ -512,7 +516,7 @@ def matches(state: AgentState, maps: MapWriter, topology: Topology, cilium: str 
             maglev_m: int = LAB_DEFAULT_M) -> bool:
     """True if every node's service maps hold exactly ``entries(state)``, byte for byte: what a restarted
     agent checks first (one batched read per map, the rows computed once for all nodes unless a service
-    has externalTrafficPolicy=Local). When it holds, nothing needs writing and :func:`recover` is not needed.
+    has externalTrafficPolicy=Local or a NodePort: nodes hold their own NodePort addresses). When it holds, nothing needs writing and :func:`recover` is not needed.
 
     >>> from labkit.agent.services import Services
     >>> from labkit.net.topology import Topology
@@ -522,7 +526,7 @@ def matches(state: AgentState, maps: MapWriter, topology: Topology, cilium: str 
     True
     """
     cilium = profile(cilium).release
-    per_node = any(s.etp == "Local" for s in state.services.values())
+    per_node = any(s.etp == "Local" or s.node_port for s in state.services.values())
     want: dict[str, dict[bytes, bytes]] | None = None
     try:
         for node in (n.name for n in topology.nodes):
