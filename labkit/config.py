@@ -112,7 +112,13 @@ LAB_DIFFERENCES = (
     "native routing (it cannot hand a frame to cilium_vxlan), and on the lab's veths an XDP_PASS program on the "
     "fabric side of each node's uplink and complete checksums from ext (labkit/datapath/xdp.py)",
     "socket LB attaches connect4, sendmsg4, recvmsg4 and getpeername4, not bind4/post_bind4: those guard "
-    "hostPort and NodePort binds, which no lab process makes",
+    "hostPort and NodePort binds, which no lab process makes; its wildcard lookup of the NodePort surrogate "
+    "0.0.0.0:nodePort takes any node's address (ipcache identity host or remote-node), not 127.0.0.0/8 from a "
+    "node's namespace nor hostPorts (the lab has none)",
+    "the reply of a NodePort flow load-balanced to a pod of the same node is reverse-NATed to the frontend at "
+    "to-netdev when it leaves by eth0, and at the pod's from-container only when it goes back through the tunnel "
+    "(a pod of another node was the client); Cilium's bpf_lxc does it for every such reply "
+    "(CILIUM_CALL_IPV4_NODEPORT_REVNAT), so the step shows the translation one hook later",
     "--service-mode iptables writes what kube-proxy v1.34's iptables proxier writes on such a node "
     "(--detect-local-mode ClusterCIDR with the pods' 198.18.0.0/15, MASQUERADE --random-fully, localhost NodePorts, "
     "nfacct counters; the nodes set nf_conntrack_tcp_be_liberal, because the BPF programs hand replies past the "
