@@ -193,7 +193,9 @@ def test_hairpin_snat_to_loopback(native):
 
 
 def test_hairpin_in_entry_and_reply(native):
-    """Back in the pod: IN row with LBLoopback, v1.16's RevNAT and the pod's identity; the pod's reply goes back to it as VIP:80."""
+    """Back in the pod: IN row with LBLoopback, v1.16's RevNAT and the pod's identity; the pod's reply is handed back
+    to it untranslated (bpf_lxc.c:1106-1119@82999990, ipv4_local_delivery) and its ingress makes it VIP:80 -> a1
+    (bpf_lxc.c:1870-1885@82999990, lb4_rev_nat with the loopback flag)."""
     native.service(VIP, VPORT, [(1, A1.ip, BP, ACTIVE)])
     looped = native.run("cil_from_container", to_vip(SYN)).frame
     native.run("cil_to_container", looped)
@@ -201,11 +203,15 @@ def test_hairpin_in_entry_and_reply(native):
     assert row is not None, [x.line() for x in native.ct()]
     assert row.flags & CtFlags.LB_LOOPBACK and row.rev_nat == SVC_ID and row.src_sec_id == A1.identity
     r = native.run("cil_from_container", tcp(A1.ip, LOOPBACK, BP, CP, SYN | ACK))
-    assert r.retval == TC_ACT_REDIRECT, "handed straight back into the pod (bpf_redirect_peer)"
+    assert r.retval == TC_ACT_REDIRECT, "handed straight back into the pod's ingress (bpf_redirect)"
     p = r.pkt
-    assert (p.src, p.sport, p.dst, p.dport) == (VIP, VPORT, A1.ip, CP)
+    assert (p.src, p.sport, p.dst, p.dport) == (A1.ip, BP, LOOPBACK, CP)
     assert p.ip_csum_ok and p.l4_csum_ok
     assert (p.dst_mac, p.src_mac) == (pod_mac(A1), GW_MAC)
+    back = native.run("cil_to_container", r.frame)
+    q = back.pkt
+    assert (q.src, q.sport, q.dst, q.dport) == (VIP, VPORT, A1.ip, CP)
+    assert q.ip_csum_ok and q.l4_csum_ok
 
 
 def test_affinity_keeps_a_backend_only_while_the_agent_matches_it(native):
