@@ -394,3 +394,22 @@ def test_world_entity_writes_three_rows():
     assert [k for k, _ in keys(web) if k.startswith("Egress")] == ["Egress: 10 ANY", "Egress: 2 ANY", "Egress: 9 ANY"]
     text = "\n".join(web.lines(alloc))
     assert "reserved:world-ipv4" in text and "reserved:world-ipv6" in text
+
+
+def test_narrower_deny_of_another_selector_stays_beside_an_l3_allow():
+    """client's own deny of 8080/TCP (selector app=client) beside a deny of 8080/TCP from everyone (the wildcard
+    selector) and an allow of client on every port: the identity-0 deny removes client's key as redundant
+    (mapstate.go:976-995@82999990) but the client allow puts it back as the deny's dependent (mapstate.go:1089-1106),
+    so client's map row `257 8080/TCP` deny is there, as on a node; labkit used to drop it. The host's allow, inserted
+    last with denyPreferredInsert (mapstate.go:1509-1519), gets the same carve-out: `1 8080/TCP` deny."""
+    _, web, _ = run("""
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingress: [{fromEndpoints: [{matchLabels: {app: client}}]}]
+  ingressDeny:
+  - {fromEndpoints: [{matchLabels: {app: client}}], toPorts: [{ports: [{port: "8080", protocol: TCP}]}]}
+  - {fromEntities: [all], toPorts: [{ports: [{port: "8080", protocol: TCP}]}]}
+""")
+    assert {k for k in keys(web) if k[0].startswith("Ingress")} == {
+        ("Ingress: 0 8080/TCP", True), ("Ingress: 1 ANY", False), ("Ingress: 1 8080/TCP", True),
+        ("Ingress: 257 ANY", False), ("Ingress: 257 8080/TCP", True)}
