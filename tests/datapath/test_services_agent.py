@@ -120,20 +120,21 @@ def test_lb_list_lines(lab):
 
 
 def test_lb_list_bpf_lines(lab):
-    """`labkit lb list NODE --bpf` prints v1.16's `cilium-dbg bpf lb list` of the pinned map: one group per
-    VIP:port, the head `0.0.0.0:0 (id) (0) [flags] ` first, then the slots (cilium-dbg/cmd/bpf_lb_list.go)."""
+    """`labkit lb list NODE --bpf` prints v1.16's `cilium-dbg bpf lb list` of the pinned map: one line per slot key
+    `VIP:port (slot)` (Service4Key.String appends the slot: pkg/maps/lbmap/ipv4.go:256@82999990), the head
+    `0.0.0.0:0 (id) (0) [flags] ` first, then the slots (cilium-dbg/cmd/bpf_lb_list.go:106-125@82999990)."""
     web = lab.services.add("web", 80, ["b1:8080", "b2:8080"])
     lab.services.add("dns", 53, ["a1:8080"], protocol="UDP", affinity=60)
     head_dns = "0.0.0.0:0 (2) (0) [ClusterIP, sessionAffinity, non-routable] "  # 61 characters: the column's 64
     proc = labkit(lab, "lb", "list", "node-b", "--bpf")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "".join(line + "\n" for line in [
-        "SERVICE ADDRESS   BACKEND ADDRESS (REVNAT_ID) (SLOT)",
-        f"{VIP}:80    " + "0.0.0.0:0 (1) (0) [ClusterIP, non-routable] ".ljust(64),
-        " " * 18 + f"198.18.2.11:8080 ({web.id}) (1)".ljust(64),
-        " " * 18 + f"198.18.2.12:8080 ({web.id}) (2)".ljust(64),
-        "198.19.0.11:53    " + head_dns + "   ",
-        " " * 18 + "198.18.1.11:8080 (2) (1)".ljust(64),
+        "SERVICE ADDRESS      BACKEND ADDRESS (REVNAT_ID) (SLOT)",
+        f"{VIP}:80 (0)   " + "0.0.0.0:0 (1) (0) [ClusterIP, non-routable] ".ljust(64),
+        f"{VIP}:80 (1)   " + f"198.18.2.11:8080 ({web.id}) (1)".ljust(64),
+        f"{VIP}:80 (2)   " + f"198.18.2.12:8080 ({web.id}) (2)".ljust(64),
+        "198.19.0.11:53 (0)   " + head_dns + "   ",
+        "198.19.0.11:53 (1)   " + "198.18.1.11:8080 (2) (1)".ljust(64),
     ])
     assert len(head_dns) == 61
 
