@@ -79,9 +79,9 @@ def test_new_flows_skip_terminating_backend(native):
 
 def _icmp_reject_checks(r, frame: bytes, client: str, frontend: str, client_mac: str, node_mac: str) -> None:
     """The answer Cilium's __tail_no_service_ipv4 builds (bpf/lib/lb.h:1718-1822@82999990), checked field by field
-    against the frame that went in: MACs swapped (lb.h:1786-1789), IPv4 ihl 5, the client's TOS, id 0, TTL 64 (IPDEFTTL),
-    protocol ICMP, frontend → client (lb.h:1792-1806), ICMP type 3 code 3 (lb.h:1810-1811), and as its payload the
-    frame from the IPv4 header on, cut or padded to sample_len = min(frame length, 64) bytes (lb.h:1756-1759:
+    against the frame that went in: MACs swapped (lb.h:1788-1790), IPv4 ihl 5, the client's TOS, id 0, TTL 64 (IPDEFTTL),
+    protocol ICMP, frontend → client (lb.h:1793-1806), ICMP type 3 code 3 (lb.h:1810-1811), and as its payload the
+    frame from the IPv4 header on, cut or padded to sample_len = min(frame length, 64) bytes (lb.h:1753-1756:
     ctx_adjust_troom by sample_len + ETH_HLEN - ctx_full_len), both checksums valid."""
     import struct
 

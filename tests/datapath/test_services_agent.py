@@ -122,7 +122,7 @@ def test_lb_list_lines(lab):
 def test_lb_list_bpf_lines(lab):
     """`labkit lb list NODE --bpf` prints v1.16's `cilium-dbg bpf lb list` of the pinned map: one line per slot key
     `VIP:port (slot)` (Service4Key.String appends the slot: pkg/maps/lbmap/ipv4.go:256@82999990), the head
-    `0.0.0.0:0 (id) (0) [flags] ` first, then the slots (cilium-dbg/cmd/bpf_lb_list.go:106-125@82999990)."""
+    `0.0.0.0:0 (id) (0) [flags] ` first, then the slots (cilium-dbg/cmd/bpf_lb_list.go:104-116@82999990)."""
     web = lab.services.add("web", 80, ["b1:8080", "b2:8080"])
     lab.services.add("dns", 53, ["a1:8080"], protocol="UDP", affinity=60)
     head_dns = "0.0.0.0:0 (2) (0) [ClusterIP, sessionAffinity, non-routable] "  # 61 characters: the column's 64

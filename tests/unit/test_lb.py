@@ -276,9 +276,9 @@ def test_service_list_text_1_20():
 def test_bpf_lb_list_text_v1_16():
     """`cilium-dbg bpf lb list` of v1.16, byte for byte. The key string is svcKey.String() = "ip:port[/i] (slot)"
     (pkg/maps/lbmap/ipv4.go:250-257@82999990: `addr = fmt.Sprintf("%s (%d)", addr, kHost.BackendSlot)`), so every
-    entry is its own group and line (cilium-dbg/cmd/bpf_lb_list.go:125@82999990 `serviceList[svc] = append(...)`);
+    entry is its own group and line (cilium-dbg/cmd/bpf_lb_list.go:116@82999990 `serviceList[svc] = append(...)`);
     head "%s:%d (%d) (%d) [%s] %s" (no L7LB port: a trailing space), slot "%s:%d (%d) (%d)"
-    (bpf_lb_list.go:106,114@82999990); helpers.go TablePrinter: tabwriter(5, 0, 3, ' ', 0), header "%s\t%s\n"
+    (bpf_lb_list.go:104,108@82999990); helpers.go TablePrinter: tabwriter(5, 0, 3, ' ', 0), header "%s\t%s\n"
     (second title not terminated: no padding), entries "%s\t%s\t\n". Sorted by frontend then slot (a node prints
     them in hash order)."""
     head_np = "0.0.0.0:0 (3) (0) [NodePort, Local, two-scopes] "
