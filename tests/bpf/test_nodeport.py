@@ -18,7 +18,7 @@ from labkit.maps.eps import IDENTITY_WORLD
 from labkit.maps.lb import BackendState, ServiceFlags
 
 from .harness import A2, B2, EXT, LB_VIP, NODE_IP, SVC_ID, VPORT, ip_of
-from .packets import ACK, SYN, tcp
+from .packets import ACK, SYN, csum, tcp
 
 ACTIVE = BackendState.ACTIVE
 LB_FLAGS = ServiceFlags.LOADBALANCER | ServiceFlags.ROUTABLE
@@ -181,3 +181,29 @@ def test_ttl_one_is_dropped_ttl_exceeded(native):
     r = native.run("cil_from_netdev", eth(ipv4(EXT, LB_VIP, TCP, seg, ttl=1)))
     assert r.retval == TC_ACT_SHOT
     assert r.event.drop_reason == DropReason.TTL_EXCEEDED
+
+
+# -- a Service without backends: Cilium's own frame and checksums -----------------------------
+def test_no_backend_answer_has_cilium_tests_checksums(native):
+    """Cilium's tc_nodeport_lb4_no_backend scenario, frame as its pktgen builds it (bpf/tests/pktgen.h:47,58,97,
+    411-413@82999990: 110.0.11.1:111 → 172.16.10.2:80, SYN, seq 123456 and window 65535 stored in host order, TCP
+    checksum left 0, 20 bytes of "Should not change!!\\0"; bpf/tests/tc_nodeport_lb4_no_backend.c:63-70@82999990),
+    the service counting one backend it does not have (:85): from-netdev redirects (:116) the ICMP answer with TTL
+    64 (:133), IP checksum 0x4b8e (:136) and ICMP checksum 0x2de7 (:150)."""
+    import struct
+
+    smac, dmac = bytes.fromhex("deadbeefdeef"), bytes.fromhex("ce72a7038856")
+    src, dst = socket.inet_aton("110.0.11.1"), socket.inet_aton("172.16.10.2")
+    seg = (struct.pack("!HH", 111, 80) + struct.pack("<I", 123456) + bytes(4) + bytes([5 << 4, SYN])
+           + struct.pack("<H", 65535) + bytes(4) + b"Should not change!!\x00")
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(seg), 0, 0, 64, TCP, 0, src, dst)
+    ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+    native.service("172.16.10.2", 80, [], count=1, flags=LB_FLAGS)
+    r = native.run("cil_from_netdev", dmac + smac + b"\x08\x00" + ip + seg)
+    out = r.frame
+    assert r.retval == TC_ACT_REDIRECT
+    assert (out[0:6], out[6:12]) == (smac, dmac)
+    assert (out[22], out[23]) == (64, socket.IPPROTO_ICMP)
+    assert struct.unpack("!H", out[24:26])[0] == 0x4B8E
+    assert (out[34], out[35]) == (3, 3)
+    assert struct.unpack("!H", out[36:38])[0] == 0x2DE7
