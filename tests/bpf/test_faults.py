@@ -43,8 +43,8 @@ FLIPS = {
     Fault.NO_SVC_ENTRY: [lb.test_svc_entry_and_out_entry_carry_the_service],
     Fault.PICK_TERMINATING: [lb.test_new_flows_skip_terminating_backend],
     Fault.NO_SNAT: [nodeport.test_snat_request_leaves_from_node_address],
-    Fault.MAGLEV_WRONG_HASH: [lb.test_maglev_table_picks_the_flows_slot],
-    Fault.XDP_PASS: [xdp.test_no_backend_dropped_in_xdp],
+    Fault.MAGLEV_WRONG_HASH: [lb.test_maglev_table_picks_the_flows_slot_at_the_uplink],
+    Fault.XDP_PASS: [xdp.test_no_backend_answered_in_xdp_as_tc_answers],
 }
 
 _SOCK_REASON = ("acts in bpf_sock.c's cgroup/sock_addr programs; BPF_PROG_TEST_RUN has no runner for "
