@@ -76,7 +76,9 @@ def cmd_lb_maglev(args) -> int:
         bpf, want = tables[fe.id]
         if bpf is None:
             why = " (one was expected!)" if want is not None else \
-                " (a ClusterIP gets none: pods pick at random, as in Cilium)" if fe.type == "ClusterIP" else ""
+                " (a ClusterIP gets none: pods pick at random, as in Cilium)" if fe.type == "ClusterIP" else \
+                " (the surrogate gets none: no outside client reaches it)" if fe.address == "0.0.0.0" else \
+                " (another node's address: only that node's maps hold it)" if fe.type == "NodePort" else ""
             print(f"{fe.type} {fe.l4(svc.protocol)} id {fe.id}: no table in the map{why}")
             ok = ok and want is None
             continue
