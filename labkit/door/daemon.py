@@ -49,13 +49,19 @@ def _open_lab(files: EvidenceFiles):
     def opened(held) -> None:
         files.opened(held.key, held.lab)
         tries: dict[str, int] = {}
+        wrong: list[tuple[str, str, int]] = []  # wrong answers that counted: giving one again stays free
         for result in read_checks(held.key):
             if result.get("tries_restart"):  # the lab was taken down: its tries started again
                 tries.clear()
+                wrong.clear()
             elif result.get("attempt"):
                 tries[result["exercise"]] = max(tries.get(result["exercise"], 0), int(result["attempt"]))
+                if result.get("charged") and result.get("key") and not result.get("passed"):
+                    wrong.append((result["exercise"], str(result["key"]), int(result["attempt"])))
         for exercise, n in tries.items():
             checks.set_attempts(exercise, n, lab=held.key)
+        for exercise, key, n in wrong:
+            checks.remember_wrong(exercise, key, n, lab=held.key)
 
     return opened
 

@@ -13,8 +13,11 @@ what their cells showed. When the cells a question is about never ran, the check
 run (by its title) and that costs no try.
 
 Wrong answers climb a hint ladder: the first try says where to look, the second narrows it, only the
-third (or ``check(..., reveal=True)``) shows the expected value. :func:`check` never shows a traceback
-first: whatever goes wrong becomes a failed result with a message.
+third (or ``check(..., reveal=True)``) shows the expected value; no message shows it before. Only a readable
+answer that has not been given before costs a try: a malformed one (:meth:`Outcome.unreadable`: the wrong type,
+words the grader cannot place, or a grader that could not read it at all) and a wrong answer given again, identical,
+are graded and answered but not counted. :func:`check` never shows a traceback first: whatever goes wrong becomes a
+failed result with a message.
 
 Each result is displayed with a machine-readable part (MIME type :data:`CHECK_MIME`: exercise, passed,
 try number, the answer) that a saved notebook keeps, so ``labkit grade`` can report the learner's own
@@ -25,6 +28,7 @@ instructor's tree.
 from __future__ import annotations
 
 import functools
+import hashlib
 import html
 import importlib
 import inspect
@@ -39,7 +43,7 @@ from labkit.observe.evidence import Evidence
 
 __all__ = ["Outcome", "CheckResult", "Exercise", "exercise", "check", "exercises_for", "registry",
            "compare_rows", "reset_attempts", "set_attempts", "CHECK_MIME", "attempts", "NO_ANSWER", "unanswered",
-           "record_result"]
+           "record_result", "remember_wrong", "answer_key", "NOT_A_TRY"]
 
 #: The MIME type of a check result's machine-readable part (kept in a saved notebook's outputs).
 CHECK_MIME = "application/vnd.labkit.check+json"
@@ -52,7 +56,9 @@ class Outcome:
     ``message`` must not give the expected value away: it says what the learner's cells showed and what
     is wrong with the answer. ``reveal`` says the expected value; it is shown from the third try on (or
     with ``reveal=True``), as is ``diff``. ``missing`` names the cell (by its title) whose evidence the
-    grader needed and did not find: such a result is not a try.
+    grader needed and did not find: such a result is not a try. ``malformed``: the answer could not be read as
+    an answer to this question (wrong type, unparsable, several possibilities where one is asked for): not a try
+    either.
     """
 
     passed: bool
@@ -60,6 +66,16 @@ class Outcome:
     diff: tuple[tuple[str, str, str], ...] = ()  #: (mark, expected, got) rows; mark is '=', '-' or '+'
     reveal: str | None = None
     missing: str | None = None
+    malformed: bool = False
+
+    @classmethod
+    def unreadable(cls, message: str) -> "Outcome":
+        """The answer is not one this question can grade (say what was expected): it costs no try.
+
+        >>> Outcome.unreadable("expected a whole number of seconds, got 'ten'.").malformed
+        True
+        """
+        return cls(False, message, malformed=True)
 
     @classmethod
     def needs(cls, cell: str, what: str = "") -> "Outcome":
@@ -104,6 +120,10 @@ class Exercise:
 _REGISTRY: dict[str, Exercise] = {}
 #: (lab, exercise) -> tries spent; labkitd keeps them per lab, across a notebook's kernel restarts
 _ATTEMPTS: dict[tuple[str, str], int] = {}
+#: (lab, exercise) -> {answer_key(wrong answer): the try it was given at}: the same wrong answer again is free
+_WRONG: dict[tuple[str, str], dict[str, int]] = {}
+#: What a result that was not counted says after its message.
+NOT_A_TRY = "(not counted as a try)"
 
 
 def exercise(id: str, title: str, hints: Iterable[str] = (), break_it: bool = False, fault: str | None = None,
@@ -143,9 +163,10 @@ def exercises_for(lab_id: str) -> list[Exercise]:
 
 def reset_attempts(exercise_id: str | None = None, lab: str | None = None) -> None:
     """Forget tries (all, or one exercise's; of every lab, or of ``lab``), restarting the hint ladder."""
-    for key in list(_ATTEMPTS):
-        if (exercise_id is None or key[1] == exercise_id) and (lab is None or key[0] == lab):
-            del _ATTEMPTS[key]
+    for table in (_ATTEMPTS, _WRONG):
+        for key in list(table):
+            if (exercise_id is None or key[1] == exercise_id) and (lab is None or key[0] == lab):
+                del table[key]
 
 
 def attempts(exercise_id: str, lab: str = "") -> int:
@@ -156,6 +177,37 @@ def attempts(exercise_id: str, lab: str = "") -> int:
 def set_attempts(exercise_id: str, n: int, lab: str = "") -> None:
     """Set the tries spent (labkitd taking back a lab's kept results)."""
     _ATTEMPTS[(lab, exercise_id)] = n
+
+
+def remember_wrong(exercise_id: str, key: str, attempt: int, lab: str = "") -> None:
+    """Note that the wrong answer whose :func:`answer_key` is ``key`` was try ``attempt`` (labkitd taking back a
+    lab's kept results): giving it again costs no try."""
+    _WRONG.setdefault((lab, exercise_id), {}).setdefault(key, attempt)
+
+
+def _plain_form(answer: Any) -> Any:
+    if isinstance(answer, (set, frozenset)):
+        return ["<set>", *sorted((_plain_form(a) for a in answer), key=repr)]
+    if isinstance(answer, (list, tuple)):
+        return [_plain_form(a) for a in answer]
+    if isinstance(answer, dict):
+        return sorted(([_plain_form(k), _plain_form(v)] for k, v in answer.items()), key=repr)
+    if isinstance(answer, str):
+        return " ".join(answer.split())
+    return [type(answer).__name__, repr(answer)]
+
+
+def answer_key(answer: Any) -> str:
+    """What makes two answers the same answer: equal values, a set or a dict in any order, a string's spacing
+    forgiven (the same cell run twice gives the same key).
+
+    >>> answer_key({"b", "a"}) == answer_key({"a", "b"}), answer_key(" 10 s") == answer_key("10  s")
+    (True, True)
+    >>> answer_key(10) == answer_key("10"), answer_key(1) == answer_key(True)
+    (False, False)
+    """
+    text = json.dumps(_plain_form(answer), separators=(",", ":"))
+    return text if len(text) <= 256 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -172,6 +224,8 @@ class CheckResult:
     missing: str | None = None  #: the cell to run first, when the evidence was not there
     reveal: str | None = None  #: the expected value, from the third try or with reveal=True
     answer: str = ""  #: repr of the answer checked
+    charged: bool = False  #: this result was a try (a new, readable answer, graded on evidence that was there)
+    key: str = ""  #: answer_key() of the answer, for a wrong answer that counted: the same one again is free
 
     def __bool__(self) -> bool:
         return self.passed
@@ -182,7 +236,8 @@ class CheckResult:
         data = {"exercise": self.exercise, "passed": self.passed, "attempt": self.attempt, "missing": self.missing,
                 "answer": self.answer, "message": self.message}
         if full:
-            data.update(title=self.title, hint=self.hint, diff=[list(d) for d in self.diff], reveal=self.reveal)
+            data.update(title=self.title, hint=self.hint, diff=[list(d) for d in self.diff], reveal=self.reveal,
+                        charged=self.charged, key=self.key)
         return data
 
     @classmethod
@@ -190,7 +245,8 @@ class CheckResult:
         """The result :meth:`to_json` (``full``) described."""
         return cls(str(data["exercise"]), str(data.get("title", "")), bool(data["passed"]), str(data["message"]),
                    data.get("hint"), tuple(tuple(d) for d in data.get("diff") or ()), int(data.get("attempt") or 0),
-                   data.get("missing"), data.get("reveal"), str(data.get("answer", "")))
+                   data.get("missing"), data.get("reveal"), str(data.get("answer", "")),
+                   bool(data.get("charged", False)), str(data.get("key") or ""))
 
     def __str__(self) -> str:
         out = [f"{'PASS' if self.passed else 'FAIL'} {self.exercise} {self.title}: {self.message}"]
@@ -242,7 +298,9 @@ def check(exercise_id: str, answer: Any, lab=None, reveal: bool = False) -> Chec
     """Grade ``answer`` to exercise ``exercise_id`` on what lab ``lab``'s cells recorded (labkitd calls this with the
     lab the answer is about; without one the check names the setup cell).
 
-    ``reveal=True`` shows the expected value at once (it still counts as a try)."""
+    ``reveal=True`` shows the expected value at once (it still counts as a try). A malformed answer
+    (:meth:`Outcome.unreadable`, or one the grader could not read at all) and a wrong answer identical to an earlier
+    wrong one are answered but cost no try: their result keeps the count as it was."""
     ex = registry().get(exercise_id)
     where = lab.name if lab is not None else ""
     if ex is None:
@@ -254,20 +312,33 @@ def check(exercise_id: str, answer: Any, lab=None, reveal: bool = False) -> Chec
                                          "then run this cell", None, (), attempts(ex.id, where)))
     try:
         outcome = _grade(ex, answer, lab)
-    except Exception as exc:  # never a traceback first: say what went wrong
-        outcome = Outcome(False, f"could not check this answer: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # never a traceback first: say what went wrong (the answer could not be read: no try)
+        outcome = Outcome.unreadable(f"could not check this answer: {type(exc).__name__}: {exc}")
     if outcome.missing:
         return record_result(CheckResult(ex.id, ex.title, False, outcome.message, None, (), attempts(ex.id, where),
                                          missing=outcome.missing, answer=_short(answer)))
-    attempt = _ATTEMPTS[(where, ex.id)] = attempts(ex.id, where) + 1
+    if outcome.malformed and not outcome.passed:
+        return record_result(CheckResult(ex.id, ex.title, False, f"{outcome.message} {NOT_A_TRY}", None, (),
+                                         attempts(ex.id, where), answer=_short(answer)))
+    key = answer_key(answer)
+    given = _WRONG.get((where, ex.id), {}).get(key)
+    message, charged = outcome.message, True
+    if not outcome.passed and given is not None:  # the same wrong answer again: answered, not counted
+        attempt, charged = attempts(ex.id, where), False
+        message = f"{message} You gave this answer at try {given} {NOT_A_TRY}."
+    else:
+        attempt = _ATTEMPTS[(where, ex.id)] = attempts(ex.id, where) + 1
+        if not outcome.passed:
+            remember_wrong(ex.id, key, attempt, lab=where)
     show = outcome.passed or reveal or attempt >= REVEAL_AT
     hint = None
-    if not outcome.passed and ex.hints:  # three hints: where to look, narrower, the answer (the reveal try)
+    if not outcome.passed and ex.hints and attempt:  # three hints: where to look, narrower, the answer (try 3)
         hint = ex.hints[min(attempt if not reveal else REVEAL_AT, len(ex.hints)) - 1]
-    return record_result(CheckResult(ex.id, ex.title, outcome.passed, outcome.message, hint,
+    return record_result(CheckResult(ex.id, ex.title, outcome.passed, message, hint,
                                      tuple(outcome.diff) if show else (), attempt,
                                      reveal=(outcome.reveal if show and not outcome.passed else None),
-                                     answer=_short(answer)))
+                                     answer=_short(answer), charged=charged,
+                                     key=key if charged and not outcome.passed else ""))
 
 
 def _grade(ex: Exercise, answer: Any, lab) -> Outcome:

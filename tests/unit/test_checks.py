@@ -64,11 +64,11 @@ def test_hint_ladder_reveals_only_on_the_third_try(lab):
     """Try 1 says where to look, try 2 narrows, try 3 gives the answer and the expected value; before that
     no expected value is shown."""
     _measure(42)
-    first, second, third = (check("99.1", 0, lab=lab) for _ in range(3))
+    first, second, third = (check("99.1", n, lab=lab) for n in range(3))
     assert (first.hint, second.hint, third.hint) == ("where to look", "narrower", "it is 42")
     assert first.diff == () and first.reveal is None and "42" not in str(first)
     assert second.diff == () and second.reveal is None
-    assert third.diff == (("-", "42", "0"),) and third.reveal == "42"
+    assert third.diff == (("-", "42", "2"),) and third.reveal == "42"
 
 
 def test_reveal_shows_the_expected_value_at_once(lab):
@@ -180,3 +180,58 @@ def test_a_full_result_crosses_the_door_whole(lab):
         res = check("99.1", answer, lab=lab)
         back = checks.CheckResult.from_json(res.to_json(full=True))
         assert back == res and str(back) == str(res) and back._repr_mimebundle_() == res._repr_mimebundle_()
+
+
+def test_the_same_wrong_answer_again_costs_no_try(lab):
+    """A wrong answer given again (the answer cell re-run as it was) is graded and answered but not counted: the
+    try count, hint and reveal stay where the first time left them; a new wrong answer counts."""
+    _measure(42)
+    first = check("99.1", {"a", "b"}, lab=lab)
+    again = check("99.1", {"b", "a"}, lab=lab)  # the same set, built in another order
+    assert (first.attempt, again.attempt) == (1, 1) and checks.attempts("99.1", lab.name) == 1
+    assert first.charged and not again.charged and again.hint == "where to look" and again.reveal is None
+    assert "try 1" in again.message and checks.NOT_A_TRY in again.message
+    assert check("99.1", 0, lab=lab).attempt == 2 and check("99.1", 0, lab=lab).attempt == 2
+    assert check("99.1", 42, lab=lab).attempt == 3  # a right answer always counts
+
+
+def test_a_repeat_after_the_tries_restart_counts_again(lab):
+    """When the tries start again (the lab was taken down), the wrong answers given before are forgotten too."""
+    _measure(42)
+    check("99.1", 0, lab=lab)
+    checks.reset_attempts(lab=lab.name)
+    assert check("99.1", 0, lab=lab).attempt == 1 and checks.attempts("99.1", lab.name) == 1
+
+
+def test_a_malformed_answer_costs_no_try(lab):
+    """An answer the grader cannot read (Outcome.unreadable, or a grader that raises on it) is answered with what
+    was expected and costs no try and no hint."""
+
+    @exercise("99.4", "a number of seconds", hints=("one", "two", "three"))
+    def grade(answer, ev):
+        if not isinstance(answer, int):
+            return Outcome.unreadable(f"expected a whole number of seconds, got {answer!r}.")
+        return Outcome(answer == int(answer[0]), "unreachable")  # raises on every int answer
+
+    res = check("99.4", "ten", lab=lab)
+    assert not res.passed and "whole number" in res.message and checks.NOT_A_TRY in res.message
+    assert res.attempt == 0 and res.hint is None and not res.charged and checks.attempts("99.4", lab.name) == 0
+    raised = check("99.4", 10, lab=lab)
+    assert not raised.passed and "TypeError" in raised.message and raised.attempt == 0
+
+
+def test_a_new_labkitd_keeps_the_repeats_free(lab, tmp_path, monkeypatch):
+    """labkitd reading a lab's kept results back (after a restart) knows the wrong answers already counted."""
+    from types import SimpleNamespace
+
+    from labkit.door import daemon
+    from labkit.door.evidence import append_check
+
+    monkeypatch.setenv("LABKIT_DOOR", str(tmp_path / "labkitd.sock"))
+    _measure(42)
+    for answer in ("x", "y"):
+        append_check(lab.name, check("99.1", answer, lab=lab).to_json(full=True))
+    checks.reset_attempts()  # a new labkitd: nothing in memory
+    daemon._open_lab(SimpleNamespace(opened=lambda key, lab: None))(SimpleNamespace(key=lab.name, lab=lab))
+    assert checks.attempts("99.1", lab.name) == 2
+    assert check("99.1", "x", lab=lab).attempt == 2 and check("99.1", "z", lab=lab).attempt == 3
