@@ -200,7 +200,7 @@ int cil_from_container(struct __sk_buff *skb)
 	 * a client behind the tunnel (a pod of another node that reached this
 	 * node's address:nodePort): the tunnel takes it past to-netdev, so its
 	 * source goes back to the frontend here. Cilium's bpf_lxc does this for
-	 * every node_port reply (tail call CILIUM_CALL_IPV4_NODEPORT_REVNAT,
+	 * every node_port reply (its tail call to IPV4_NODEPORT_REVNAT,
 	 * bpf_lxc.c:1031-1037 at v1.16.0); labkit leaves the others to to-netdev. */
 	if (ret == CT_REPLY && (st.flags & CT_F_NODE_PORT)) {
 		struct remote_endpoint_info *peer = ipcache_lookup4(p.daddr);
