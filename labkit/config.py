@@ -141,6 +141,10 @@ LAB_DIFFERENCES = (
     "packets from the tunnel (Cilium takes the tunnel key's identity; the lab's ipcache holds the same identities); "
     "the verdict ignores auth types, the ICMP fragmentation-needed exception and the tunnel-port "
     "check (no mutual authentication, path MTU discovery or pod-made tunnel traffic in the lab)",
+    "the NAT map translates TCP and UDP only: an ICMP error about a flow the LB node SNATed (a backend's "
+    "fragmentation-needed, say) reaches that node with its inner header untranslated, and ICMP echo ids are "
+    "not NATed, where Cilium's snat_v4_nat/snat_v4_rev_nat translate both (bpf/tests/bpf_nat_tests.c); lab "
+    "traffic through SNAT is TCP and UDP, and path MTU discovery never runs on the lab's veths",
     "the only L7 proxy is the DNS proxy, one thread per node in the agent with its socket in the node's "
     "namespace on the fixed port 10053 (Cilium's is in the host, its port OS-assigned unless --tofqdns-proxy-port); "
     "pods' packets reach it only the --enable-bpf-tproxy way (bpf_sk_assign from bpf_lxc, plus Cilium's fwmark "

@@ -69,7 +69,7 @@ DECLARED: dict[str, str] = {
     "bpf_nat_tests.c": "SNAT of ICMP: snat_v4_nat/snat_v4_rev_nat translating an ICMP error's inner header (frag "
                        "needed about a NATed TCP, UDP, ICMP or SCTP flow) and ICMP echo ids; labkit's NAT (bpf/lib/"
                        "nat.h) translates TCP and UDP only, so an ICMP error about an SNATed NodePort flow reaches "
-                       "the LB node untranslated (a difference not in LAB_DIFFERENCES; reported)",
+                       "the LB node untranslated (LAB_DIFFERENCES: \"the NAT map translates TCP and UDP only\")",
     "host_only_socket_lb_test.c": "calls bpf_sock.c's functions from a test program; labkit's socket LB hooks are "
                                   "cgroup/sock_addr programs, which the lab's kernel cannot test-run (ENOTSUPP: "
                                   "labkit.datapath.testrun.sock_addr_test_run_supported); tests/datapath covers "
