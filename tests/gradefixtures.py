@@ -66,7 +66,7 @@ def class_scores() -> list[NotebookScore]:
     del bob["02.2"]
     carol = {ex: ("passed", "1", 1) for ex in ids02}
     carol["02.1"] = ("failed", '["SYN"]', 1)
-    carol["02.3"] = ("missing", "['RxClosing']", 0)
+    carol["02.3"] = ("missing evidence", "['RxClosing']", 0)
     return [notebook_score("alice", "02", alice02), notebook_score("bob", "02", bob),
             notebook_score("alice", "03", {ex: ("passed", "1", 1) for ex in ids03}),
             notebook_score("carol", "02", carol)]

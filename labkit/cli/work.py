@@ -2,19 +2,28 @@
 
     labkit work sync                      # make ~/work from labs/, or bring a project update in beside your copies
     labkit work sync --dir /home/vagrant/work --labs /home/vagrant/labkit/labs
-    labkit export                         # your notebooks as ~/handin/USER-labkit-work-….tar.gz
+    labkit export                         # your notebooks as ~/handin/NAME-labkit-work-….tar.gz
     labkit export --to -                  # ... to stdout, for the host:
                                           #   vagrant ssh -c 'labkit export --to -' -- -T > my-work.tar.gz
+    labkit export --name "Ada Lovelace"   # under this name (default: the name kept in the work folder)
+
+Who handed in what: the archive's one folder is the learner's name, never the machine's user (every VM's is
+``vagrant``). The first ``labkit export`` on a terminal asks for it and keeps it in the work folder
+(:data:`NAME_FILE`); later ones, and the host's ``--to -`` (no terminal), use it. ``--name`` overrides it
+(and is kept when none is). A name is a short printable text without a path separator, ``..``, NUL or a
+control character (:func:`labkit.grading.grade.learner_problem`); anything else is one error line.
 """
 from __future__ import annotations
 
-import getpass
 import sys
 from pathlib import Path
 
 from labkit.cli.common import CliError
 
-__all__ = ["add_commands", "cmd_work_sync", "cmd_export", "HOST_RECIPE"]
+__all__ = ["add_commands", "cmd_work_sync", "cmd_export", "learner_name", "HOST_RECIPE", "NAME_FILE"]
+
+#: The learner's name, kept in the work folder by the first ``labkit export``.
+NAME_FILE = ".labkit-learner"
 
 #: How the host gets the notebooks out of the VM (rsync copies host → guest only).
 HOST_RECIPE = "vagrant ssh -c 'labkit export --to -' -- -T > my-work.tar.gz"
@@ -43,7 +52,9 @@ def add_commands(add) -> None:
     _dir_option(p)
     p.add_argument("--to", default=None, metavar="DIR|-",
                    help="where the .tar.gz goes: a directory (default ~/handin) or - for stdout")
-    p.add_argument("--name", default=None, help="the folder name inside the archive (default: your user name)")
+    p.add_argument("--name", default=None,
+                   help=f"your name, the folder inside the archive (default: the name kept in the work folder's "
+                        f"{NAME_FILE}; the first export on a terminal asks for it)")
     p.set_defaults(func=cmd_export)
 
 
@@ -74,12 +85,10 @@ def cmd_export(args) -> int:
     from labkit.workdir import default_workdir, export
 
     work = args.dir or default_workdir()
-    name = args.name or getpass.getuser()
-    if "/" in name or name in ("", ".", ".."):
-        raise CliError(f"--name {name!r}: expected a plain folder name")
+    if args.to == "-" and sys.stdout.isatty():
+        raise CliError("--to -: the archive is binary; send stdout to a file (labkit export --to - > work.tar.gz)")
+    name = learner_name(work, args.name)
     if args.to == "-":
-        if sys.stdout.isatty():
-            raise CliError("--to -: the archive is binary; send stdout to a file (labkit export --to - > work.tar.gz)")
         _, notebooks = export(work, sys.stdout.buffer, name=name)
         print(f"labkit: exported {len(notebooks)} notebook(s) from {work}", file=sys.stderr)
         return 0
@@ -90,3 +99,50 @@ def cmd_export(args) -> int:
         print(f"  {name}/{rel}")
     print(f"from the host (outside the VM): {HOST_RECIPE}")
     return 0
+
+
+def _checked(name: str, where: str) -> str:
+    from labkit.grading.grade import LEARNER_MAX, learner_problem
+
+    bad = learner_problem(name)
+    if bad:
+        raise CliError(f"{where} {name[:LEARNER_MAX + 16]!r} is not a learner's name ({bad}): expected your name, "
+                       f"at most {LEARNER_MAX} printable characters, no '/', '\\', '..' or control characters")
+    return name
+
+
+def learner_name(work: Path, given: str | None, ask=None) -> str:
+    """The learner's name for an export of ``work``: ``given`` (``--name``), else the one kept in
+    ``work/NAME_FILE``, else asked with ``ask(prompt)`` (default: on the terminal; none: an error saying how to
+    give it). A name given or asked is kept when none is; a name that is not one is a :class:`CliError`."""
+    kept_file = Path(work) / NAME_FILE
+    try:
+        kept = kept_file.read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        kept = None
+    if given is not None:
+        name = _checked(given, "--name")
+    elif kept is not None:
+        return _checked(kept, f"the name kept in {kept_file}")
+    else:
+        ask = ask or _ask_on_terminal()
+        if ask is None:
+            raise CliError(f"no learner name yet: run `labkit export` once in the VM (it asks for your name and keeps "
+                           f"it in {kept_file}), or pass --name \"Your Name\"")
+        name = _checked(ask(f"Your name, as your instructor knows you (kept in {kept_file}): ").strip(), "the name")
+    if kept is None and Path(work).is_dir():
+        kept_file.write_text(name + "\n", encoding="utf-8")
+    return name
+
+
+def _ask_on_terminal():
+    """``ask(prompt)`` reading a line from the terminal (the prompt on stderr), or None without a terminal."""
+    if not sys.stdin.isatty():
+        return None
+
+    def ask(prompt: str) -> str:
+        sys.stderr.write(prompt)
+        sys.stderr.flush()
+        return sys.stdin.readline()
+
+    return ask

@@ -20,7 +20,18 @@ what it reached and never stops the class. After each notebook its lab and the l
 The learner's name is the notebook's ``metadata.labkit.learner``; else, when every file sits in a
 folder of its own per learner (no folder holds two notebooks of one lab: ``alice/02-tcp.ipynb``), the
 folder's name; else the file's name. The lab is ``metadata.labkit.lab`` or the number the file name
-starts with. Reports (table, CSV, JSON, HTML) are in :mod:`labkit.grading.report`.
+starts with. Who handed in what is never guessed:
+
+- a recorded name that is not a name (:func:`learner_problem`: too long, a path separator, ``..``, NUL or
+  a control character) makes the notebook a problem: it is not run and its name builds no path;
+- a recorded name that differs from the folder of a per-learner layout is flagged (``name_mismatch``);
+- two notebooks of one lab under one name are a *conflict*: both are graded and reported, neither counts.
+
+Every exercise gets a status (:data:`EXERCISE_STATUSES`: passed, failed, unanswered, not run, missing
+evidence, grader error with its reason) and every notebook the list of what went wrong with its run
+(:attr:`NotebookScore.statuses`: not run, timeout, dead kernel, grader error, cell errors, missing evidence,
+conflict, name mismatch; ``ok`` when nothing did). Reports (table, CSV, JSON, HTML) are in
+:mod:`labkit.grading.report`.
 """
 from __future__ import annotations
 
@@ -47,7 +58,7 @@ from labkit.lab.inventory import VARIANTS
 from labkit.net.ledger import LabLock, Ledger
 
 __all__ = ["ExerciseScore", "NotebookScore", "Recorded", "HandedIn", "grade", "read_handed_in", "read_record",
-           "learner_names", "score", "lab_of", "notebook_paths", "grade_lab_name", "default_jobs", "take_down", "CELL_TIMEOUT",
+           "learner_names", "learner_problem", "LEARNER_MAX", "EXERCISE_STATUSES", "NOTEBOOK_STATUSES", "score", "lab_of", "notebook_paths", "grade_lab_name", "default_jobs", "take_down", "CELL_TIMEOUT",
            "NOTEBOOK_TIMEOUT"]
 
 # nbformat loads jsonschema, whose optional "iri" format check imports rfc3987_syntax, and that module builds
@@ -61,6 +72,14 @@ NOTEBOOK_TIMEOUT = 600  #: seconds a notebook may run, kernel start included
 #: notebook stops itself at its limit, this is for a run that does not.
 KILL_GRACE = 30
 _LAB_MAX = 24  #: characters in a lab name (Topology.validate)
+LEARNER_MAX = 64  #: characters in a learner's name
+#: An exercise's status in a report.
+EXERCISE_STATUSES = ("passed", "failed", "unanswered", "not run", "missing evidence", "grader error")
+#: What can go wrong with a notebook's run (``ok``: nothing did), in the order reports list them.
+NOTEBOOK_STATUSES = ("not run", "timeout", "dead kernel", "grader error", "cell errors", "missing evidence",
+                     "conflict", "name mismatch")
+#: How a check says its grader raised (keep in sync with labkit.grading.checks.check).
+_GRADER_RAISED = ("could not check this answer:", "no exercise '")
 _ANSWER_VAR = re.compile(r"^\s*answer_(\d+)_(\d+)\s*=(?!=)", re.M)
 _CHECK_CALL = re.compile(r"""check\(\s*["'](\d+\.\d+)["']""")
 
@@ -72,7 +91,7 @@ class ExerciseScore:
     id: str
     title: str
     passed: bool  #: its last check in the re-execution passed
-    status: str  #: passed, failed, missing (its cells recorded nothing), unanswered, not checked
+    status: str  #: one of EXERCISE_STATUSES: passed, failed, unanswered, not run, missing evidence, grader error
     message: str
     tries: int = 0  #: the learner's own tries, from the handed-in file
     answer: str | None = None  #: the right-hand side of the answer cell; None when unanswered
@@ -92,13 +111,29 @@ class NotebookScore:
     seconds: float = 0.0
     lab_name: str = ""  #: the lab it ran in (gone by the time this is read)
     teardown: str | None = None  #: what taking its labs down left behind, if anything
+    stop: str | None = None  #: what ``error`` is: not run, timeout, dead kernel or grader error
+    conflict: str | None = None  #: another notebook of this lab was handed in under this name
+    name_mismatch: str | None = None  #: the recorded learner differs from the notebook's folder
 
     @property
     def score(self) -> int:
         return sum(e.passed for e in self.exercises)
 
+    @property
+    def statuses(self) -> list[str]:
+        """What went wrong with this notebook, each of :data:`NOTEBOOK_STATUSES` at most once; ``["ok"]`` if nothing.
+
+        >>> NotebookScore("a/02.ipynb", "02", "a", cell_errors=["cell 3: NameError: x"], stop="timeout").statuses
+        ['timeout', 'cell errors']
+        """
+        found = {self.stop or ("grader error" if self.error else None),
+                 "cell errors" if self.cell_errors else None,
+                 "missing evidence" if any(e.status == "missing evidence" for e in self.exercises) else None,
+                 "conflict" if self.conflict else None, "name mismatch" if self.name_mismatch else None}
+        return [s for s in NOTEBOOK_STATUSES if s in found] or ["ok"]
+
     def to_json(self) -> dict:
-        return {**asdict(self), "score": self.score, "total": len(self.exercises)}
+        return {**asdict(self), "score": self.score, "total": len(self.exercises), "statuses": self.statuses}
 
 
 @dataclass(frozen=True)
@@ -119,6 +154,8 @@ class HandedIn:
     lab: str
     learner: str = ""
     problem: str | None = None  #: why it cannot be graded
+    conflict: str | None = None  #: another notebook of this lab under this learner's name
+    name_mismatch: str | None = None  #: the recorded learner differs from the folder it sits in
 
 
 # -- the handed-in file --------------------------------------------------------------------------
@@ -159,9 +196,76 @@ def read_handed_in(paths: Iterable[str | Path]) -> list[HandedIn]:
             items.append(HandedIn(path, nb, lab_of(path, nb)))
         except ValueError as exc:
             items.append(HandedIn(path, nb, "", problem=str(exc)))
-    for item, name in zip(items, learner_names([(i.path, i.nb, i.lab) for i in items])):
+    triples = [(i.path, i.nb, i.lab) for i in items]
+    folders = _per_learner_folders(triples)
+    for item, name in zip(items, learner_names(triples)):
         item.learner = name
+        recorded = _recorded_learner(item.nb)
+        if recorded is None:
+            continue
+        bad = learner_problem(recorded)
+        if bad:
+            item.problem = item.problem or f"metadata.labkit.learner {_shown(recorded)} is not a learner's name: {bad}"
+        elif folders and recorded != item.path.resolve().parent.name:
+            item.name_mismatch = (f"recorded learner {recorded!r} differs from its folder "
+                                  f"{item.path.resolve().parent.name!r}")
+    by_key: dict[tuple[str, str], list[HandedIn]] = {}
+    for item in items:
+        if item.lab and not item.problem:
+            by_key.setdefault((item.learner, item.lab), []).append(item)
+    for (name, lab), same in by_key.items():
+        if len(same) > 1:
+            for item in same:
+                item.conflict = (f"{len(same)} notebooks of lab {lab} handed in under {name!r} "
+                                 f"({', '.join(str(i.path) for i in same)}): none counts")
     return items
+
+
+def learner_problem(name: object) -> str | None:
+    """Why ``name`` is not a learner's name, or None when it is one: a short printable text (at most
+    :data:`LEARNER_MAX` characters) without a path separator, ``..``, NUL or any other control character.
+
+    >>> learner_problem("Ada Lovelace"), learner_problem("../../etc/x"), learner_problem("a\\x00b")
+    (None, "a path separator ('/')", 'a control character (NUL)')
+    """
+    if not isinstance(name, str):
+        return f"expected text, got {type(name).__name__}"
+    if not name.strip():
+        return "it is empty"
+    if len(name) > LEARNER_MAX:
+        return f"{len(name)} characters, at most {LEARNER_MAX}"
+    sep = next((c for c in "/\\" if c in name), None)
+    if sep:
+        return f"a path separator ({sep!r})"
+    bad = next((c for c in name if not c.isprintable() and c != " "), None)
+    if bad is not None:
+        return f"a control character ({'NUL' if bad == chr(0) else repr(bad)})"
+    if ".." in name or name.strip() == ".":
+        return "'..' or '.'"
+    if name != name.strip():
+        return "spaces at its start or end"
+    return None
+
+
+def _shown(value: object) -> str:
+    """``value`` as a report may print it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _recorded_learner(nb) -> object | None:
+    """``metadata.labkit.learner`` as recorded (any type), None when absent or empty."""
+    labkit = nb.metadata.get("labkit", {}) if nb is not None else {}
+    name = labkit.get("learner") if isinstance(labkit, dict) else None
+    return None if name is None or name == "" else name
+
+
+def _per_learner_folders(items: list[tuple[Path, object | None, str]]) -> bool:
+    """Whether the files are laid out a folder per learner: each in a named folder, no folder holding two
+    notebooks of one lab."""
+    folders = [(Path(p).resolve().parent, lab) for p, _, lab in items]
+    return bool(items) and all(str(Path(p).parent) not in ("", ".") for p, _, _ in items) \
+        and len(set(folders)) == len(folders)
 
 
 def _lab_or_blank(path: Path) -> str:
@@ -181,9 +285,9 @@ def learner_names(items: list[tuple[Path, object | None, str]]) -> list[str]:
     >>> learner_names([(Path("in/alice.ipynb"), None, "02"), (Path("in/bob.ipynb"), None, "02")])
     ['alice', 'bob']
     """
-    def meta(nb) -> str:
-        name = nb.metadata.get("labkit", {}).get("learner") if nb is not None else None
-        return str(name).strip() if name else ""
+    def meta(nb) -> str:  # a recorded name that is not a name is not used (read_handed_in reports it)
+        name = _recorded_learner(nb)
+        return name if name is not None and learner_problem(name) is None else ""
 
     rest = [(Path(p), lab) for p, nb, lab in items if not meta(nb)]
     folders = [(p.parent.resolve(), lab) for p, lab in rest]
@@ -263,13 +367,20 @@ def read_record(nb, exercise_ids: Iterable[str]) -> dict[str, Recorded]:
 
 
 # -- scoring -------------------------------------------------------------------------------------
-def score(item: HandedIn, logged: list[dict], run: dict | None = None, error: str | None = None) -> NotebookScore:
+def score(item: HandedIn, logged: list[dict], run: dict | None = None, error: str | None = None,
+          stop: str | None = None) -> NotebookScore:
     """Score ``item`` from what its re-execution ``logged`` (check results, in order) and ``run`` reported
-    (``cell_errors``: [{cell, ename, evalue}], ``stopped_at``); ``error`` says why the run stopped early."""
+    (``cell_errors``: [{cell, ename, evalue}], ``stopped_at``); ``error`` says why the run stopped early and
+    ``stop`` what kind of stop it was (timeout, dead kernel, grader error; a problem of the file: not run)."""
     run = run or {}
     errors = run.get("cell_errors", [])
+    if item.problem:
+        stop = "not run"
+    elif error and not stop:
+        stop = "grader error"
     out = NotebookScore(str(item.path), item.lab, item.learner, error=error or item.problem,
-                        cell_errors=[f"cell {e['cell']}: {e['ename']}: {e['evalue']}" for e in errors])
+                        cell_errors=[f"cell {e['cell']}: {e['ename']}: {e['evalue']}" for e in errors],
+                        stop=stop, conflict=item.conflict, name_mismatch=item.name_mismatch)
     if not item.lab:
         return out
     exercises = exercises_for(item.lab)
@@ -282,15 +393,17 @@ def score(item: HandedIn, logged: list[dict], run: dict | None = None, error: st
         own = record.get(ex.id, Recorded())
         if last is not None and last.get("passed"):
             status, message = "passed", last.get("message", "")
-        elif item.nb is None:
-            status, message = "not checked", f"not graded: {out.error}"
+        elif item.nb is None or item.problem:
+            status, message = "not run", f"not graded: {out.error}"
         elif own.answer is None:
             status, message = "unanswered", "no answer given"
         elif last is None:
-            status, message = "not checked", _why_unchecked(checks.get(ex.id), run.get("stopped_at"), out.error,
-                                                            raised)
+            status, message = "not run", _why_unchecked(checks.get(ex.id), run.get("stopped_at"), out.error,
+                                                        raised)
         elif last.get("missing"):
-            status, message = "missing", last.get("message", "")
+            status, message = "missing evidence", last.get("message", "")
+        elif str(last.get("message", "")).startswith(_GRADER_RAISED):
+            status, message = "grader error", last.get("message", "")
         else:
             status, message = "failed", last.get("message", "")
         out.exercises.append(ExerciseScore(ex.id, ex.title, status == "passed", status, message, own.tries,
@@ -381,19 +494,20 @@ def execute(job: dict) -> dict:
     def started(pid: int) -> None:  # the kernel's pid, for the parent to kill if all else fails
         Path(job["pidfile"]).write_text(str(pid))
 
-    stopped = None
+    stopped = stop = None
     try:
         run_notebook(nb, job["lab"], job["log"], job["workdir"], job["cell_timeout"], timeout_func=limit,
                      shutdown_kernel="immediate", on_kernel=started, on_cell=lambda index: at.update(cell=index))
     except CellTimeoutError:
+        stop = "timeout"
         if time.monotonic() >= deadline - 1:
             stopped = f"stopped at cell {at['cell']}: the notebook ran over its time limit ({job['notebook_timeout']:g} s)"
         else:
             stopped = f"stopped at cell {at['cell']}: the cell ran over its time limit ({job['cell_timeout']:g} s)"
     except DeadKernelError:
-        stopped = f"stopped at cell {at['cell']}: the kernel died"
+        stopped, stop = f"stopped at cell {at['cell']}: the kernel died", "dead kernel"
     except Exception as exc:  # the kernel would not start, a message it could not read: grade what ran
-        stopped = f"stopped at cell {at['cell']}: {_first_line(exc)}"
+        stopped, stop = f"stopped at cell {at['cell']}: {_first_line(exc)}", "grader error"
     finally:
         left = take_down(job["lab"], cleanup=job.get("cleanup"))
     if job.get("executed"):
@@ -401,7 +515,7 @@ def execute(job: dict) -> dict:
         # What the kernel and its lab printed (a dead kernel leaves nothing else): beside the copy.
         shutil.copyfile(os.path.join(job["workdir"], "output.log"), job["executed"] + ".output.log")
     errors = [{"cell": i, "ename": o.get("ename", ""), "evalue": o.get("evalue", "")} for i, o in error_outputs(nb)]
-    return {"cell_errors": errors, "stopped": stopped, "stopped_at": at["cell"] if stopped else None,
+    return {"cell_errors": errors, "stopped": stopped, "stop": stop, "stopped_at": at["cell"] if stopped else None,
             "teardown": left}
 
 
@@ -490,11 +604,12 @@ def grade(paths: Iterable[str | Path], jobs: int | None = None, cell_timeout: fl
             scores[i] = score(item, [])
             report(scores[i])
     with tempfile.TemporaryDirectory(prefix="labkit-grade-") as tmp:
-        work = []
+        work: list[dict] = []
+        kept: set[str] = set()
         for k, i in enumerate(runnable):
             d = Path(tmp) / f"n{k}"
             d.mkdir()
-            saved = Path(executed_dir) / f"{items[i].learner}-{items[i].path.name}" if executed_dir else None
+            saved = Path(executed_dir) / _executed_name(items[i], k, kept) if executed_dir else None
             work.append({"index": i, "notebook": str(items[i].path), "lab": grade_lab_name(k, lab_tag),
                          "workdir": str(d), "log": str(d / "checks.jsonl"), "pidfile": str(d / "kernel.pid"),
                          "cell_timeout": cell_timeout, "notebook_timeout": notebook_timeout,
@@ -503,7 +618,8 @@ def grade(paths: Iterable[str | Path], jobs: int | None = None, cell_timeout: fl
         def scored(_done: int, _total: int, result: JobResult) -> None:
             job = work[result.index]
             run = result.value or {}
-            s = score(items[job["index"]], _read_log(Path(job["log"])), run, run.get("stopped") or result.error)
+            stop = run.get("stop") if run.get("stopped") else _stop_kind(result.error)
+            s = score(items[job["index"]], _read_log(Path(job["log"])), run, run.get("stopped") or result.error, stop)
             s.seconds, s.lab_name, s.teardown = round(result.seconds, 1), job["lab"], result.finish_error
             scores[job["index"]] = s
             report(s)
@@ -520,6 +636,26 @@ def grade(paths: Iterable[str | Path], jobs: int | None = None, cell_timeout: fl
         finally:
             gc.unfreeze()
     return [scores[i] for i in range(len(items))]
+
+
+def _executed_name(item: HandedIn, k: int, taken: set[str]) -> str:
+    """The file name of an executed copy: ``<learner>-<file>`` when the learner's name is one (else
+    ``notebook<k>-<file>``), ``-<k>`` added when taken; one path component, never outside the folder."""
+    who = item.learner if learner_problem(item.learner) is None else f"notebook{k}"
+    name = f"{who}-{item.path.name}"
+    if name in taken or name.startswith("."):
+        name = f"{who}-{k}-{item.path.name}"
+    taken.add(name)
+    if Path(name).name != name or name in (".", ".."):  # cannot happen with a checked name; never write elsewhere
+        raise ValueError(f"executed copy name {name!r} is not one file name")
+    return name
+
+
+def _stop_kind(error: str | None) -> str | None:
+    """The kind of stop :func:`run_jobs` reported: over its time limit (timeout), anything else (grader error)."""
+    if not error:
+        return None
+    return "timeout" if "time limit" in error else "grader error"
 
 
 def _preload() -> None:

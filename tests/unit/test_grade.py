@@ -84,7 +84,7 @@ def test_unreadable_files_are_reported_not_fatal(tmp_path):
     assert broken.lab == "02" and broken.problem.startswith("cannot read it")
     assert nolab.problem and "no labkit.lab" in nolab.problem
     s = score(broken, [])
-    assert s.score == 0 and {e.status for e in s.exercises} == {"not checked"}
+    assert s.score == 0 and {e.status for e in s.exercises} == {"not run"} and s.statuses == ["not run"]
     assert all(e.message.startswith("not graded: cannot read it") for e in s.exercises)
 
 
@@ -108,7 +108,8 @@ def test_score_reads_the_last_logged_check_and_names_what_was_not_graded():
     s = score(item, logged, run)
     got = {e.id: (e.status, e.passed) for e in s.exercises}
     assert got == {"02.1": ("passed", True), "02.2": ("unanswered", False), "02.3": ("failed", False),
-                   "02.4": ("not checked", False), "02.5": ("missing", False), "02.6": ("not checked", False)}
+                   "02.4": ("not run", False), "02.5": ("missing evidence", False), "02.6": ("not run", False)}
+    assert s.statuses == ["cell errors", "missing evidence"]
     by_id = {e.id: e for e in s.exercises}
     assert by_id["02.1"].tries == 2 and by_id["02.1"].checks == 2 and by_id["02.3"].message == "wrong flags"
     assert by_id["02.4"].message == "its check cell raised NameError: name 'x' is not defined"
@@ -155,7 +156,8 @@ def test_grade_scores_what_each_notebook_reached(tmp_path):
     assert by["good"].score == len(IDS) and by["good"].error is None
     assert by["hangs"].score == by["raises"].score == 3
     assert "time limit" in by["hangs"].error and "the grader fell over" in by["raises"].error
-    assert {e.status for e in by["hangs"].exercises[3:]} == {"not checked"}
+    assert {e.status for e in by["hangs"].exercises[3:]} == {"not run"}
+    assert (by["good"].statuses, by["hangs"].statuses, by["raises"].statuses) == (["ok"], ["timeout"], ["grader error"])
     assert len({s.lab_name for s in scores}) == 3 and all(s.lab_name.startswith(f"g{os.getpid()}n") for s in scores)
     assert sorted(d for d, _, _ in seen) == [1, 2, 3] and {n for _, n, _ in seen} == {3}
 

@@ -33,18 +33,65 @@ def test_csv_one_row_per_learner_with_answers_tries_and_totals():
     assert rows["bob"][ids03[0]] == rows["bob"][f"{ids03[0]} answer"] == rows["bob"][f"{ids03[0]} tries"] == ""
     assert rows["alice"]["notebooks"] == "alice/02.ipynb;alice/03.ipynb"
     header = format_csv(scores).splitlines()[0].split(",")
-    assert header[:5] == ["learner", "notebooks", "02.1", "02.1 answer", "02.1 tries"]
+    assert header[:7] == ["learner", "notebooks", "status", "02.1", "02.1 status", "02.1 answer", "02.1 tries"]
+    assert (rows["alice"]["status"], rows["alice"]["02.2 status"], rows["bob"]["02.2 status"]) == \
+        ("ok", "failed", "unanswered")
+    assert (rows["carol"]["status"], rows["carol"]["02.3 status"]) == ("lab 02: missing evidence", "missing evidence")
     assert header[-2:] == ["score", "total"]
 
 
-def test_a_second_hand_in_of_one_lab_counts_and_is_warned_about():
-    """Two notebooks of one lab by one learner: the later counts in the CSV, and a warning says so."""
+def test_a_second_hand_in_of_one_lab_is_a_conflict_not_merged():
+    """Two notebooks of one lab under one name: neither counts (the lab's exercises read 'conflict', the score
+    leaves them out), both are listed, the learner's status and a warning say so; their other labs still count."""
     scores = class_scores()
-    again = scores[1].__class__(**{**scores[1].__dict__, "notebook": "bob/02-again.ipynb", "exercises": [
-        e.__class__(**{**e.__dict__, "passed": True, "status": "passed"}) for e in scores[1].exercises]})
+    again = scores[0].__class__(**{**scores[0].__dict__, "notebook": "alice/02-again.ipynb", "exercises": [
+        e.__class__(**{**e.__dict__, "passed": True, "status": "passed"}) for e in scores[0].exercises]})
     rows = _rows(format_csv(scores + [again]))
-    assert rows["bob"]["score"] == str(len(IDS)) and rows["bob"]["notebooks"] == "bob/02-again.ipynb"
-    assert any("bob handed in lab 02 twice" in w for w in warnings(scores + [again]))
+    ids03 = [e.id for e in exercises_for("03")]
+    assert rows["alice"]["score"] == str(len(ids03)) and rows["alice"]["status"] == "lab 02: conflict"
+    assert rows["alice"]["notebooks"] == "alice/02.ipynb;alice/03.ipynb;alice/02-again.ipynb"
+    assert {rows["alice"][f"{ex} status"] for ex in IDS} == {"conflict"} and {rows["alice"][ex] for ex in IDS} == {""}
+    assert rows["alice"][f"{ids03[0]} status"] == "passed" and rows["bob"]["status"] == "ok"
+    notes = warnings(scores + [again])
+    assert any(n.startswith("conflict: 2 notebooks of lab 02 handed in under 'alice' (alice/02.ipynb, "
+                            "alice/02-again.ipynb): none counts") for n in notes)
+    assert not any("later one counts" in n for n in notes)
+    x1 = {x.id: x for x in summarize(scores + [again])}["02.1"]
+    assert (x1.learners, x1.conflict, x1.passed) == (3, 1, 0)
+
+
+def test_csv_cells_are_escaped_against_formula_injection():
+    """An answer or a name starting with = + - @ TAB or CR gets a leading apostrophe (OWASP); others are as given."""
+    scores = class_scores()
+    scores[1].learner = "=cmd|'/c calc'!A1"
+    for e, text in zip(scores[0].exercises, ["=1+1", "+SUM(A1)", "-2", "@x", "\tTAB", "\rCR"]):
+        e.answer = text
+    rows = list(csv.DictReader(io.StringIO(format_csv(scores))))
+    assert rows[1]["learner"] == "'=cmd|'/c calc'!A1"
+    assert [rows[0][f"{ex} answer"] for ex in IDS] == ["'=1+1", "'+SUM(A1)", "'-2", "'@x", "'\tTAB", "'\rCR"]
+    assert rows[2]["02.1 answer"] == '["SYN"]'
+
+
+def test_grader_error_and_notebook_statuses_are_distinct_in_csv_json_and_html():
+    """A grader error shows with its reason; a timeout, a dead kernel and cell errors are each a status of their
+    own in the CSV, JSON and HTML, never only a 0."""
+    scores = class_scores()
+    scores[0].exercises[0].status, scores[0].exercises[0].message = "grader error", "could not check this answer: KeyError: 'x'"
+    scores[0].exercises[0].passed = False
+    scores[1].stop, scores[1].error = "timeout", "stopped at cell 7: the notebook ran over its time limit (60 s)"
+    scores[3].stop, scores[3].error = "dead kernel", "stopped at cell 9: the kernel died"
+    scores[3].cell_errors = ["cell 4: NameError: x"]
+    rows = _rows(format_csv(scores))
+    assert rows["alice"]["02.1 status"] == "grader error: could not check this answer: KeyError: 'x'"
+    assert (rows["bob"]["status"], rows["carol"]["status"]) == \
+        ("lab 02: timeout", "lab 02: dead kernel, cell errors, missing evidence")
+    data = format_json(scores)
+    assert [n["statuses"] for n in data["notebooks"]] == \
+        [["ok"], ["timeout"], ["ok"], ["dead kernel", "cell errors", "missing evidence"]]
+    assert data["learners"][1]["status"] == "lab 02: timeout"
+    page = format_html(scores)
+    assert "Notebooks that did not run cleanly" in page and "the kernel died" in page
+    assert "dead kernel, cell errors, missing evidence" in page
 
 
 def test_json_has_every_notebook_learner_and_exercise():
