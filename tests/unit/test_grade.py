@@ -227,3 +227,120 @@ def test_cli_grade_writes_the_chosen_report(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(labkit.grading.grade, "grade", lambda paths, **kw: pytest.fail("graded without labkitd"))
     assert cli.main(["grade", "x.ipynb"]) == 1
     assert "labkit: error: no labkitd answers on" in capsys.readouterr().err
+
+
+# -- who handed in what -------------------------------------------------------------------------------
+def test_learner_names_are_checked():
+    """A learner's name is short printable text without a path separator, '..', NUL or a control character."""
+    from labkit.grading.grade import learner_problem
+
+    for good in ("ada", "Ada Lovelace", "Zoë O'Neil", "a.b"):
+        assert learner_problem(good) is None, good
+    for bad in ("../../etc/x", "a/b", "a\\b", "..", ".", "x..y", "a\x00b", "a\nb", "a\tb", "\x1b[31m", "", "  ",
+                "x" * 65, " ada", 7, ["ada"]):
+        assert learner_problem(bad), repr(bad)
+
+
+def test_a_recorded_name_that_is_not_a_name_is_a_problem_never_a_path(tmp_path):
+    """metadata.labkit.learner "../../etc/x": the notebook is reported as a problem, never run, and
+    --keep-executed writes nothing outside its folder; a good neighbour is graded as usual."""
+    bad, good = tmp_path / "in" / "mallory" / "02-tcp.ipynb", tmp_path / "in" / "ann" / "02-tcp.ipynb"
+    for path, who in ((bad, "../../etc/x"), (good, None)):
+        path.parent.mkdir(parents=True)
+        nbformat.write(handed_in("02", answers={ex: "1" for ex in IDS}, learner=who), path)
+    ran = tmp_path / "ran"
+
+    def executor(job):  # runs in the job's child process: it leaves what ran in a file
+        with open(ran, "a") as f:
+            f.write(job["notebook"] + "\n")
+        Path(job["executed"]).write_text("{}")
+        return {"cell_errors": [], "stopped": None, "stopped_at": None, "teardown": []}
+
+    kept = tmp_path / "kept" / "a" / "b"
+    before = sorted(p for p in tmp_path.rglob("*"))
+    m, a = grade([bad, good], jobs=1, executor=executor, executed_dir=kept)
+    assert ran.read_text().splitlines() == [str(good)]
+    assert m.statuses == ["not run"] and "metadata.labkit.learner '../../etc/x' is not a learner's name" in m.error
+    assert {e.status for e in m.exercises} == {"not run"} and m.learner == "mallory"
+    assert a.statuses == ["ok"] and a.learner == "ann"
+    new = sorted(set(tmp_path.rglob("*")) - set(before) - {ran})
+    assert new == [tmp_path / "kept", tmp_path / "kept" / "a", kept, kept / "ann-02-tcp.ipynb"]
+
+
+def test_executed_copies_never_overwrite_each_other(tmp_path):
+    """Two notebooks of one name and file kept with --keep-executed: two files, both in the folder."""
+    paths = []
+    for where in ("x", "y"):
+        (tmp_path / where).mkdir()
+        nbformat.write(handed_in("02", learner="ann"), tmp_path / where / "02-tcp.ipynb")
+        paths.append(tmp_path / where / "02-tcp.ipynb")
+
+    def executor(job):
+        Path(job["executed"]).write_text(job["notebook"])
+        return {"cell_errors": [], "stopped": None, "stopped_at": None, "teardown": []}
+
+    grade(paths, jobs=1, executor=executor, executed_dir=tmp_path / "kept")
+    assert sorted(p.read_text() for p in (tmp_path / "kept").iterdir()) == sorted(map(str, paths))
+
+
+def test_recorded_learner_differing_from_its_folder_is_flagged(tmp_path):
+    """In a folder-per-learner layout, a notebook whose recorded learner is another's is flagged; it then
+    collides with that learner's own hand-in: a conflict, not a merge."""
+    for who, recorded in (("ann", None), ("ben", "ann"), ("cy", "cy")):
+        (tmp_path / who).mkdir()
+        nbformat.write(handed_in("02", learner=recorded), tmp_path / who / "02-tcp.ipynb")
+    ann, ben, cy = read_handed_in(sorted(tmp_path.glob("*/02-tcp.ipynb")))
+    assert (ann.learner, ben.learner, cy.learner) == ("ann", "ann", "cy")
+    assert ben.name_mismatch == "recorded learner 'ann' differs from its folder 'ben'"
+    assert ann.name_mismatch is None and cy.name_mismatch is None
+    assert ann.conflict and ann.conflict == ben.conflict and "2 notebooks of lab 02 handed in under 'ann'" in ann.conflict
+    assert cy.conflict is None
+    s = score(ben, [])
+    assert s.statuses == ["conflict", "name mismatch"]
+
+
+def _thirty_vms(tmp_path: Path, names: list[str]) -> list[Path]:
+    """One hand-in per VM as `labkit export` packs it, unpacked: handin/<vm>/<name>/02-tcp.ipynb."""
+    paths = []
+    for k, name in enumerate(names):
+        path = tmp_path / "handin" / f"vm{k:02d}" / name / "02-tcp.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(handed_in("02", answers={ex: "1" for ex in IDS}), path)
+        paths.append(path)
+    return paths
+
+
+def _passes_by_vm(job):
+    """A fake run: VM k passes its first k % 7 exercises (so each row is told apart by its score)."""
+    k = int(Path(job["notebook"]).parent.parent.name[2:])
+    with open(job["log"], "a") as f:
+        for j, ex in enumerate(IDS):
+            f.write(json.dumps(_log(ex, j < k % 7)) + "\n")
+    return {"cell_errors": [], "stopped": None, "stopped_at": None, "teardown": []}
+
+
+def test_thirty_hand_ins_from_thirty_vms_grade_to_thirty_rows_and_a_duplicate_is_reported(tmp_path):
+    """Acceptance: thirty hand-ins from 30 VMs (30 names) grade to 30 CSV rows, each its own learner's score;
+    a 31st under a name already taken is reported as a conflict (neither counts) rather than merged."""
+    from labkit.grading.report import warnings
+
+    names = [f"Learner {k:02d}" for k in range(30)]
+    paths = _thirty_vms(tmp_path, names)
+    scores = grade([tmp_path / "handin"], jobs=2, executor=_passes_by_vm)
+    rows = list(csv.DictReader(format_csv(scores).splitlines()))
+    assert [r["learner"] for r in rows] == names and len(rows) == 30
+    assert [int(r["score"]) for r in rows] == [min(k % 7, len(IDS)) for k in range(30)]
+    assert {r["status"] for r in rows} == {"ok"} and warnings(scores) == []
+
+    dup = tmp_path / "handin" / "vm30" / "Learner 07" / "02-tcp.ipynb"
+    dup.parent.mkdir(parents=True)
+    nbformat.write(handed_in("02"), dup)
+    scores = grade([tmp_path / "handin"], jobs=2, executor=_passes_by_vm)
+    rows = list(csv.DictReader(format_csv(scores).splitlines()))
+    assert len(rows) == 30
+    row = next(r for r in rows if r["learner"] == "Learner 07")
+    assert row["status"] == "lab 02: conflict" and row["score"] == "0"
+    assert row["notebooks"] == f"{paths[7]};{dup}"
+    assert [w for w in warnings(scores) if w.startswith("conflict:")] == [
+        f"conflict: 2 notebooks of lab 02 handed in under 'Learner 07' ({paths[7]}, {dup}): none counts; "
+        "grade the right one again alone"]
