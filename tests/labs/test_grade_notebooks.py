@@ -7,7 +7,8 @@ own (``g<pid>n<k>`` plus this run's LABKIT_TEST_TAG), several at a time.
 - two notebooks graded one after the other, the second with its evidence cells deleted: nothing of the first
   lab reaches the second, which scores 0 on every exercise that has evidence cells;
 - beside a good notebook, one that hangs, one whose kernel dies and one with a cell that raises, under a small
-  ``--notebook-timeout``: each scores what it reached, and nothing of grading is left behind.
+  ``--notebook-timeout``: each scores what it reached, and nothing of grading is left behind;
+- a class with a planted timeout, a dead kernel and an unanswered exercise: the CSV shows each status distinctly.
 
 Handed-in notebooks are written under pytest's tmp_path only.
 """
@@ -236,7 +237,40 @@ def test_a_hanging_a_dying_and_a_raising_notebook_score_what_they_reached(clean,
     assert by["raises"]["error"] is None
     assert by["raises"]["cell_errors"] == [f"cell {checks['02.1'] + 1}: RuntimeError: a learner left this in"]
     unreached = {e["id"]: e for e in by["hangs"]["exercises"][1:]}
-    assert {e["status"] for e in unreached.values()} == {"not checked"}
+    assert {e["status"] for e in unreached.values()} == {"not run"}
     assert all(e["message"].startswith("the run stopped before its check") for e in unreached.values())
     assert len({n["lab_name"] for n in data["notebooks"]}) == 4
     assert not lab_netns([n["lab_name"] for n in data["notebooks"]])
+
+
+def test_csv_shows_a_timeout_a_dead_kernel_and_an_unanswered_exercise_distinctly(clean, tmp_path):
+    """Acceptance: a class with a planted timeout (after 02.1's check), a dead kernel (after 02.2's) and an
+    unanswered 02.3, run for real: the CSV's status columns tell the three apart (timeout, dead kernel,
+    unanswered; the exercises a stopped run never reached read 'not run'), where every one of them used to read 0."""
+    plain = _handed_in({}, {})
+    checks = check_cells(plain)
+
+    def after(ex: str, source: str):
+        nb = copy.deepcopy(plain)
+        nb.cells.insert(checks[ex] + 1, nbformat.v4.new_code_cell(source))
+        return nb
+
+    notebooks = {"hangs": after("02.1", "import time; time.sleep(10**6)"),
+                 "dies": after("02.2", "import os; os._exit(1)"),
+                 "blank": _handed_in({"02.3": _source("02.3", None)}, {})}
+    paths = []
+    for who, nb in notebooks.items():
+        path = tmp_path / who / NOTEBOOKS["02"]
+        path.parent.mkdir()
+        nbformat.write(nb, path)
+        paths.append(str(path))
+    proc = _cli(*paths, "--jobs", "2", "--notebook-timeout", str(HANG_LIMIT), "--cell-timeout", "300", "--csv")
+    rows = {r["learner"]: r for r in csv.DictReader(io.StringIO(proc.stdout))}
+    assert list(rows) == list(notebooks)
+    status = {who: [r[f"{ex} status"] for ex in IDS] for who, r in rows.items()}
+    assert status == {"hangs": ["passed"] + ["not run"] * (len(IDS) - 1),
+                      "dies": ["passed"] * 2 + ["not run"] * (len(IDS) - 2),
+                      "blank": ["passed" if ex != "02.3" else "unanswered" for ex in IDS]}
+    assert (rows["hangs"]["status"], rows["dies"]["status"], rows["blank"]["status"]) == \
+        ("lab 02: timeout", "lab 02: dead kernel", "ok")
+    assert [rows[w]["score"] for w in notebooks] == ["1", "2", str(len(IDS) - 1)]
