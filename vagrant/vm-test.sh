@@ -410,7 +410,7 @@ work() {
     after="$(work_sums)"
     [ "$before" = "$after" ] || { fail "the work folder changed across vagrant provision: $after"; return 1; }
     say "vagrant provision ($((SECONDS - t)) s): both notebooks unchanged"
-    in_vm 'labkit export --to -' >"$STATE/work.tar.gz" || { fail "labkit export --to -"; return 1; }
+    in_vm 'labkit export --name vagrant --to -' >"$STATE/work.tar.gz" || { fail "labkit export --to -"; return 1; }
     tar -tzf "$STATE/work.tar.gz" | tee "$LOGS/export.txt"
     grep -qx 'vagrant/student-notes.ipynb' "$LOGS/export.txt" && grep -qx 'vagrant/01-tour.ipynb' "$LOGS/export.txt" ||
         { fail "the exported archive lacks the saved notebooks"; return 1; }

@@ -7,7 +7,9 @@
     labkit answers 02 --json
 
 ``grade`` shows its progress on stderr (``graded 3/6 …``) and writes the report to stdout; warnings
-(a notebook that stopped early, a duplicate hand-in) go to stderr. Exit status 1 when a grading lab
+(a notebook that stopped early or did not run, two hand-ins of one lab under one name — a conflict, neither
+counts —, a recorded learner that differs from its folder) go to stderr. Every report gives each exercise and
+each notebook a status (:mod:`labkit.grading.report`). Exit status 1 when a grading lab
 could not be taken down. ``answers`` is for instructors: root, or a member of the group
 ``labkit-instructors``; anyone else is refused in one line.
 """
@@ -63,7 +65,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="everything as JSON")
     out.add_argument("--csv", action="store_true",
-                     help="one row per learner: per exercise passed, answer and tries; score and total")
+                     help="one row per learner: their status; per exercise passed, status, answer and tries; score "
+                          "and total (cells escaped against formula injection)")
     p.add_argument("--html", metavar="FILE", help="also write the class report (pass rates, wrong answers, totals)")
     p.add_argument("--jobs", "-j", type=_at_least(int, 1, "a whole number"), default=None, metavar="N",
                    help="notebooks run side by side (default: the number of cores)")
@@ -73,7 +76,9 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                    help=f"time limit per notebook; it then scores what it reached (default {NOTEBOOK_TIMEOUT})")
     p.add_argument("--lab-tag", default="", metavar="TAG",
                    help="appended to the grading labs' names (g<pid>n<k>TAG), to tell runs on one machine apart")
-    p.add_argument("--keep-executed", metavar="DIR", help="save each executed copy in DIR, with what its kernel printed (.output.log), for a post-mortem")
+    p.add_argument("--keep-executed", metavar="DIR",
+                   help="save each executed copy in DIR as LEARNER-FILE (a recorded name that is not a name is never "
+                        "used), with what its kernel printed (.output.log), for a post-mortem")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_grade)
 
@@ -94,7 +99,7 @@ def progress_bar(stream: TextIO, width: int = 20):
         filled = width * done // max(total, 1)
         line = (f"graded {done}/{total} [{'#' * filled}{'-' * (width - filled)}] {s.learner} lab {s.lab or '?'} "
                 f"{s.score}/{len(s.exercises)}" + (f" ({s.seconds:.0f} s)" if s.seconds else "")
-                + (" - stopped early" if s.error else ""))
+                + ("" if s.statuses == ["ok"] else f" - {', '.join(s.statuses)}"))
         stream.write(("\r\033[K" + line + ("\n" if done == total else "")) if tty else line + "\n")
         stream.flush()
 

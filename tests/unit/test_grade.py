@@ -344,3 +344,19 @@ def test_thirty_hand_ins_from_thirty_vms_grade_to_thirty_rows_and_a_duplicate_is
     assert [w for w in warnings(scores) if w.startswith("conflict:")] == [
         f"conflict: 2 notebooks of lab 02 handed in under 'Learner 07' ({paths[7]}, {dup}): none counts; "
         "grade the right one again alone"]
+
+
+def test_progress_names_what_went_wrong_with_a_notebook():
+    """The progress line of a notebook that did not run cleanly names its statuses, not only 'stopped early'."""
+    import io
+
+    from labkit.cli.grade import progress_bar
+
+    scores = class_scores()
+    scores[1].stop, scores[1].error = "dead kernel", "stopped at cell 9: the kernel died"
+    out = io.StringIO()
+    show = progress_bar(out)
+    show(1, 2, scores[0])
+    show(2, 2, scores[1])
+    first, second = out.getvalue().splitlines()
+    assert first.endswith("alice lab 02 5/6") and second.endswith("bob lab 02 4/6 - dead kernel")
