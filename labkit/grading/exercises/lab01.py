@@ -10,6 +10,7 @@ graded on the cells the questions are about.
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 from labkit.grading.checks import Outcome, exercise
@@ -81,7 +82,7 @@ def hook_creating_out_row(answer, ev) -> Outcome:
                              "found no row (ct=new) and wrote the OUT row.")
     diff = (("-", f"the hook that wrote node-a's OUT row: {live}", got),)
     if got not in _HOOKS:
-        return Outcome(False, f"{answer!r} is not a hook name; the hooks are {', '.join(sorted(_HOOKS))}.")
+        return Outcome.unreadable(f"{answer!r} is not a hook name; the hooks are {', '.join(sorted(_HOOKS))}.")
     if got == "to-container":
         msg = ("to-container hands packets into a pod: on node-a it only met the echo reply on its way back to a1, "
                "and that found the row already there (ct=reply).")
@@ -125,7 +126,7 @@ def packets_after_ping3(answer, ev) -> Outcome:
         return common.unhealthy(TABLE, f"a ping ×3 whose node-a OUT row says {counts}", step)
     row = rows[0]
     if isinstance(answer, bool) or not isinstance(answer, int):
-        return Outcome(False, f"expected a whole number of packets, got {answer!r}.")
+        return Outcome.unreadable(f"expected a whole number of packets, got {answer!r}.")
     if answer == row.packets:
         return Outcome(True, f"{row.packets} packets: 3 echo requests leaving a1 and 3 echo replies entering it, "
                              "all counted on the one OUT row.")
@@ -203,6 +204,22 @@ def map_of_icmp_rows(answer, ev) -> Outcome:
 
 
 # -- 01.4 (break it) ----------------------------------------------------------------------
+#: The words that name the twins.
+_TWIN = {"related", "twin", "twins"}
+
+
+def _several_kinds(answer) -> bool:
+    """Whether the answer names several kinds of row where one is asked for: a list of alternatives
+    (``['IN', 'related']``, ``'OUT or related'``, ``'related, ICMP'``) or both directions at once. ``'ICMP IN related'``
+    names one kind: the twin, as its line spells it."""
+    items = answer if isinstance(answer, (list, tuple, set)) else re.split(r"[,;/|]|\bor\b|\band\b", str(answer).lower())
+    alts = [set(common.words(a)) for a in items]
+    alts = [a for a in alts if a]
+    if len(alts) > 1 and not all(a & _TWIN for a in alts):
+        return True
+    return any({"in", "out"} <= a for a in alts)
+
+
 @exercise(
     "01.4",
     "Break it: which rows are missing?",
@@ -232,8 +249,11 @@ def missing_related(answer, ev) -> Outcome:
         return Outcome(False, f"your cells recorded {saw}, not the rows this question is about: run the cells under "
                               f"'{BREAK}' again (the fault, then the cell that empties the maps and pings).",
                        missing=BREAK)
+    if _several_kinds(answer):
+        return Outcome.unreadable(f"{answer!r} names several kinds of row: name one, the kind of row the ping no "
+                                  "longer made.")
     said = set(common.words(answer))
-    if said & {"related", "twin", "twins"}:
+    if said & _TWIN:
         return Outcome(True, f"related: node-a has {len(a_rows)} row(s) and node-b {len(b_rows)} for the ping, and "
                              "none is a RELATED twin, so an ICMP error about this flow would now find no row.")
     diff = (("-", "the word of the missing rows", str(answer)),)

@@ -63,8 +63,8 @@ def tx_flags_after_open(answer, ev) -> Outcome:
                                "handshake", step)
     got = _tcp_flags(answer)
     if got is None:
-        return Outcome(False, f"{answer!r}: expected TCP flag names ({', '.join(TcpFlags.__members__)}), "
-                              "e.g. ['FIN'] or 'SYN|ACK'.")
+        return Outcome.unreadable(f"{answer!r}: expected TCP flag names ({', '.join(TcpFlags.__members__)}), "
+                                  "e.g. ['FIN'] or 'SYN|ACK'.")
     out = compare_rows(sorted(live), sorted(got), "TCP flags a1 sent (TxFlagsSeen of node-a's OUT row)")
     if out.passed:
         return Outcome(True, "SYN|ACK: a1 sent the SYN and then the last ACK of the handshake; b1's SYN|ACK went "
@@ -113,7 +113,8 @@ def lifetime_jump(answer, ev) -> Outcome:
                                f"[{' '.join(CtFlags.names(ack.event.ct_flags))}]", step)
     if not isinstance(answer, (tuple, list)) or len(answer) != 2 or not all(
             isinstance(x, int) and not isinstance(x, bool) for x in answer):
-        return Outcome(False, f"expected two whole numbers of seconds, (after the SYN, after the ACK), got {answer!r}.")
+        return Outcome.unreadable(f"expected two whole numbers of seconds, (after the SYN, after the ACK), got "
+                                  f"{answer!r}.")
     expected = (t.syn, t.tcp)
     if tuple(answer) == expected:
         return Outcome(True, f"{expected}: a new TCP row lives CT_SYN_TIMEOUT ({t.syn} s) until a packet without "
@@ -157,8 +158,8 @@ def flags_after_close(answer, ev) -> Outcome:
                          step)
     got = flag_list(answer, CtFlags.names(0xFFFF))
     if got is None:
-        return Outcome(False, f"{answer!r}: expected CT flag names as the line prints them between [ ], e.g. "
-                              f"['NodePort']; the names are {', '.join(CtFlags.names(0x07FF))}.")
+        return Outcome.unreadable(f"{answer!r}: expected CT flag names as the line prints them between [ ], e.g. "
+                                  f"['NodePort']; the names are {', '.join(CtFlags.names(0x07FF))}.")
     out = compare_rows(rows[0].flag_names, got, "Flags of node-a's closed OUT row")
     if out.passed:
         return Outcome(True, "RxClosing (b1's FIN came in), TxClosing (a1's FIN went out) and SeenNonSyn from the "
@@ -199,7 +200,7 @@ def rst_lifetime(answer, ev) -> Outcome:
         return unhealthy(REFUSED, saw, step)
     row = rows[0]
     if isinstance(answer, bool) or not isinstance(answer, int):
-        return Outcome(False, f"expected a whole number of seconds, got {answer!r}.")
+        return Outcome.unreadable(f"expected a whole number of seconds, got {answer!r}.")
     if answer == t.close:
         return Outcome(True, f"{t.close} s: the RST set RxClosing and TxClosing together, so the row was dead at once "
                              f"and got CT_CLOSE_TIMEOUT; it had {row.remaining(step.now)} s left after the step.")
@@ -209,8 +210,8 @@ def rst_lifetime(answer, ev) -> Outcome:
     elif answer == t.tcp:
         msg = "SeenNonSyn is set (the RST|ACK had no SYN), but a dead row does not get the established lifetime."
     else:
-        msg = f"node-b's IN row is closed both ways and had {row.remaining(step.now)} s left right after the RST. " \
-              "Which timeout does a dead row get?"
+        msg = "node-b's IN row is closed both ways right after the RST (RxClosing and TxClosing): which timeout " \
+              "does a dead row get?"
     return Outcome(False, msg, (("-", f"{t.close} s", f"{answer} s"),), reveal=f"{t.close} (the close timeout)")
 
 
@@ -238,7 +239,8 @@ def expired_rows(answer, ev) -> Outcome:
         return unhealthy(CLOCK, f"{len(closed)} closed TCP row(s) on node-a, expired: {expired or 'none'}")
     got = kinds_answer(answer)
     if got is None:
-        return Outcome(False, f"expected a list of row kinds such as ['UDP IN', 'ICMP OUT related'], got {answer!r}.")
+        return Outcome.unreadable(f"expected a list of row kinds such as ['UDP IN', 'ICMP OUT related'], got "
+                                  f"{answer!r}.")
     out = compare_rows(expired, got, f"expired rows of node-a at lab clock {snap.now}")
     if out.passed:
         alive = sorted({row_kind(r) for r in rows if not r.expired(snap.now)})
@@ -276,7 +278,7 @@ def wrong_lifetime(answer, ev) -> Outcome:
         return unhealthy(BREAK, "conn2's row looking healthy", step)
     row = rows[0]
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        return Outcome(False, f"expected (missing flag name, seconds of lifetime it keeps), got {answer!r}.")
+        return Outcome.unreadable(f"expected (missing flag name, seconds of lifetime it keeps), got {answer!r}.")
     flag, seconds = answer
     flag_ok = str(flag).strip().lower() == "seennonsyn"
     seconds_ok = isinstance(seconds, int) and not isinstance(seconds, bool) and seconds == t.syn
@@ -291,6 +293,6 @@ def wrong_lifetime(answer, ev) -> Outcome:
         problems.append(f"{flag!r} is not the missing flag: conn2's row shows [ {' '.join(row.flag_names)} ]; "
                         "a closing flag would only come with a FIN or RST")
     if not seconds_ok:
-        problems.append(f"{seconds!r} s is not the lifetime it kept: the row had {row.remaining(step.now)} s left "
-                        "after the send")
+        problems.append(f"{seconds!r} s is not the lifetime it kept: compare conn2's seconds left after the send "
+                        "with conn's after the handshake, and with lab.config.timeouts")
     return Outcome(False, "; ".join(problems) + ".", diff, reveal=f"('SeenNonSyn', {t.syn})")

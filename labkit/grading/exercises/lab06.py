@@ -54,7 +54,20 @@ def _dict(answer: Any) -> dict | None:
 
 
 def _bad_dict(answer: Any, what: str) -> Outcome:
-    return Outcome(False, f"expected a dict {_EXAMPLE} with {what} for each lab, got {answer!r}.")
+    return Outcome.unreadable(f"expected a dict {_EXAMPLE} with {what} for each lab, got {answer!r}.")
+
+
+#: What a lab's value normalises to when it names several possibilities where one is asked for.
+SEVERAL = "(several)"
+
+
+def _name_one(got: dict, norm: dict, what: str) -> Outcome | None:
+    """An unreadable Outcome when a lab's value names several possibilities (``norm`` says SEVERAL), else None."""
+    several = [k for k, v in norm.items() if v == SEVERAL]
+    if not several:
+        return None
+    return Outcome.unreadable("; ".join(f"{k}: {got[k]!r} names several {what}" for k in several)
+                              + ": name one for each lab.")
 
 
 def _pair_diff(live: dict, got: dict) -> tuple:
@@ -108,14 +121,15 @@ def rows_each_way(answer, ev) -> Outcome:
 
 # -- 06.2 ---------------------------------------------------------------------------------
 def _vip_or_backend(value: Any, vip: str, pods: dict[str, str]) -> str:
-    """'VIP' or 'backend' for a learner's word or address (pods: address -> name); else the value."""
+    """'VIP' or 'backend' for a learner's word or address (pods: address -> name), SEVERAL when it names both;
+    else the value."""
     text = str(value).strip().lower()
     host = text.rpartition(":")[0] if ":" in text else text
-    if host == vip or any(w in text for w in ("vip", "service", "clusterip")):
-        return "VIP"
-    if host in pods or host in pods.values() or any(w in text for w in ("backend", "pod")):
-        return "backend"
-    return str(value)
+    is_vip = host == vip or any(w in text for w in ("vip", "service", "clusterip"))
+    is_backend = host in pods or host in pods.values() or any(w in text for w in ("backend", "pod"))
+    if is_vip and is_backend:
+        return SEVERAL
+    return "VIP" if is_vip else "backend" if is_backend else str(value)
 
 
 @exercise(
@@ -152,6 +166,9 @@ def first_syn(answer, ev) -> Outcome:
     if got is None:
         return _bad_dict(answer, "'VIP' or 'backend'")
     norm = {k: _vip_or_backend(v, vip, pods) for k, v in got.items()}
+    several = _name_one(got, norm, "destinations")
+    if several:
+        return several
     diff = _pair_diff(live, norm)
     if norm == live:
         return Outcome(True, f"per packet the SYN leaves a1 for {seen['per-packet']}: from-container rewrites it; "
@@ -222,14 +239,18 @@ def peer_name(answer, ev) -> Outcome:
 
 # -- 06.4 ---------------------------------------------------------------------------------
 def _failure(value: Any) -> str:
-    """A learner's failure in canonical form: the errno name (a drop reason stays as written)."""
+    """A learner's failure in canonical form: the errno name (a drop reason stays as written); SEVERAL when the
+    value names more than one errno (a list of every possible error is not an answer).
+
+    >>> _failure("connection refused"), _failure(["ECONNREFUSED", "EHOSTUNREACH"]) == SEVERAL
+    ('ECONNREFUSED', True)
+    """
     text = str(value).strip().lower()
-    for errno, spellings in (("EHOSTUNREACH", ("ehostunreach", "no route to host", "113")),
-                             ("ECONNREFUSED", ("econnrefused", "refused", "port unreachable", "111")),
-                             ("ETIMEDOUT", ("etimedout", "timeout", "timed out", "110"))):
-        if any(w in text for w in spellings):
-            return errno
-    return str(value)
+    named = [errno for errno, spellings in (("EHOSTUNREACH", ("ehostunreach", "no route to host", "113")),
+                                            ("ECONNREFUSED", ("econnrefused", "refused", "port unreachable", "111")),
+                                            ("ETIMEDOUT", ("etimedout", "timeout", "timed out", "110")))
+             if any(w in text for w in spellings)]
+    return named[0] if len(named) == 1 else SEVERAL if named else str(value)
 
 
 @exercise(
@@ -269,6 +290,9 @@ def no_backends(answer, ev) -> Outcome:
     if got is None:
         return _bad_dict(answer, "what connect() returned (an errno name)")
     norm = {k: _failure(v) for k, v in got.items()}
+    several = _name_one(got, norm, "errors")
+    if several:
+        return several
     diff = _pair_diff(live, norm)
     if norm == live:
         return Outcome(True, "per packet, the SYN leaves a1 and from-container finds a head with count=0: as a v1.16 "
