@@ -108,7 +108,7 @@ def progress_bar(stream: TextIO, width: int = 20):
 
 def cmd_grade(args) -> int:
     from labkit.grading.grade import default_jobs, grade, notebook_paths
-    from labkit.grading.report import format_csv, format_html, format_json, format_table, warnings
+    from labkit.grading.report import format_csv, format_html, format_json, format_table, plain, warnings
 
     from labkit.client import Lab
     from labkit.client.door import default_door
@@ -133,7 +133,7 @@ def cmd_grade(args) -> int:
         with open(args.html, "w") as f:
             f.write(format_html(scores))
     for note in warnings(scores):
-        print(f"labkit grade: {note}", file=sys.stderr)
+        print(f"labkit grade: {plain(note)}", file=sys.stderr)
     return 1 if any(s.teardown for s in scores) else 0
 
 

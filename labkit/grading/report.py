@@ -34,7 +34,7 @@ from labkit.grading.checks import exercises_for
 from labkit.grading.grade import NotebookScore
 
 __all__ = ["ExerciseSummary", "by_learner", "columns", "warnings", "summarize", "learner_totals", "learner_status",
-           "csv_cell",
+           "csv_cell", "plain",
            "format_table", "format_csv", "format_json", "format_html"]
 
 #: Wrong answers listed per exercise in the HTML report.
@@ -218,7 +218,17 @@ def format_table(scores: list[NotebookScore]) -> str:
     if totals:
         lines.append("")
         lines.append("totals: " + ", ".join(f"{t['learner']} {t['score']}/{t['total']}" for t in totals))
-    return "\n".join(lines)
+    return "\n".join(map(plain, lines))
+
+
+def plain(text: str) -> str:
+    """``text`` safe on a terminal: control characters (an escape sequence, a carriage return, NUL) written as
+    escapes; line breaks and tabs kept.
+
+    >>> plain("ok\\x1b[2J\\rx\\ny")
+    'ok\\\\x1b[2J\\\\rx\\ny'
+    """
+    return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def format_csv(scores: list[NotebookScore]) -> str:

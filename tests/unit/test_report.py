@@ -140,3 +140,13 @@ def test_table_shows_scores_statuses_and_totals():
     assert "  02.2   FAIL        tries 3   The lifetime jump" in text and "answer (60, 60): failed message" in text
     assert "  02.2   unanswered  tries 0" in text and "  02.3   no evidence tries 0" in text
     assert "totals: alice 11/12, bob 4/12, carol 4/12" in text
+
+
+def test_table_writes_no_terminal_escape_from_a_learner():
+    """An answer or a name carrying a terminal escape or a carriage return is shown escaped in the table."""
+    scores = class_scores()
+    scores[1].learner = "bob\x1b]0;owned\x07"
+    scores[0].exercises[1].answer = "(60, 60)\r\x1b[2Jall passed"
+    text = format_table(scores)
+    assert "\x1b" not in text and "\r" not in text and "\x07" not in text
+    assert "bob\\x1b]0;owned\\x07  lab 02" in text and "answer (60, 60)\\r\\x1b[2Jall passed" in text
