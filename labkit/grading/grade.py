@@ -160,9 +160,13 @@ class HandedIn:
 
 # -- the handed-in file --------------------------------------------------------------------------
 def lab_of(path: Path, nb) -> str:
-    """The lab id of a notebook: metadata ``labkit.lab``, else its file name's leading number."""
-    lab = nb.metadata.get("labkit", {}).get("lab") if nb is not None else None
+    """The lab id of a notebook: metadata ``labkit.lab`` (a number of one or two digits: it names the answer key
+    read), else its file name's leading number."""
+    meta = nb.metadata.get("labkit") if nb is not None else None
+    lab = meta.get("lab") if isinstance(meta, dict) else None
     if lab:
+        if not re.fullmatch(r"\d{1,2}", str(lab)):
+            raise ValueError(f"notebook {path}: metadata.labkit.lab {_shown(lab)} is not a lab number such as 02")
         return str(lab).zfill(2)
     m = re.match(r"(\d+)", Path(path).name)
     if not m:

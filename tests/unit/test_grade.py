@@ -76,6 +76,22 @@ def test_lab_id_from_metadata_or_name():
         lab_of(Path("x.ipynb"), nbformat.v4.new_notebook())
 
 
+def test_a_recorded_lab_that_is_not_a_number_is_a_problem(tmp_path):
+    """metadata.labkit.lab names the answer key the report reads: a path there ('../../etc/x'), or a labkit
+    entry that is not a mapping, makes the notebook a problem, not a crash of the whole class."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["labkit"] = {"lab": "../../etc/x"}
+    with pytest.raises(ValueError, match="is not a lab number"):
+        lab_of(Path("02-x.ipynb"), nb)
+    nbformat.write(nb, tmp_path / "02-a.ipynb")
+    odd = nbformat.v4.new_notebook()
+    odd.metadata["labkit"] = "02"
+    nbformat.write(odd, tmp_path / "02-b.ipynb")
+    a, b = read_handed_in([tmp_path / "02-a.ipynb", tmp_path / "02-b.ipynb"])
+    assert "is not a lab number" in a.problem and score(a, []).statuses == ["not run"]
+    assert (b.lab, b.problem) == ("02", None)
+
+
 def test_unreadable_files_are_reported_not_fatal(tmp_path):
     """A file that is not a notebook, or has no lab, is kept with its problem."""
     (tmp_path / "02-broken.ipynb").write_text("{not json")
