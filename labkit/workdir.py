@@ -46,7 +46,7 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from labkit.errors import LabkitError, NotFoundError
 
@@ -224,11 +224,13 @@ def learner_notebooks(work: Path) -> list[str]:
     return sorted(out)
 
 
-def export(work: Path, out: BinaryIO | Path, *, name: str) -> tuple[Path | None, list[str]]:
+def export(work: Path, out: BinaryIO | Path, *, name: str,
+           stamp: Callable[[str, bytes], bytes] | None = None) -> tuple[Path | None, list[str]]:
     """Pack the learner's notebooks into a ``.tar.gz`` whose one folder is ``name``/ (``labkit grade`` reads
     it unpacked: ``handin/NAME/01-tour.ipynb``). ``out`` is a directory (the file is made there, named
-    ``NAME-labkit-work-YYYYmmdd-HHMMSS.tar.gz``) or an open binary stream (stdout). Returns (the file or
-    None, the notebooks packed)."""
+    ``NAME-labkit-work-YYYYmmdd-HHMMSS.tar.gz``) or an open binary stream (stdout). ``stamp(rel, data)``,
+    if given, returns what goes into the archive for each notebook (the work folder's file is not touched).
+    Returns (the file or None, the notebooks packed)."""
     work = Path(work)
     notebooks = learner_notebooks(work)
     buf = io.BytesIO()
@@ -238,7 +240,12 @@ def export(work: Path, out: BinaryIO | Path, *, name: str) -> tuple[Path | None,
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             with open(work / rel, "rb") as f:
-                tar.addfile(info, f)
+                if stamp is None:
+                    tar.addfile(info, f)
+                    continue
+                data = stamp(rel, f.read())
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     if isinstance(out, Path):
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{name}-labkit-work-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz"

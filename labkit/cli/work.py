@@ -10,17 +10,19 @@
 Who handed in what: the archive's one folder is the learner's name, never the machine's user (every VM's is
 ``vagrant``). The first ``labkit export`` on a terminal asks for it and keeps it in the work folder
 (:data:`NAME_FILE`); later ones, and the host's ``--to -`` (no terminal), use it. ``--name`` overrides it
-(and is kept when none is). A name is a short printable text without a path separator, ``..``, NUL or a
+(and is kept when none is). The archive's copy of each notebook records the name in
+``metadata.labkit.learner`` when it records none (the work folder's file is not touched). A name is a short printable text without a path separator, ``..``, NUL or a
 control character (:func:`labkit.grading.grade.learner_problem`); anything else is one error line.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from labkit.cli.common import CliError
 
-__all__ = ["add_commands", "cmd_work_sync", "cmd_export", "learner_name", "HOST_RECIPE", "NAME_FILE"]
+__all__ = ["add_commands", "cmd_work_sync", "cmd_export", "learner_name", "recorder", "HOST_RECIPE", "NAME_FILE"]
 
 #: The learner's name, kept in the work folder by the first ``labkit export``.
 NAME_FILE = ".labkit-learner"
@@ -88,17 +90,42 @@ def cmd_export(args) -> int:
     if args.to == "-" and sys.stdout.isatty():
         raise CliError("--to -: the archive is binary; send stdout to a file (labkit export --to - > work.tar.gz)")
     name = learner_name(work, args.name)
+    stamp = recorder(name, lambda note: print(f"labkit: {note}", file=sys.stderr))
     if args.to == "-":
-        _, notebooks = export(work, sys.stdout.buffer, name=name)
+        _, notebooks = export(work, sys.stdout.buffer, name=name, stamp=stamp)
         print(f"labkit: exported {len(notebooks)} notebook(s) from {work}", file=sys.stderr)
         return 0
     dest = Path(args.to) if args.to else Path.home() / "handin"
-    path, notebooks = export(work, dest, name=name)
+    path, notebooks = export(work, dest, name=name, stamp=stamp)
     print(f"exported {len(notebooks)} notebook(s) from {work} to {path}")
     for rel in notebooks:
         print(f"  {name}/{rel}")
     print(f"from the host (outside the VM): {HOST_RECIPE}")
     return 0
+
+
+def recorder(name: str, note=lambda text: None):
+    """``stamp(rel, data)`` for :func:`labkit.workdir.export`: the archive's copy of a notebook records
+    ``metadata.labkit.learner = name`` when it records none; one that records another learner is packed as it is
+    (``labkit grade`` flags it) and ``note(text)`` says so; a file that is not a notebook is packed as it is."""
+    def stamp(rel: str, data: bytes) -> bytes:
+        try:
+            nb = json.loads(data)
+        except ValueError:
+            return data
+        meta = nb.get("metadata") if isinstance(nb, dict) else None
+        labkit = meta.setdefault("labkit", {}) if isinstance(meta, dict) else None
+        if not isinstance(labkit, dict):
+            return data
+        if labkit.get("learner"):
+            if labkit["learner"] != name:
+                note(f"{rel} records the learner {str(labkit['learner'])[:80]!r}, not {name!r}: packed as it is, "
+                     f"and your instructor's grading flags it")
+            return data
+        labkit["learner"] = name
+        return (json.dumps(nb, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+    return stamp
 
 
 def _checked(name: str, where: str) -> str:

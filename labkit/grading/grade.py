@@ -17,14 +17,16 @@ with a time limit per cell and per notebook: a notebook that raises, hangs or ki
 what it reached and never stops the class. After each notebook its lab and the labs it started beside it
 (:data:`labkit.lab.inventory.VARIANTS`) are taken down, whatever happened.
 
-The learner's name is the notebook's ``metadata.labkit.learner``; else, when every file sits in a
-folder of its own per learner (no folder holds two notebooks of one lab: ``alice/02-tcp.ipynb``), the
-folder's name; else the file's name. The lab is ``metadata.labkit.lab`` or the number the file name
+The learner's name is, when every file sits in a folder of its own per learner (no folder holds two notebooks
+of one lab: ``alice/02-tcp.ipynb``, as ``labkit export`` packs them), the folder's name; else the notebook's
+``metadata.labkit.learner``; else the file's name. The lab is ``metadata.labkit.lab`` or the number the file name
 starts with. Who handed in what is never guessed:
 
 - a recorded name that is not a name (:func:`learner_problem`: too long, a path separator, ``..``, NUL or
   a control character) makes the notebook a problem: it is not run and its name builds no path;
-- a recorded name that differs from the folder of a per-learner layout is flagged (``name_mismatch``);
+- a recorded name that differs from the folder of a per-learner layout is flagged (``name_mismatch``): the
+  notebook counts for the folder's learner (``labkit export`` records its learner in every notebook it packs
+  that has none, so a notebook copied from another's hand-in says whose it was);
 - two notebooks of one lab under one name are a *conflict*: both are graded and reported, neither counts.
 
 Every exercise gets a status (:data:`EXERCISE_STATUSES`: passed, failed, unanswered, not run, missing
@@ -280,9 +282,11 @@ def _lab_or_blank(path: Path) -> str:
 
 
 def learner_names(items: list[tuple[Path, object | None, str]]) -> list[str]:
-    """The learner of each ``(path, notebook, lab)``: ``metadata.labkit.learner``; else the folder's name
-    when the files are organised per learner (every file in a named folder, no folder holding two notebooks
-    of one lab); else the file's name without ``.ipynb``.
+    """The learner of each ``(path, notebook, lab)``: the folder's name when the files are organised per
+    learner (every file in a named folder, no folder holding two notebooks of one lab: what ``labkit export``
+    packs, the folder is who handed it in; a recorded learner that differs is flagged by
+    :func:`read_handed_in`); else ``metadata.labkit.learner`` when it is a name; else the file's name without
+    ``.ipynb``.
 
     >>> learner_names([(Path("alice/02-tcp.ipynb"), None, "02"), (Path("bob/02-tcp.ipynb"), None, "02")])
     ['alice', 'bob']
@@ -293,11 +297,9 @@ def learner_names(items: list[tuple[Path, object | None, str]]) -> list[str]:
         name = _recorded_learner(nb)
         return name if name is not None and learner_problem(name) is None else ""
 
-    rest = [(Path(p), lab) for p, nb, lab in items if not meta(nb)]
-    folders = [(p.parent.resolve(), lab) for p, lab in rest]
-    per_folder = bool(rest) and all(str(p.parent) not in ("", ".") for p, _ in rest) \
-        and len(set(folders)) == len(folders)
-    return [meta(nb) or (Path(p).resolve().parent.name if per_folder else Path(p).stem) for p, nb, _ in items]
+    if _per_learner_folders(items):
+        return [Path(p).resolve().parent.name for p, _, _ in items]
+    return [meta(nb) or Path(p).stem for p, nb, _ in items]
 
 
 def _cells(nb) -> list:

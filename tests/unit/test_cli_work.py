@@ -80,3 +80,25 @@ def test_a_kept_name_edited_into_a_path_is_refused(work, tmp_path):
     (work / NAME_FILE).write_text("../x\n")
     with pytest.raises(CliError, match="the name kept in .* is not a learner's name"):
         learner_name(work, None, ask=lambda prompt: "never asked")
+
+
+def test_the_archive_records_the_learner_in_each_notebook(work, tmp_path, capsys):
+    """Each notebook's archive copy records metadata.labkit.learner (the work folder's file unchanged); one
+    copied from another learner's hand-in keeps that learner's name and the export says so."""
+    import json
+
+    (work / "02-tcp.ipynb").write_text(json.dumps({"cells": [], "metadata": {"labkit": {"lab": "02"}},
+                                                   "nbformat": 4, "nbformat_minor": 5}))
+    (work / "03-pods.ipynb").write_text(json.dumps({"cells": [], "metadata": {"labkit": {"learner": "ann"}},
+                                                    "nbformat": 4, "nbformat_minor": 5}))
+    (work / "notes.ipynb").write_text("not a notebook")
+    before = {p.name: p.read_bytes() for p in work.iterdir()}
+    assert cli.main(["export", "--dir", str(work), "--to", str(tmp_path / "out"), "--name", "ben"]) == 0
+    assert "03-pods.ipynb records the learner 'ann', not 'ben'" in capsys.readouterr().err
+    [archive] = (tmp_path / "out").glob("*.tar.gz")
+    with tarfile.open(archive) as tar:
+        packed = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert json.loads(packed["ben/02-tcp.ipynb"])["metadata"]["labkit"] == {"lab": "02", "learner": "ben"}
+    assert json.loads(packed["ben/03-pods.ipynb"])["metadata"]["labkit"] == {"learner": "ann"}
+    assert packed["ben/notes.ipynb"] == b"not a notebook"
+    assert {p.name: p.read_bytes() for p in work.iterdir() if p.name != NAME_FILE} == before

@@ -54,10 +54,12 @@ def test_answer_cells_without_metadata_are_found_by_their_variable():
     assert read_record(nb, IDS)["02.2"].answer == "(60,"
 
 
-def test_learner_from_metadata_then_folder_then_file():
-    """metadata.labkit.learner wins; a folder per learner names the learner; else the file's name."""
+def test_learner_from_folder_then_metadata_then_file():
+    """A folder per learner names the learner (a recorded one too); else metadata.labkit.learner; else the
+    file's name."""
     named = handed_in(learner="Dana")
-    assert learner_names([(Path("x/02.ipynb"), named, "02"), (Path("y/02.ipynb"), None, "02")]) == ["Dana", "y"]
+    assert learner_names([(Path("x/02.ipynb"), named, "02"), (Path("y/02.ipynb"), None, "02")]) == ["x", "y"]
+    assert learner_names([(Path("in/a.ipynb"), named, "02"), (Path("in/b.ipynb"), None, "02")]) == ["Dana", "b"]
     per_folder = [(Path("alice/02-tcp.ipynb"), None, "02"), (Path("alice/03-pods.ipynb"), None, "03"),
                   (Path("bob/02-tcp.ipynb"), None, "02")]
     assert learner_names(per_folder) == ["alice", "alice", "bob"]
@@ -300,19 +302,17 @@ def test_executed_copies_never_overwrite_each_other(tmp_path):
 
 
 def test_recorded_learner_differing_from_its_folder_is_flagged(tmp_path):
-    """In a folder-per-learner layout, a notebook whose recorded learner is another's is flagged; it then
-    collides with that learner's own hand-in: a conflict, not a merge."""
+    """In a folder-per-learner layout, a notebook whose recorded learner is another's (copied from their hand-in)
+    counts for the folder's learner and is flagged; the learner it names is not touched."""
     for who, recorded in (("ann", None), ("ben", "ann"), ("cy", "cy")):
         (tmp_path / who).mkdir()
         nbformat.write(handed_in("02", learner=recorded), tmp_path / who / "02-tcp.ipynb")
     ann, ben, cy = read_handed_in(sorted(tmp_path.glob("*/02-tcp.ipynb")))
-    assert (ann.learner, ben.learner, cy.learner) == ("ann", "ann", "cy")
+    assert (ann.learner, ben.learner, cy.learner) == ("ann", "ben", "cy")
     assert ben.name_mismatch == "recorded learner 'ann' differs from its folder 'ben'"
     assert ann.name_mismatch is None and cy.name_mismatch is None
-    assert ann.conflict and ann.conflict == ben.conflict and "2 notebooks of lab 02 handed in under 'ann'" in ann.conflict
-    assert cy.conflict is None
-    s = score(ben, [])
-    assert s.statuses == ["conflict", "name mismatch"]
+    assert ann.conflict is ben.conflict is cy.conflict is None
+    assert score(ben, []).statuses == ["name mismatch"] and score(ann, []).statuses == ["ok"]
 
 
 def _thirty_vms(tmp_path: Path, names: list[str]) -> list[Path]:
