@@ -60,7 +60,8 @@ from labkit.lab.inventory import VARIANTS
 from labkit.net.ledger import LabLock, Ledger
 
 __all__ = ["ExerciseScore", "NotebookScore", "Recorded", "HandedIn", "grade", "read_handed_in", "read_record",
-           "learner_names", "learner_problem", "LEARNER_MAX", "EXERCISE_STATUSES", "NOTEBOOK_STATUSES", "score", "lab_of", "notebook_paths", "grade_lab_name", "default_jobs", "take_down", "CELL_TIMEOUT",
+           "learner_names", "learner_problem", "LEARNER_MAX", "EXERCISE_STATUSES", "NOTEBOOK_STATUSES", "score",
+           "lab_of", "notebook_paths", "grade_lab_name", "default_jobs", "take_down", "CELL_TIMEOUT",
            "NOTEBOOK_TIMEOUT"]
 
 # nbformat loads jsonschema, whose optional "iri" format check imports rfc3987_syntax, and that module builds

@@ -324,7 +324,8 @@ def format_html(scores: list[NotebookScore], title: str = "labkit grade: class r
                         else "<td class='num muted'>—</td>" for lab in labs)
         pct = round(100 * t["score"] / t["total"]) if t["total"] else 0
         out.append(f"<tr><td>{e(t['learner'])}</td>{cells}<td class='num'><b>{t['score']}/{t['total']}</b></td>"
-                   f"<td class='num'>{pct}%</td><td{'' if t['status'] == 'ok' else ' class=warn'}>{e(t['status'])}</td></tr>")
+                   f"<td class='num'>{pct}%</td>"
+                   f"<td{'' if t['status'] == 'ok' else ' class=warn'}>{e(t['status'])}</td></tr>")
     out.append("</table>")
     troubled = [s for s in scores if s.statuses != ["ok"]]
     if troubled:

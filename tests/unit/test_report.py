@@ -76,8 +76,8 @@ def test_grader_error_and_notebook_statuses_are_distinct_in_csv_json_and_html():
     """A grader error shows with its reason; a timeout, a dead kernel and cell errors are each a status of their
     own in the CSV, JSON and HTML, never only a 0."""
     scores = class_scores()
-    scores[0].exercises[0].status, scores[0].exercises[0].message = "grader error", "could not check this answer: KeyError: 'x'"
-    scores[0].exercises[0].passed = False
+    first = scores[0].exercises[0]
+    first.status, first.message, first.passed = "grader error", "could not check this answer: KeyError: 'x'", False
     scores[1].stop, scores[1].error = "timeout", "stopped at cell 7: the notebook ran over its time limit (60 s)"
     scores[3].stop, scores[3].error = "dead kernel", "stopped at cell 9: the kernel died"
     scores[3].cell_errors = ["cell 4: NameError: x"]
