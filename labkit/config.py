@@ -21,7 +21,7 @@ from labkit.errors import ConfigError
 from labkit.release import DEFAULT_RELEASE, Profile, profile
 
 __all__ = ["CtTimeouts", "DatapathConfig", "ROUTING_MODES", "SOCKET_LB_MODES", "SOCKMAP_MODES", "LB_MODES",
-           "NODEPORT_ACCEL_MODES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
+           "NODEPORT_ACCEL_MODES", "NO_BACKEND_RESPONSES", "MAGLEV_TABLE_SIZES", "LAB_DIFFERENCES",
            "VXLAN_PORT", "SERVICE_MODES", "POLICY_MODES"]
 
 ROUTING_MODES = ("tunnel", "native")
@@ -35,6 +35,8 @@ LB_MODES = ("snat", "dsr", "hybrid")
 #: --bpf-lb-acceleration: NodePort/LoadBalancer traffic from outside handled by tc only ('none'), or first by an
 #: XDP program on the node's eth0 ('xdp', Cilium's 'native': bpf/bpf_xdp.c)
 NODEPORT_ACCEL_MODES = ("none", "xdp")
+#: --service-no-backend-response: what a Service without backends does with a packet (Cilium's default: reject)
+NO_BACKEND_RESPONSES = ("reject", "drop")
 #: Where Services live: the cilium_lb4_* maps, or kube-proxy's iptables on every node.
 SERVICE_MODES = ("ebpf", "iptables")
 #: --enable-policy: 'default' (an endpoint is enforced once a policy selects it), 'always', 'never'.
@@ -230,6 +232,9 @@ class DatapathConfig:
     sockmap: str = "off"
     #: --bpf-lb-acceleration: 'none' (tc only) or 'xdp' (bpf_xdp.c on each node's eth0, ENABLE_NODEPORT_ACCELERATION)
     nodeport_accel: str = "none"
+    #: --service-no-backend-response: 'reject' (Cilium's default) answers ICMP port unreachable, 'drop' drops with
+    #: DROP_NO_SERVICE (SERVICE_NO_BACKEND_DROP)
+    no_backend_response: str = "reject"
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING_MODES:
@@ -256,6 +261,9 @@ class DatapathConfig:
         if self.nodeport_accel not in NODEPORT_ACCEL_MODES:
             raise ConfigError(f"NodePort acceleration: expected one of {', '.join(NODEPORT_ACCEL_MODES)}, "
                               f"got {self.nodeport_accel!r}")
+        if self.no_backend_response not in NO_BACKEND_RESPONSES:
+            raise ConfigError(f"service no-backend response: expected one of {', '.join(NO_BACKEND_RESPONSES)}, "
+                              f"got {self.no_backend_response!r}")
         if self.nodeport_accel == "xdp" and (self.routing != "native" or self.service_mode != "ebpf"):
             # labkit's XDP program forwards with XDP_TX only: it cannot hand a frame to cilium_vxlan with a
             # tunnel key, and kube-proxy's Services are not in the cilium_lb4_* maps it reads.

@@ -28,6 +28,7 @@ from labkit.config import (
     LB_MODES,
     MAGLEV_TABLE_SIZES,
     NODEPORT_ACCEL_MODES,
+    NO_BACKEND_RESPONSES,
     POLICY_MODES,
     ROUTING_MODES,
     SERVICE_MODES,
@@ -57,6 +58,10 @@ def add_commands(add) -> None:
                    help="NodePort/LoadBalancer traffic from outside: none (default, tc's from-netdev) or xdp (an XDP "
                         "program on each node's eth0 load-balances it before an skb exists; needs --routing native; "
                         "Cilium's --bpf-lb-acceleration=native)")
+    p.add_argument("--service-no-backend-response", choices=NO_BACKEND_RESPONSES, default=None,
+                   dest="no_backend_response",
+                   help="a Service without backends: reject (default, as on a node: ICMP port unreachable) or drop "
+                        "(DROP_NO_SERVICE)")
     p.add_argument("--service-mode", choices=SERVICE_MODES, default=None,
                    help="where Services live: ebpf (default, the cilium_lb4_* maps) or iptables (kube-proxy's nat "
                         "table in every node, Linux conntrack; the BPF programs still track pod traffic)")
@@ -172,6 +177,8 @@ def up_options(args) -> dict:
         changes["service_mode"] = args.service_mode
     if args.nodeport_accel is not None:
         changes["nodeport_accel"] = args.nodeport_accel
+    if args.no_backend_response is not None:
+        changes["no_backend_response"] = args.no_backend_response
     if args.cilium is not None:
         changes["cilium"] = args.cilium
     if args.ct_accounting is not None:

@@ -193,6 +193,8 @@ def node_build(topo: Topology, config: DatapathConfig, node: str, vxlan_ifindex:
             macros["POLICY_AUDIT_MODE"] = 1
     if config.sockmap == "on":  # 'off' adds no macro and no file: those builds stay what they were
         macros["ENABLE_SOCKMAP"] = 1
+    if config.no_backend_response == "drop":  # 'reject' adds no macro: Cilium's default is the build's
+        macros["SERVICE_NO_BACKEND_DROP"] = 1
     xdp = config.nodeport_accel == "xdp"
     if xdp:  # 'none' adds no macro: those builds stay byte for byte what they were before XDP
         macros["ENABLE_NODEPORT_ACCELERATION"] = 1

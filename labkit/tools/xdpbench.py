@@ -10,7 +10,9 @@ sender, not the node, may be what limits the figure):
 
 - forward: to node-a's NodePort, backend b1 on node-b (dsr: the option is added on node-a and the frame sent
   straight back out of eth0, XDP_TX or tc's bpf_redirect_neigh); counted at the receiver, node-b's eth0 RX.
-- drop: to a LoadBalancer VIP without backends (DROP_NO_SERVICE); counted by the kernel where the drop happened:
+- drop: to a LoadBalancer VIP without backends, the labs built with ``--service-no-backend-response drop`` (the
+  default, reject, would answer each datagram), so each is dropped (DROP_NO_SERVICE); counted by the kernel where
+  the drop happened:
   node-a eth0's XDP drop counter (``ethtool -S eth0``: rx_queue_N_xdp_drops) and its clsact qdisc's drops
   (``tc -s qdisc show dev eth0``: a tc program's TC_ACT_SHOT). With XDP the qdisc counts none: the frame never
   became an skb of node-a.
@@ -97,6 +99,7 @@ def xdp_vs_tc(rounds: int) -> dict:
         for mode, name in XDP_LABS.items():
             Lab.cleanup(name)
             labs[mode] = Lab.up(name, config=DatapathConfig(routing="native", lb_mode="dsr", gc_timer=False,
+                                                            no_backend_response="drop",
                                                             nodeport_accel="none" if mode == "tc" else "xdp"))
             labs[mode].services.add("flood", 8080, ["b1:8080"], protocol="UDP", type="NodePort", node_port=NODE_PORT)
             labs[mode].services.add("void", 53, [], protocol="UDP", type="LoadBalancer")

@@ -243,6 +243,16 @@ def test_nodeport_accel_default_and_values():
         DatapathConfig(routing="native", nodeport_accel="native")
 
 
+def test_no_backend_response_default_and_values():
+    """A Service without backends is rejected by default (Cilium's --service-no-backend-response=reject); 'drop'
+    survives to_dict/from_dict; any other value is a ConfigError naming the choices."""
+    assert DatapathConfig().no_backend_response == "reject"
+    c = DatapathConfig(no_backend_response="drop")
+    assert DatapathConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(ConfigError, match="expected one of reject, drop, got 'ignore'"):
+        DatapathConfig(no_backend_response="ignore")
+
+
 @pytest.mark.parametrize("options", [{"routing": "tunnel"}, {"routing": "native", "service_mode": "iptables"}])
 def test_nodeport_accel_xdp_needs_native_ebpf(options):
     """'xdp' with tunnel routing or kube-proxy's Services is a ConfigError saying what it needs and what it got."""

@@ -291,6 +291,18 @@ def test_nodeport_accel_xdp_builds_the_xdp_programs(topo):
     assert b.map_names == node_build(topo, DatapathConfig(routing="native"), "node-a").map_names
 
 
+def test_no_backend_response_drop_adds_the_drop_macro_only(topo):
+    """--service-no-backend-response: 'reject' (the default) builds the same as a config without it; 'drop' adds
+    SERVICE_NO_BACKEND_DROP and changes nothing else."""
+    reject = node_build(topo, DatapathConfig(routing="native", no_backend_response="reject"), "node-a")
+    plain = node_build(topo, DatapathConfig(routing="native"), "node-a")
+    drop = node_build(topo, DatapathConfig(routing="native", no_backend_response="drop"), "node-a")
+    assert (reject.text(), reject.cflags()) == (plain.text(), plain.cflags())
+    assert "SERVICE_NO_BACKEND_DROP" not in plain.macros
+    assert {k: v for k, v in drop.macros.items() if k != "SERVICE_NO_BACKEND_DROP"} == plain.macros
+    assert drop.macros["SERVICE_NO_BACKEND_DROP"] == 1 and drop.programs == plain.programs
+
+
 def test_xdp_code_is_behind_enable_nodeport_acceleration():
     """bpf_host.c reads the XDP marker only inside #ifdef ENABLE_NODEPORT_ACCELERATION, so other builds compile as
     before."""
