@@ -199,25 +199,32 @@ def plain_from_json(data: Any, what: str = "a value") -> Any:
 
 
 # -- the classes with an encoding of their own --------------------------------------------------
-_CT_FIELDS: list[str] = []  #: CtRow's fields in order (filled on first use)
+_CT_FIELDS: list[str] = []  #: CtRow's fields in order, the key last (filled on first use)
 
 
 def _ct_fields() -> list[str]:
     if not _CT_FIELDS:
-        _CT_FIELDS.extend(f.name for f in dataclasses.fields(_cls("CtRow")))
+        names = [f.name for f in dataclasses.fields(_cls("CtRow"))]
+        _CT_FIELDS.extend([n for n in names if n != "key"] + ["key"])
     return _CT_FIELDS
 
 
 def _ct_encode(row) -> list:
-    # Field by field, in order: the live table reads a thousand of them at a time.
+    # Field by field, in order, the key (bytes) last as hex: the live table reads a thousand rows at a time.
     d = row.__dict__
-    return [d[name] if name != "key" else d["key"].hex() for name in _ct_fields()]
+    values = [d[name] for name in _ct_fields()]
+    values[-1] = values[-1].hex()
+    return values
 
 
 def _ct_decode(values: list, context: dict):
-    fields = dict(zip(_ct_fields(), values))
+    names = _ct_fields()
+    if not isinstance(values, list) or len(values) != len(names):
+        got = len(values) if isinstance(values, list) else repr(values)[:60]
+        raise TypeError(f"wire: a CtRow has {len(names)} values; got {got}")
+    fields = dict(zip(names, values))
     fields["key"] = bytes.fromhex(fields["key"])
-    return _cls("CtRow").from_fields(fields)  # TypeError on a row of another shape
+    return _cls("CtRow")._made(fields)
 
 
 def _flow_encode(flow) -> list:

@@ -251,7 +251,7 @@ class CtRow:
             src, sport, dst, dport = key.daddr, key.sport, key.saddr, key.dport
         if not map_name:
             map_name = CT_MAPS[0] if key.nexthdr == socket.IPPROTO_TCP else CT_MAPS[1]
-        return cls.from_fields({
+        return cls._made({
             "map": map_name, "proto": key.nexthdr, "dir": direction, "related": bool(flags & _RELATED),
             "src": ipv4(src), "sport": _ntohs(sport), "dst": ipv4(dst), "dport": _ntohs(dport),
             "lifetime": entry.lifetime, "flags": entry.flags, "rev_nat": _ntohs(entry.rev_nat_index),
@@ -270,10 +270,15 @@ class CtRow:
         >>> CtRow.from_fields(dict(row.__dict__)) == row
         True
         """
-        if values.keys() != _ROW_FIELDS:
+        if len(values) != len(_ROW_FIELDS) or values.keys() != _ROW_FIELDS:
             missing, extra = _ROW_FIELDS - values.keys(), values.keys() - _ROW_FIELDS
             raise TypeError(f"CtRow: expected every field of the row, got {sorted(missing)} missing and "
                             f"{sorted(extra)} unknown")
+        return cls._made(values)
+
+    @classmethod
+    def _made(cls, values: dict) -> "CtRow":
+        """A row from ``values``, which holds every field (the callers make sure of it)."""
         row = object.__new__(cls)
         row.__dict__.update(values)
         return row

@@ -216,9 +216,13 @@ def _order(row: CtRow) -> tuple:
     )
 
 
+#: html.escape remembered: a table's cells repeat a few protocol names, directions, flags and addresses
+_escaped = functools.lru_cache(maxsize=8192)(_html.escape)
+
+
 def _cells(row: CtRow, now: int | None) -> list[str]:
     """Cell contents of one row, already escaped (the remaining cell carries its own markup)."""
-    esc = _html.escape
+    esc = _escaped
     direction = esc(row.dir)
     if row.related:
         direction += ' <span class="lk-rel">related</span>'
