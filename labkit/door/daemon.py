@@ -14,6 +14,7 @@ time a request names it (:class:`labkit.door.labs.Labs`), with its evidence (:mo
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -156,13 +157,23 @@ def _recv(sock: socket.socket, n: int) -> bytes:
 
 
 def start(path: Path | None = None, timeout: float = 30.0) -> tuple[bool, int | None]:
-    """Start labkitd in the background unless one answers already: (started now, its pid)."""
+    """Start labkitd in the background unless one answers already: (started now, its pid). Two starts at once
+    take turns (a lock file beside the socket): the second finds the first's labkitd answering."""
     path = Path(path or api.socket_path())
     if status(path) is not None:
         return False, _read_pid(path)
     if os.geteuid() != 0:
         raise PrivilegeError("`labkit daemon start` needs root: run `sudo labkit daemon start`")
     path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / "labkitd.start.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if status(path) is not None:  # another start got here first
+            return False, _read_pid(path)
+        return True, _spawn(path, timeout)
+
+
+def _spawn(path: Path, timeout: float) -> int:
+    """Start ``labkitd run`` on ``path`` in its own session, write its pid file, wait until it answers."""
     env = {**os.environ, "LABKIT_DOOR": str(path)}
     with open(log_file(path), "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "labkit", "labkitd", "run"], stdin=subprocess.DEVNULL,
@@ -177,7 +188,7 @@ def start(path: Path | None = None, timeout: float = 30.0) -> tuple[bool, int | 
             proc.kill()
             raise LabStateError(f"labkitd did not answer on {path} within {timeout} s; see {log_file(path)}")
         time.sleep(0.05)
-    return True, proc.pid
+    return proc.pid
 
 
 def _read_pid(path: Path) -> int | None:

@@ -512,3 +512,28 @@ def test_tries_outlive_a_kernel_and_start_again_with_a_new_lab(people):
         assert bob.python(first).stdout.strip() == "1"
     finally:
         bob.python("from labkit.client import Lab\nLab.cleanup('tries')")
+
+
+def test_two_starts_at_once_make_one_labkitd_and_stop_stops_it(tmp_path):
+    """Two `labkit daemon start` at once on one socket take turns: exactly one starts labkitd, both name its pid,
+    the pid file names it, and `labkit daemon stop` then stops it (no labkitd left that stop cannot find)."""
+    import threading
+
+    from labkit.door import daemon
+
+    sock = tmp_path / "labkitd.sock"
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(daemon.start(sock))) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(started for started, _ in results) == [False, True]
+        pids = {pid for _, pid in results}
+        assert len(pids) == 1 and daemon._read_pid(sock) in pids
+        pid = pids.pop()
+        assert Path(f"/proc/{pid}").exists() and daemon.status(sock) is not None
+    finally:
+        stopped = daemon.stop(sock)
+    assert stopped and daemon.status(sock) is None and not Path(f"/proc/{pid}/status").exists()
