@@ -374,6 +374,23 @@ static __always_inline int lb4_no_service_reply(struct __sk_buff *skb, const str
 	return 0;
 }
 
+#ifdef SERVICE_NO_BACKEND_RESPONSE
+/* The trace record of a packet answered with port unreachable (tc and XDP):
+ * the answer's addresses as "after", REDIRECTED for DROP_NO_SERVICE. */
+static __always_inline void lb4_no_service_answered(struct trace_event *ev, const struct pkt4 *p)
+{
+	struct pkt4 reply = {};
+
+	reply.saddr = p->daddr;
+	reply.daddr = p->saddr;
+	reply.proto = IPPROTO_ICMP;
+	reply.icmp_type = ICMP_DEST_UNREACH;
+	trace_tuple_set(&ev->after, &reply);
+	ev->flags |= TRACE_F_NO_BACKEND_REPLY;
+	trace_emit(ev, VERDICT_REDIRECTED, DROP_NO_SERVICE);
+}
+#endif
+
 /* What a hook does with DROP_NO_SERVICE: with SERVICE_NO_BACKEND_RESPONSE,
  * answer and send the answer back where the packet came from — into the pod
  * (to_pod: bpf_lxc's from-container; Cilium redirects to the lxc device,
@@ -386,20 +403,13 @@ static __always_inline int lb4_no_service(struct __sk_buff *skb, const struct pk
 					  bool to_pod)
 {
 #ifdef SERVICE_NO_BACKEND_RESPONSE
-	struct pkt4 reply = {};
 	int ret = lb4_no_service_reply(skb, p);
 
 	if (ret < 0) {
 		trace_emit(ev, VERDICT_DROPPED, ret);
 		return TC_ACT_SHOT;
 	}
-	reply.saddr = p->daddr;
-	reply.daddr = p->saddr;
-	reply.proto = IPPROTO_ICMP;
-	reply.icmp_type = ICMP_DEST_UNREACH;
-	trace_tuple_set(&ev->after, &reply);
-	ev->flags |= TRACE_F_NO_BACKEND_REPLY;
-	trace_emit(ev, VERDICT_REDIRECTED, DROP_NO_SERVICE);
+	lb4_no_service_answered(ev, p);
 	return to_pod ? bpf_redirect_peer(skb->ifindex, 0) : bpf_redirect(skb->ifindex, 0);
 #else
 	trace_emit(ev, VERDICT_DROPPED, DROP_NO_SERVICE);

@@ -186,20 +186,13 @@ static __always_inline int xdp_no_service_reply(struct xdp_md *ctx, const struct
 static __always_inline int xdp_no_service(struct xdp_md *ctx, const struct pkt4 *p, struct trace_event *ev)
 {
 #ifdef SERVICE_NO_BACKEND_RESPONSE
-	struct pkt4 reply = {};
 	int ret = xdp_no_service_reply(ctx, p);
 
 	if (ret < 0) {
 		trace_emit(ev, VERDICT_DROPPED, ret);
 		return XDP_DROP;
 	}
-	reply.saddr = p->daddr;
-	reply.daddr = p->saddr;
-	reply.proto = IPPROTO_ICMP;
-	reply.icmp_type = ICMP_DEST_UNREACH;
-	trace_tuple_set(&ev->after, &reply);
-	ev->flags |= TRACE_F_NO_BACKEND_REPLY;
-	trace_emit(ev, VERDICT_REDIRECTED, DROP_NO_SERVICE);
+	lb4_no_service_answered(ev, p);
 	return XDP_TX;
 #else
 	trace_emit(ev, VERDICT_DROPPED, DROP_NO_SERVICE);
